@@ -1,0 +1,1 @@
+"""Extender: the kube-scheduler extender service (filter and prioritize by predicted power)."""
