@@ -1,0 +1,300 @@
+"""Every setting of the extender service: one dataclass, its defaults, and its CLI flags.
+
+The rest of the service reads settings only from an ``ExtenderConfig``; ``parse_config``
+builds one from command-line flags, each of which can also be given as an environment
+variable (``PAS_`` + the flag name in capitals, ``-`` as ``_``: ``--port`` is ``PAS_PORT``),
+which is how a Deployment usually sets them. Flags win over the environment.
+
+Three modes follow from the flags:
+
+- ``demo`` (no flags): the shipped bundle on the built-in 12-node demo cluster;
+- ``snapshot`` (``--cluster FILE``): nodes and fixed telemetry from a file;
+- ``live`` (``--prometheus URL`` plus ``--kubeconfig FILE`` or ``--in-cluster``): nodes and
+  pods from the Kubernetes API, telemetry from Prometheus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from extender.logs import LOG_FORMATS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
+ENV_PREFIX = "PAS_"
+
+# A NodeList entry as kube-scheduler sends it is about 2 KiB for a bare node and 10-20 KiB for
+# a node with a long status.images list; 500 sampled nodes of the heavy kind are ~8 MiB, so
+# 32 MiB leaves room for full lists while still refusing a runaway body.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+MODES = ("demo", "snapshot", "live")
+
+
+class ConfigError(ValueError):
+    """A combination of settings the service cannot run with; the message says which."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """All settings of one extender process, with the defaults ``--help`` documents."""
+
+    host: str = "127.0.0.1"
+    port: int = 8888
+    bundle_dir: Path = DEFAULT_BUNDLE_DIR
+    cluster_file: Path | None = None
+    kubeconfig: Path | None = None
+    in_cluster: bool = False
+    prometheus_url: str | None = None
+    # Live telemetry: how often Prometheus is polled and how old a value may be before the
+    # node counts as having no telemetry (stale data must never be used forever).
+    refresh_interval_s: float = 15.0
+    telemetry_ttl_s: float = 90.0
+    prometheus_timeout_s: float = 5.0
+    # A pod bound this recently adds its CPU demand to the node's assumed load: the metrics do
+    # not show its load until a scrape and the rate window have passed.
+    assumed_window_s: float = 120.0
+    # The final score is power_weight * power score + energy_weight * energy score, scaled
+    # to 0..10.
+    power_weight: float = 1.0
+    energy_weight: float = 1.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    bundle_poll_interval_s: float = 2.0
+    # How often the background refresher checks for new telemetry or a new bundle.
+    curve_refresh_interval_s: float = 1.0
+    # Live mode is ready when at least this share of known nodes has fresh telemetry.
+    ready_min_fresh_share: float = 0.5
+    log_level: str = "info"
+    log_format: str = "json"
+
+    @property
+    def mode(self) -> str:
+        if self.prometheus_url is not None:
+            return "live"
+        if self.cluster_file is not None:
+            return "snapshot"
+        return "demo"
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def validate(self) -> ExtenderConfig:
+        """Raise ConfigError naming the setting at fault; return self when all is well."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be 0..65535, got {self.port}")
+        positive = {
+            "--refresh-interval": self.refresh_interval_s,
+            "--telemetry-ttl": self.telemetry_ttl_s,
+            "--prometheus-timeout": self.prometheus_timeout_s,
+            "--bundle-poll-interval": self.bundle_poll_interval_s,
+            "--curve-refresh-interval": self.curve_refresh_interval_s,
+            "--max-body-bytes": self.max_body_bytes,
+        }
+        for flag, value in positive.items():
+            if not value > 0:
+                raise ConfigError(f"{flag} must be positive, got {value}")
+        if self.assumed_window_s < 0:
+            raise ConfigError(f"--assumed-window must be >= 0, got {self.assumed_window_s}")
+        if self.power_weight < 0 or self.energy_weight < 0:
+            raise ConfigError("--power-weight and --energy-weight must be >= 0")
+        if self.power_weight + self.energy_weight <= 0:
+            raise ConfigError("--power-weight and --energy-weight cannot both be 0")
+        if not 0 <= self.ready_min_fresh_share <= 1:
+            raise ConfigError(
+                f"--ready-min-fresh-share must be 0..1, got {self.ready_min_fresh_share}"
+            )
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format must be one of {LOG_FORMATS}")
+        if self.prometheus_url is not None:
+            if self.cluster_file is not None:
+                raise ConfigError(
+                    "--cluster (snapshot mode) and --prometheus (live) exclude each other"
+                )
+            if self.kubeconfig is None and not self.in_cluster:
+                raise ConfigError(
+                    "live mode (--prometheus) needs --kubeconfig FILE or --in-cluster"
+                )
+        elif self.kubeconfig is not None or self.in_cluster:
+            raise ConfigError("--kubeconfig/--in-cluster need --prometheus URL (live mode)")
+        return self
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m extender`` argument parser; every default comes from ExtenderConfig."""
+    d = ExtenderConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m extender",
+        description=(
+            "Power-aware kube-scheduler extender: POST /filter and /prioritize (extender v1 "
+            "protocol), GET /healthz /readyz /metrics /status, POST /explain. With no flags it "
+            "serves the shipped bundle on a built-in 12-node demo cluster. Every flag can also "
+            f"be set with an environment variable {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}PORT)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    net = parser.add_argument_group("serving")
+    net.add_argument("--host", default=d.host, help="address to bind; 0.0.0.0 in a container")
+    net.add_argument(
+        "--port", metavar="PORT", type=int, default=d.port, help="TCP port (0 = any free port)"
+    )
+    net.add_argument(
+        "--max-body-bytes",
+        metavar="BYTES",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest request body accepted, in bytes; larger bodies get 413",
+    )
+    model = parser.add_argument_group("model bundle")
+    model.add_argument(
+        "--bundle",
+        dest="bundle_dir",
+        metavar="DIR",
+        type=Path,
+        default=d.bundle_dir,
+        help="model bundle directory (contract 2), e.g. a mounted ConfigMap",
+    )
+    model.add_argument(
+        "--bundle-poll-interval",
+        dest="bundle_poll_interval_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.bundle_poll_interval_s,
+        help="seconds between checks of the bundle directory for a new version",
+    )
+    model.add_argument(
+        "--curve-refresh-interval",
+        dest="curve_refresh_interval_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.curve_refresh_interval_s,
+        help="seconds between checks for new telemetry or bundle to re-tabulate power curves",
+    )
+    cluster = parser.add_argument_group("cluster source (default: built-in demo cluster)")
+    cluster.add_argument(
+        "--cluster",
+        dest="cluster_file",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="cluster snapshot file (JSON or YAML): nodes with fixed telemetry",
+    )
+    cluster.add_argument(
+        "--prometheus",
+        dest="prometheus_url",
+        metavar="URL",
+        default=None,
+        help="live mode: Prometheus base URL for node telemetry, e.g. http://prometheus:9090",
+    )
+    cluster.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="live mode: kubeconfig file for the API",
+    )
+    cluster.add_argument(
+        "--in-cluster",
+        action="store_true",
+        default=d.in_cluster,
+        help="live mode: use the pod's service account to reach the Kubernetes API",
+    )
+    cluster.add_argument(
+        "--refresh-interval",
+        dest="refresh_interval_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.refresh_interval_s,
+        help="live mode: seconds between Prometheus polls",
+    )
+    cluster.add_argument(
+        "--telemetry-ttl",
+        dest="telemetry_ttl_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.telemetry_ttl_s,
+        help="live mode: seconds after which a node's telemetry counts as missing",
+    )
+    cluster.add_argument(
+        "--prometheus-timeout",
+        dest="prometheus_timeout_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.prometheus_timeout_s,
+        help="live mode: timeout of one Prometheus query, in seconds",
+    )
+    cluster.add_argument(
+        "--ready-min-fresh-share",
+        metavar="FRACTION",
+        type=float,
+        default=d.ready_min_fresh_share,
+        help="live mode: /readyz needs at least this share (0..1) of nodes with fresh telemetry",
+    )
+    scoring = parser.add_argument_group("scoring")
+    scoring.add_argument(
+        "--assumed-window",
+        dest="assumed_window_s",
+        metavar="SECONDS",
+        type=float,
+        default=d.assumed_window_s,
+        help="seconds a freshly bound pod's CPU demand is added to its node's assumed load",
+    )
+    scoring.add_argument(
+        "--power-weight",
+        metavar="WEIGHT",
+        type=float,
+        default=d.power_weight,
+        help="weight of the power-increase score (lowest predicted increase best)",
+    )
+    scoring.add_argument(
+        "--energy-weight",
+        metavar="WEIGHT",
+        type=float,
+        default=d.energy_weight,
+        help="weight of the energy-level score (label energy-status; no label = grid power)",
+    )
+    logs = parser.add_argument_group("logging")
+    logs.add_argument(
+        "--log-level",
+        default=d.log_level,
+        choices=["debug", "info", "warning", "error"],
+        help="log level; debug adds one line per request",
+    )
+    logs.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS)
+    logs.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    _apply_environment(parser, os.environ)
+    return parser
+
+
+def _apply_environment(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Use PAS_<FLAG> environment variables as defaults, converted like the flag's value."""
+    for action in parser._actions:
+        flag = next((s for s in action.option_strings if s.startswith("--")), None)
+        if flag is None or flag == "--help":
+            continue
+        name = ENV_PREFIX + flag[2:].upper().replace("-", "_")
+        if name not in env:
+            continue
+        raw = env[name]
+        if isinstance(action, argparse._StoreTrueAction):
+            value: object = raw.strip().lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                value = action.type(raw) if action.type else raw
+            except ValueError as exc:
+                raise ConfigError(f"environment variable {name}={raw!r}: {exc}") from exc
+        action.default = value
+
+
+def parse_config(argv: Sequence[str] | None = None) -> ExtenderConfig:
+    """Build and validate the config from flags (and PAS_* environment variables)."""
+    args = build_parser().parse_args(argv)
+    values = vars(args)
+    if values.pop("quiet"):
+        values["log_level"] = "warning"
+    return ExtenderConfig(**values).validate()

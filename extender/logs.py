@@ -1,0 +1,69 @@
+"""Logging set-up for the extender service: one JSON object per line, or plain text.
+
+The service runs as a pod whose logs are collected by the cluster's log pipeline, so the
+default is one JSON object per line with stable keys (``ts``, ``level``, ``logger``, ``msg``
+plus any ``extra={...}`` fields a caller passes). ``--log-format text`` gives a readable line
+for a developer's terminal. Per-request lines are logged at DEBUG only: at hundreds of pods
+per second an INFO line per request would cost more than the scoring itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+LOG_FORMATS = ("json", "text")
+
+# Attributes every LogRecord carries; anything else on a record came from ``extra=`` and is
+# written as a field of its own.
+_STANDARD_RECORD_KEYS = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """Format a record as one JSON object: time, level, logger, message, extra fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _rfc3339_utc(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD_RECORD_KEYS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+def _rfc3339_utc(epoch_s: float) -> str:
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_s))
+    return f"{whole}.{int((epoch_s % 1) * 1000):03d}Z"
+
+
+def configure_logging(level: str = "info", log_format: str = "json") -> None:
+    """Send the root logger to stderr in the chosen format; replaces earlier handlers."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # uvicorn's access log would write one INFO line per request; our own request log is
+    # at DEBUG and carries the timing, so keep uvicorn's quiet unless debugging.
+    access_level = logging.DEBUG if level.lower() == "debug" else logging.WARNING
+    logging.getLogger("uvicorn.access").setLevel(access_level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
