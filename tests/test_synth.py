@@ -1,0 +1,151 @@
+"""The synthetic fleet looks like real BMC telemetry and is a valid contract-1 table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from training.dataset import CONTRACT_COLUMNS
+from training.synth import fleet_spec, load_shapes, node_names, synth_fleet
+
+NODES = 50
+HOURS = 48.0
+STEP_S = 60.0
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def fleet() -> pd.DataFrame:
+    return synth_fleet(NODES, HOURS, STEP_S, SEED)
+
+
+def test_same_seed_same_fleet_other_seed_other_fleet() -> None:
+    first = synth_fleet(5, 6.0, 60.0, seed=3)
+    again = synth_fleet(5, 6.0, 60.0, seed=3)
+    other = synth_fleet(5, 6.0, 60.0, seed=4)
+    pd.testing.assert_frame_equal(first, again)
+    assert (
+        not first["power_w"].reset_index(drop=True).equals(other["power_w"].reset_index(drop=True))
+    )
+
+
+def test_contract_columns_types_and_order(fleet: pd.DataFrame) -> None:
+    assert list(fleet.columns) == list(CONTRACT_COLUMNS)
+    assert str(fleet["timestamp"].dt.tz) == "UTC"
+    assert fleet["node"].nunique() == NODES
+    ordered = fleet.sort_values(["node", "timestamp"], kind="stable")
+    assert ordered.index.equals(fleet.index)
+    assert not fleet.duplicated(["node", "timestamp"]).any()
+    assert fleet["cpu_util"].between(0.0, 1.0).all()
+    assert (fleet["power_w"] > 0).all()
+
+
+def test_node_names_are_zero_padded_to_the_width_of_n() -> None:
+    assert node_names(3) == ["node-01", "node-02", "node-03"]
+    assert node_names(100)[0] == "node-001"
+    assert node_names(100)[-1] == "node-100"
+
+
+def test_utilisation_visits_the_whole_range_on_every_node(fleet: pd.DataFrame) -> None:
+    per_node = fleet.groupby("node")["cpu_util"]
+    assert (per_node.min() < 0.05).all()
+    assert (per_node.max() > 0.95).all()
+    share_per_decile = pd.cut(fleet["cpu_util"], np.linspace(0, 1, 11), include_lowest=True)
+    assert (share_per_decile.value_counts(normalize=True) > 0.01).all()
+
+
+def test_power_is_quantised_in_whole_watts_or_five_watt_steps(fleet: pd.DataFrame) -> None:
+    power = fleet.groupby("node")["power_w"]
+    whole = power.apply(lambda watts: bool(np.all(watts == np.round(watts))))
+    five = power.apply(lambda watts: bool(np.all(watts % 5 == 0)))
+    assert whole.all()
+    assert five.sum() >= 3, "some nodes should read in 5 W steps"
+    assert (~five).sum() >= 3, "some nodes should read in whole watts"
+
+
+def test_missing_rows_and_sensor_dropouts_in_range(fleet: pd.DataFrame) -> None:
+    expected_rows = int(HOURS * 3600 / STEP_S)
+    missing_share = 1.0 - fleet.groupby("node").size() / expected_rows
+    assert missing_share.between(0.003, 0.035).all()
+    assert 0.01 <= missing_share.mean() <= 0.02
+
+    dropout = fleet["cpu1_temp_c"].isna()
+    assert 0.002 <= dropout.mean() <= 0.03
+    # Dropouts come as short runs, and blank the node's other temperature sensors too.
+    assert fleet.loc[dropout, "ambient_temp_c"].isna().all()
+    run_starts = dropout & ~dropout.shift(fill_value=False)
+    mean_run = dropout.sum() / run_starts.sum()
+    assert 1.5 <= mean_run <= 8
+
+
+def test_some_nodes_have_one_socket(fleet: pd.DataFrame) -> None:
+    cpu2_present = fleet.groupby("node")["cpu2_temp_c"].apply(lambda t: t.notna().mean())
+    one_socket = cpu2_present == 0
+    assert 1 <= one_socket.sum() < NODES
+    assert (cpu2_present[~one_socket] > 0.95).all()
+
+
+def test_cpu_temperature_rises_with_load(fleet: pd.DataFrame) -> None:
+    for node, rows in fleet.dropna(subset=["cpu1_temp_c"]).groupby("node"):
+        busy = rows["cpu1_temp_c"][rows["cpu_util"] > 0.8].mean()
+        idle = rows["cpu1_temp_c"][rows["cpu_util"] < 0.1].mean()
+        assert busy > idle + 10, f"{node}: {idle:.1f} C idle, {busy:.1f} C busy"
+        assert rows["cpu_util"].corr(rows["cpu1_temp_c"]) > 0.5, node
+
+
+def test_power_rises_with_utilisation_on_every_node(fleet: pd.DataFrame) -> None:
+    bins = np.linspace(0, 1, 6)
+    for node, rows in fleet.groupby("node"):
+        median_w = rows.groupby(pd.cut(rows["cpu_util"], bins, include_lowest=True), observed=True)[
+            "power_w"
+        ].median()
+        assert len(median_w) == 5, node
+        assert np.all(np.diff(median_w.to_numpy()) > 0), f"{node}: {median_w.to_list()}"
+
+
+def test_idle_share_per_node_inside_the_specpower_range(fleet: pd.DataFrame) -> None:
+    sample_share = load_shapes()["share_000"]
+    low, high = sample_share.min(), sample_share.max()
+    spec = fleet_spec(NODES, SEED)
+    assert np.all((spec.idle_share >= low) & (spec.idle_share <= high))
+    # Heterogeneous: the fleet spans a good part of what real servers show.
+    assert spec.idle_share.max() - spec.idle_share.min() > 0.2
+
+    # Measured from the data: idle power over full-load power (fans push full load up a bit).
+    for node, rows in fleet.groupby("node"):
+        idle_w = rows["power_w"][rows["cpu_util"] < 0.02].median()
+        busy_w = rows["power_w"][rows["cpu_util"] > 0.97].median()
+        assert low * 0.85 <= idle_w / busy_w <= high, node
+
+
+def test_cli_writes_parquet_and_csv(tmp_path: Path) -> None:
+    for name in ("fleet.parquet", "fleet.csv"):
+        out = tmp_path / name
+        arguments = ["--nodes", "3", "--hours", "2", "--step", "60", "--seed", "1", "--quiet"]
+        result = subprocess.run(
+            [sys.executable, "-m", "training.synth", *arguments, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        table = pd.read_parquet(out) if name.endswith("parquet") else pd.read_csv(out)
+        assert list(table.columns) == list(CONTRACT_COLUMNS)
+        assert set(table["node"]) == {"node-01", "node-02", "node-03"}
+
+
+def test_cli_rejects_an_unknown_output_format(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "training.synth", "--out", str(tmp_path / "fleet.xlsx")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "fleet.xlsx" in result.stderr
+    assert "Traceback" not in result.stderr

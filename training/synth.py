@@ -1,0 +1,365 @@
+"""Synthetic heterogeneous fleet in contract-1 form (`python -m training.synth`).
+
+Training, the benchmarks and the shipped default bundle need a fleet's worth of metrics that
+behaves like real BMC telemetry, without a cluster. This module owns that: it turns a seed into
+a table with the contract-1 columns (see `training.dataset.CONTRACT_COLUMNS`).
+
+What makes it look real, and why each part is there:
+
+- Power curves are real server curves: every node draws one of the SPECpower_ssj2008 results
+  condensed in `training/data/specpower_shapes.csv`, then a scale and small perturbations of
+  its idle share and curvature, so the fleet is heterogeneous the way data centres are.
+- Utilisation has a daily pattern, slow drift, bursts and idle periods, so the whole 0..1 range
+  is visited (a model is only as good as the loads it has seen).
+- CPU temperatures follow load and a daily ambient cycle through a first-order thermal lag, and
+  fans and leakage add a fraction of a watt per degree above ~50 C, so temperatures carry
+  information about power beyond utilisation.
+- BMC artefacts: ~1-2 W measurement noise, readings quantised to whole watts or 5 W steps,
+  ~1-2 % of samples missing, short sensor dropouts (empty temperatures), and one-socket nodes
+  whose `cpu2_temp_c` is always empty.
+
+Everything is vectorised over nodes and time and deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from training.dataset import CONTRACT_COLUMNS
+
+log = logging.getLogger(__name__)
+
+SHAPES_FILE = "specpower_shapes.csv"
+SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
+START = pd.Timestamp("2026-01-05T00:00:00Z")  # a Monday; fixed so output depends on the seed only
+
+AMBIENT_MEAN_C = 22.5
+AMBIENT_DAILY_SWING_C = 4.5  # mean +- swing: 18..27 C before the per-node offset
+AMBIENT_PEAK_HOUR = 15.0
+FAN_THRESHOLD_C = 50.0  # fans and leakage start adding power above this CPU temperature
+ABSURD_STEP_COUNT = 50_000_000  # refuse sizes that would not fit in memory anyway
+
+
+def load_shapes() -> pd.DataFrame:
+    """The embedded SPECpower curve shapes (one row per real server)."""
+    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
+    return pd.read_csv(StringIO(text), comment="#")
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """Per-node parameters of a synthetic fleet; every array has one entry per node."""
+
+    names: list[str]
+    shape_result: np.ndarray  # SPEC result id the node's curve comes from
+    curve_share: np.ndarray  # [n, 11] power / max power at 0, 10, ..., 100 % load
+    curvature_exp: np.ndarray  # load is warped as u ** exp before the curve lookup
+    max_power_w: np.ndarray
+    sockets: np.ndarray
+    ambient_offset_c: np.ndarray
+    idle_rise_c: np.ndarray  # CPU above ambient at idle
+    load_rise_c: np.ndarray  # extra CPU rise at full load
+    cpu2_offset_c: np.ndarray
+    thermal_tau_s: np.ndarray
+    fan_w_per_c: np.ndarray
+    noise_w: np.ndarray
+    quantum_w: np.ndarray  # BMC reading step: 1 W or 5 W
+    missing_share: np.ndarray  # share of samples never delivered
+
+    @property
+    def idle_share(self) -> np.ndarray:
+        return self.curve_share[:, 0]
+
+
+def node_names(n_nodes: int) -> list[str]:
+    """`node-01` .. `node-NN`, zero-padded to the width of n (at least two digits)."""
+    width = max(2, len(str(n_nodes)))
+    return [f"node-{i:0{width}d}" for i in range(1, n_nodes + 1)]
+
+
+def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> FleetSpec:
+    """Draw the per-node parameters; the same seed always gives the same fleet."""
+    if n_nodes < 1:
+        raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
+    shapes = load_shapes() if shapes is None else shapes
+    rng = np.random.default_rng([seed, 0])
+    pick = rng.integers(0, len(shapes), n_nodes)
+    base = shapes[list(SHARE_COLUMNS)].to_numpy(dtype=float)[pick]
+    sample_idle = shapes["share_000"].to_numpy(dtype=float)
+
+    # Move the idle share by up to +-10 %, kept inside what real servers show, and rescale the
+    # dynamic part so the curve still ends at 1 and stays increasing.
+    old_idle = base[:, :1]
+    new_idle = np.clip(
+        old_idle * rng.uniform(0.9, 1.1, (n_nodes, 1)), sample_idle.min(), sample_idle.max()
+    )
+    curve = new_idle + (base - old_idle) * (1.0 - new_idle) / (1.0 - old_idle)
+
+    max_power_w = shapes["watts_max"].to_numpy(dtype=float)[pick] * rng.uniform(0.85, 1.15, n_nodes)
+    # Small servers read in whole watts: 5 W steps on a 60 W box would swamp the signal.
+    five_watt_steps = (rng.random(n_nodes) < 0.4) & (max_power_w > 200.0)
+    return FleetSpec(
+        names=node_names(n_nodes),
+        shape_result=shapes["result"].to_numpy()[pick],
+        curve_share=curve,
+        curvature_exp=rng.uniform(0.85, 1.15, n_nodes),
+        max_power_w=max_power_w,
+        sockets=shapes["chips"].to_numpy(dtype=int)[pick],
+        ambient_offset_c=rng.normal(0.0, 1.5, n_nodes),
+        idle_rise_c=rng.uniform(10.0, 20.0, n_nodes),
+        load_rise_c=rng.uniform(28.0, 45.0, n_nodes),
+        cpu2_offset_c=rng.uniform(-3.0, 3.0, n_nodes),
+        thermal_tau_s=rng.uniform(60.0, 240.0, n_nodes),
+        fan_w_per_c=rng.uniform(0.2, 0.6, n_nodes),
+        noise_w=rng.uniform(1.0, 2.0, n_nodes),
+        quantum_w=np.where(five_watt_steps, 5.0, 1.0),
+        missing_share=rng.uniform(0.01, 0.02, n_nodes),
+    )
+
+
+def first_order_lag(
+    target: np.ndarray, alpha: np.ndarray, start: np.ndarray, block: int = 64
+) -> np.ndarray:
+    """y[k] = y[k-1] + alpha * (target[k] - y[k-1]) per row, with y[-1] = start.
+
+    A Python loop over time would cost seconds for long series; instead each block of steps is
+    one matrix product with the filter's (lower-triangular) impulse response, so the cost is
+    about `n_steps / block` numpy calls whatever the length.
+    """
+    n_steps = target.shape[1]
+    decay = (1.0 - alpha)[:, None, None]  # [n, 1, 1]
+    lags = np.arange(block)
+    exponent = lags[:, None] - lags[None, :]  # i - j
+    kernel = np.where(exponent >= 0, decay ** np.maximum(exponent, 0), 0.0) * alpha[:, None, None]
+    carry = decay[:, :, 0] ** (lags[None, :] + 1)  # [n, block]: weight of the previous value
+    out = np.empty_like(target, dtype=float)
+    previous = np.asarray(start, dtype=float)
+    for begin in range(0, n_steps, block):
+        chunk = target[:, begin : begin + block]
+        width = chunk.shape[1]
+        values = np.einsum("nij,nj->ni", kernel[:, :width, :width], chunk)
+        values += carry[:, :width] * previous[:, None]
+        out[:, begin : begin + width] = values
+        previous = values[:, -1]
+    return out
+
+
+def event_runs(
+    rng: np.random.Generator,
+    shape: tuple[int, int],
+    events_per_step: float,
+    min_steps: int,
+    max_steps: int,
+    heights: tuple[float, float] = (1.0, 1.0),
+) -> np.ndarray:
+    """Sum of random rectangular events (bursts, idle periods, dropouts) on a [n, T] grid.
+
+    Starts are Poisson in time; each event lasts `min_steps..max_steps` steps and adds a height
+    drawn from `heights`. Built as a difference array, so it costs O(n * T) whatever the count.
+    """
+    n_rows, n_steps = shape
+    counts = rng.poisson(events_per_step * n_steps, n_rows)
+    rows = np.repeat(np.arange(n_rows), counts)
+    starts = rng.integers(0, n_steps, rows.size)
+    ends = np.minimum(starts + rng.integers(min_steps, max_steps + 1, rows.size), n_steps)
+    height = rng.uniform(heights[0], heights[1], rows.size)
+    steps = np.zeros((n_rows, n_steps + 1))
+    np.add.at(steps, (rows, starts), height)
+    np.add.at(steps, (rows, ends), -height)
+    return np.cumsum(steps[:, :-1], axis=1)
+
+
+def _utilisation(
+    rng: np.random.Generator, n_nodes: int, hour_of_day: np.ndarray, step_s: float
+) -> np.ndarray:
+    """Daily pattern + slow drift + bursts, with idle periods; clipped to 0..1."""
+    steps_per_hour = 3600.0 / step_s
+    n_steps = hour_of_day.size
+    base = rng.uniform(0.03, 0.30, (n_nodes, 1))
+    daily_amplitude = rng.uniform(0.15, 0.55, (n_nodes, 1))
+    peak_hour = rng.uniform(11.0, 17.0, (n_nodes, 1))
+    daily = 0.5 + 0.5 * np.cos(2 * np.pi * (hour_of_day[None, :] - peak_hour) / 24.0)
+
+    drift_tau_s = rng.uniform(600.0, 1800.0, n_nodes)
+    drift_alpha = 1.0 - np.exp(-step_s / drift_tau_s)
+    white = rng.normal(0.0, 1.0, (n_nodes, n_steps))
+    # Scale so the drift has a standard deviation of ~0.08 whatever the time constant.
+    drift = first_order_lag(white, drift_alpha, np.zeros(n_nodes))
+    drift *= 0.08 / np.sqrt(drift_alpha / (2.0 - drift_alpha))[:, None]
+
+    bursts = event_runs(
+        rng,
+        (n_nodes, n_steps),
+        events_per_step=1.0 / (3.0 * steps_per_hour),
+        min_steps=max(1, round(5 * 60 / step_s)),
+        max_steps=max(1, round(60 * 60 / step_s)),
+        heights=(0.3, 0.9),
+    )
+    util = np.clip(base + daily_amplitude * daily + drift + bursts, 0.0, 1.0)
+
+    idle = event_runs(
+        rng,
+        (n_nodes, n_steps),
+        events_per_step=1.0 / (12.0 * steps_per_hour),
+        min_steps=max(1, round(30 * 60 / step_s)),
+        max_steps=max(1, round(180 * 60 / step_s)),
+    )
+    idle_load = rng.uniform(0.0, 0.03, (n_nodes, n_steps))
+    return np.where(idle > 0, idle_load, util)
+
+
+def _curve_power_w(spec: FleetSpec, util: np.ndarray) -> np.ndarray:
+    """Piecewise-linear lookup of each node's curve at its (warped) utilisation."""
+    position = util ** spec.curvature_exp[:, None] * 10.0
+    lower = np.clip(np.floor(position).astype(int), 0, 9)
+    frac = position - lower
+    low = np.take_along_axis(spec.curve_share, lower, axis=1)
+    high = np.take_along_axis(spec.curve_share, lower + 1, axis=1)
+    return (low + (high - low) * frac) * spec.max_power_w[:, None]
+
+
+def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.DataFrame:
+    """Contract-1 metrics for `n_nodes` heterogeneous nodes over `hours`, one sample per `step_s`.
+
+    Columns: node, timestamp (tz-aware UTC), cpu_util, ambient_temp_c, cpu1_temp_c,
+    cpu2_temp_c, power_w; sorted by node, then timestamp. Missing samples are absent rows;
+    sensor dropouts and one-socket nodes leave temperatures NaN.
+    """
+    if hours <= 0 or step_s <= 0:
+        raise ValueError(f"hours and step_s must be positive, got {hours} and {step_s}")
+    n_steps = int(hours * 3600.0 // step_s)
+    if n_steps < 1:
+        raise ValueError(f"{hours} h at {step_s} s steps holds no sample")
+    if n_steps * n_nodes > ABSURD_STEP_COUNT:
+        raise ValueError(f"{n_nodes} nodes x {n_steps} samples is more than this generator makes")
+
+    spec = fleet_spec(n_nodes, seed)
+    rng = np.random.default_rng([seed, 1])
+    elapsed_s = np.arange(n_steps) * step_s
+    hour_of_day = (START.hour + elapsed_s / 3600.0) % 24.0
+
+    util = _utilisation(rng, n_nodes, hour_of_day, step_s)
+
+    ambient_c = (
+        AMBIENT_MEAN_C
+        + AMBIENT_DAILY_SWING_C
+        * np.cos(2 * np.pi * (hour_of_day[None, :] - AMBIENT_PEAK_HOUR) / 24.0)
+        + spec.ambient_offset_c[:, None]
+        + rng.normal(0.0, 0.2, (n_nodes, n_steps))
+    )
+    thermal_alpha = 1.0 - np.exp(-step_s / spec.thermal_tau_s)
+    target1_c = ambient_c + spec.idle_rise_c[:, None] + spec.load_rise_c[:, None] * util
+    cpu1_c = first_order_lag(target1_c, thermal_alpha, target1_c[:, 0])
+    # The second socket runs a little hotter or cooler and has a slightly different response.
+    target2_c = target1_c + spec.cpu2_offset_c[:, None] + 0.05 * spec.load_rise_c[:, None] * util
+    cpu2_c = first_order_lag(target2_c, thermal_alpha, target2_c[:, 0])
+    cpu2_c[spec.sockets == 1] = np.nan
+
+    hottest_c = np.fmax(cpu1_c, cpu2_c)
+    fan_w = spec.fan_w_per_c[:, None] * np.maximum(hottest_c - FAN_THRESHOLD_C, 0.0)
+    power_w = _curve_power_w(spec, util) + fan_w
+    power_w += rng.normal(0.0, 1.0, (n_nodes, n_steps)) * spec.noise_w[:, None]
+    quantum = spec.quantum_w[:, None]
+    power_w = np.round(power_w / quantum) * quantum
+
+    # BMC temperature sensors report whole degrees; dropouts blank all of a node's sensors.
+    ambient_c, cpu1_c, cpu2_c = (np.round(t) for t in (ambient_c, cpu1_c, cpu2_c))
+    dropout = event_runs(
+        rng,
+        (n_nodes, n_steps),
+        events_per_step=1.0 / 400.0,
+        min_steps=2,
+        max_steps=6,
+    )
+    for temps in (ambient_c, cpu1_c, cpu2_c):
+        temps[dropout > 0] = np.nan
+
+    delivered = rng.random((n_nodes, n_steps)) >= spec.missing_share[:, None]
+    node_index, step_index = np.nonzero(delivered)
+    frame = pd.DataFrame(
+        {
+            "node": np.asarray(spec.names, dtype=object)[node_index],
+            "timestamp": START + pd.to_timedelta(elapsed_s[step_index], unit="s"),
+            "cpu_util": np.round(util[delivered], 4),
+            "ambient_temp_c": ambient_c[delivered],
+            "cpu1_temp_c": cpu1_c[delivered],
+            "cpu2_temp_c": cpu2_c[delivered],
+            "power_w": power_w[delivered],
+        },
+        columns=list(CONTRACT_COLUMNS),
+    )
+    log.info(
+        "synthesised %d nodes x %d samples (%d rows after %.1f %% missing)",
+        n_nodes,
+        n_steps,
+        len(frame),
+        100.0 * (1.0 - len(frame) / (n_nodes * n_steps)),
+    )
+    return frame
+
+
+def write_table(frame: pd.DataFrame, out: Path) -> None:
+    """Write Parquet or CSV by extension (CSV timestamps as RFC 3339)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = out.suffix.lower()
+    if suffix == ".parquet":
+        frame.to_parquet(out, index=False)
+    elif suffix == ".csv":
+        as_text = frame.assign(timestamp=frame["timestamp"].dt.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        as_text.to_csv(out, index=False)
+    else:
+        raise ValueError(f"--out must end in .parquet or .csv, got {out.name!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.synth",
+        description="Write a synthetic heterogeneous fleet's metrics (contract 1) to a file.",
+    )
+    parser.add_argument("--nodes", type=int, default=50, help="number of nodes (default: 50)")
+    parser.add_argument(
+        "--hours", type=float, default=168.0, help="time span in hours (default: 168, one week)"
+    )
+    parser.add_argument(
+        "--step", type=float, default=60.0, help="sample interval in seconds (default: 60)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=7, help="random seed; same seed, same data (default: 7)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output file, .parquet or .csv (required)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="log warnings only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.out.suffix.lower() not in (".parquet", ".csv"):
+        print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
+        return 2
+    try:
+        frame = synth_fleet(args.nodes, args.hours, args.step, args.seed)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    write_table(frame, args.out)
+    log.info("wrote %d rows to %s", len(frame), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
