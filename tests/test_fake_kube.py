@@ -1,0 +1,315 @@
+"""The fake API server answers the official `kubernetes` client as a real kube-apiserver does."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from tests.support.fake_kube import MAX_CONFIGMAP_BYTES, FakeKube
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as server:
+        yield server
+
+
+@pytest.fixture
+def core(kube: FakeKube) -> Iterator[client.CoreV1Api]:
+    api_client = kube.api_client()
+    yield client.CoreV1Api(api_client)
+    api_client.close()
+
+
+def status_of(error: ApiException) -> dict[str, Any]:
+    return json.loads(error.body)
+
+
+def config_map(name: str, **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+
+
+def node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi"}},
+    }
+
+
+def test_create_get_and_409_already_exists(core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_config_map("default", config_map("models", a="1"))
+    assert created.metadata.uid
+    assert created.metadata.resource_version
+    assert created.metadata.creation_timestamp is not None
+    assert core.read_namespaced_config_map("models", "default").data == {"a": "1"}
+
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_config_map("default", config_map("models", a="2"))
+    assert raised.value.status == 409
+    assert status_of(raised.value) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'configmaps "models" already exists',
+        "reason": "AlreadyExists",
+        "details": {"name": "models", "kind": "configmaps"},
+        "code": 409,
+    }
+
+
+def test_missing_object_and_namespace_answer_404(core: client.CoreV1Api) -> None:
+    with pytest.raises(ApiException) as raised:
+        core.read_namespaced_config_map("absent", "default")
+    assert raised.value.status == 404
+    assert status_of(raised.value)["reason"] == "NotFound"
+    assert status_of(raised.value)["message"] == 'configmaps "absent" not found'
+
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_config_map("no-such-ns", config_map("x"))
+    assert status_of(raised.value)["message"] == 'namespaces "no-such-ns" not found'
+
+
+def test_replace_bumps_version_and_stale_version_conflicts(core: client.CoreV1Api) -> None:
+    first = core.create_namespaced_config_map("default", config_map("models", a="1"))
+    body = config_map("models", a="2")
+    body["metadata"]["resourceVersion"] = first.metadata.resource_version
+    second = core.replace_namespaced_config_map("models", "default", body)
+    assert int(second.metadata.resource_version) > int(first.metadata.resource_version)
+    assert second.metadata.uid == first.metadata.uid
+    assert second.data == {"a": "2"}
+
+    # Same stale resourceVersion again: the object has moved on.
+    with pytest.raises(ApiException) as raised:
+        core.replace_namespaced_config_map("models", "default", body)
+    assert raised.value.status == 409
+    assert status_of(raised.value)["reason"] == "Conflict"
+    assert "the object has been modified" in status_of(raised.value)["message"]
+
+
+def test_patch_merges_labels_and_deletes_with_null(core: client.CoreV1Api) -> None:
+    core.create_node(node("node-a", {"keep": "yes", "energy-status": "vulnerable"}))
+    patched = core.patch_node(
+        "node-a", {"metadata": {"labels": {"energy-status": "powerless", "keep": None}}}
+    )
+    assert patched.metadata.labels == {"energy-status": "powerless"}
+    assert patched.status.allocatable == {"cpu": "4", "memory": "8Gi"}
+
+
+def test_patch_content_types(kube: FakeKube, core: client.CoreV1Api) -> None:
+    core.create_node(node("node-a", {"a": "1"}))
+    core.patch_node("node-a", {"metadata": {"labels": {"b": "2"}}})
+    core.patch_node(
+        "node-a", [{"op": "add", "path": "/metadata/labels/c", "value": "3"}]
+    )  # a list goes out as JSON patch
+    assert core.read_node("node-a").metadata.labels == {"a": "1", "b": "2", "c": "3"}
+    patch_types = [r.headers.get("Content-Type") for r in kube.requests if r.method == "PATCH"]
+    assert patch_types == [
+        "application/strategic-merge-patch+json",
+        "application/json-patch+json",
+    ]
+
+
+def test_noop_patch_keeps_resource_version(core: client.CoreV1Api) -> None:
+    created = core.create_node(node("node-a", {"a": "1"}))
+    same = core.patch_node("node-a", {"metadata": {"labels": {"a": "1"}}})
+    assert same.metadata.resource_version == created.metadata.resource_version
+
+
+def test_delete_and_list_with_selectors(kube: FakeKube, core: client.CoreV1Api) -> None:
+    core.create_node(node("node-a", {"zone": "x"}))
+    core.create_node(node("node-b", {"zone": "y"}))
+    for name, node_name in (("p1", "node-a"), ("p2", "node-b"), ("p3", None)):
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": name},
+                "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "i"}]},
+            },
+        )
+    listed = core.list_node(label_selector="zone in (x,z)")
+    assert [n.metadata.name for n in listed.items] == ["node-a"]
+    assert int(listed.metadata.resource_version) == kube.resource_version
+    on_b = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-b")
+    assert [p.metadata.name for p in on_b.items] == ["p2"]
+    unbound = core.list_namespaced_pod("default", field_selector="spec.nodeName=")
+    assert [p.metadata.name for p in unbound.items] == ["p3"]
+    assert core.list_namespaced_pod("default").items[0].status.phase == "Pending"
+
+    with pytest.raises(ApiException) as raised:
+        core.list_node(field_selector="spec.nodeName=x")
+    assert raised.value.status == 400
+
+    deleted = core.delete_namespaced_pod("p1", "default")
+    assert deleted.metadata.name == "p1"
+    status = core.delete_node("node-b")
+    assert status["status"] == "Success"  # the client hands back the raw Status
+    assert [n.metadata.name for n in core.list_node().items] == ["node-a"]
+
+
+def test_eviction_deletes_the_pod(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": []}})
+    core.create_namespaced_pod_eviction(
+        "p",
+        "default",
+        {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}},
+    )
+    assert core.list_namespaced_pod("default").items == []
+
+
+def test_watch_streams_changes_after_resource_version(
+    kube: FakeKube, core: client.CoreV1Api
+) -> None:
+    core.create_node(node("node-a"))
+    start_rv = core.list_node().metadata.resource_version
+    seen: list[tuple[str, str, dict[str, str]]] = []
+    ready = threading.Event()
+
+    def consume() -> None:
+        ready.set()
+        for event in watch.Watch().stream(
+            core.list_node, resource_version=start_rv, timeout_seconds=3
+        ):
+            obj = event["object"]
+            seen.append((event["type"], obj.metadata.name, obj.metadata.labels or {}))
+            if event["type"] == "DELETED":
+                return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    ready.wait()
+    core.create_node(node("node-b"))
+    core.patch_node("node-a", {"metadata": {"labels": {"energy-status": "powerless"}}})
+    kube.delete("nodes", "node-b")  # a Python-side write notifies watches too
+    consumer.join(timeout=10)
+    assert seen == [
+        ("ADDED", "node-b", {}),
+        ("MODIFIED", "node-a", {"energy-status": "powerless"}),
+        ("DELETED", "node-b", {}),
+    ]
+
+
+def test_watch_chunked_lines_and_timeout(kube: FakeKube, core: client.CoreV1Api) -> None:
+    kube.create("nodes", node("node-a"))
+    response = core.list_node(watch=True, timeout_seconds=1, _preload_content=False)
+    assert response.headers["Transfer-Encoding"] == "chunked"
+    lines = response.data.decode().splitlines()  # returns once the timeout ends the stream
+    assert [json.loads(line)["type"] for line in lines] == ["ADDED"]
+    assert json.loads(lines[0])["object"]["kind"] == "Node"
+
+
+def test_watch_with_selector_reports_leaving_as_deleted(core: client.CoreV1Api) -> None:
+    core.create_node(node("node-a", {"pool": "green"}))
+    rv = core.list_node().metadata.resource_version
+    core.patch_node("node-a", {"metadata": {"labels": {"pool": "brown"}}})
+    response = core.list_node(
+        watch=True,
+        label_selector="pool=green",
+        resource_version=rv,
+        timeout_seconds=1,
+        _preload_content=False,
+    )
+    events = [json.loads(line) for line in response.data.decode().splitlines()]
+    assert [(e["type"], e["object"]["metadata"]["labels"]) for e in events] == [
+        ("DELETED", {"pool": "brown"})
+    ]
+
+
+def test_watch_from_expired_version_is_410_gone(kube: FakeKube, core: client.CoreV1Api) -> None:
+    core.create_node(node("node-a"))
+    old_rv = core.list_node().metadata.resource_version
+    kube.expire_watches()
+    response = core.list_node(
+        watch=True, resource_version=old_rv, timeout_seconds=1, _preload_content=False
+    )
+    (line,) = response.data.decode().splitlines()
+    event = json.loads(line)
+    assert event["type"] == "ERROR"
+    assert event["object"]["code"] == 410
+    assert event["object"]["reason"] == "Expired"
+    assert event["object"]["message"].startswith(f"too old resource version: {old_rv} (")
+
+    # The official Watch turns it into ApiException(410); a fresh list can watch again.
+    with pytest.raises(ApiException) as raised:
+        list(watch.Watch().stream(core.list_node, resource_version=old_rv, timeout_seconds=1))
+    assert raised.value.status == 410
+    fresh_rv = core.list_node().metadata.resource_version
+    assert (
+        list(watch.Watch().stream(core.list_node, resource_version=fresh_rv, timeout_seconds=1))
+        == []
+    )
+
+
+def test_body_over_3_mib_is_413(core: client.CoreV1Api) -> None:
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_config_map("default", config_map("big", blob="x" * (3 * 2**20)))
+    assert raised.value.status == 413
+    assert status_of(raised.value)["reason"] == "RequestEntityTooLarge"
+    assert status_of(raised.value)["message"] == "Request entity too large: limit is 3145728"
+
+
+def test_configmap_over_1_mib_is_422(core: client.CoreV1Api) -> None:
+    half = base64.b64encode(b"\0" * (MAX_CONFIGMAP_BYTES // 2)).decode()
+    body = {"metadata": {"name": "models"}, "binaryData": {"a.onnx": half, "b.onnx": half}}
+    core.create_namespaced_config_map("default", body)  # exactly 1 MiB fits
+
+    body["metadata"]["name"] = "models-2"
+    body["data"] = {"manifest.json": "{}"}
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_config_map("default", body)
+    assert raised.value.status == 422
+    status = status_of(raised.value)
+    assert status["reason"] == "Invalid"
+    assert status["message"] == (
+        'ConfigMap "models-2" is invalid: []: Too long: must have at most 1048576 bytes'
+    )
+    assert status["details"]["causes"][0]["reason"] == "FieldValueTooLong"
+
+
+def test_fault_injection_and_request_log(kube: FakeKube, core: client.CoreV1Api) -> None:
+    kube.fail_next(2)
+    for _ in range(2):
+        with pytest.raises(ApiException) as raised:
+            core.list_node()
+        assert raised.value.status == 500
+        assert status_of(raised.value)["reason"] == "InternalError"
+    assert core.list_node().items == []
+    assert [(r.method, r.path) for r in kube.requests] == [("GET", "/api/v1/nodes")] * 3
+    core.create_node(node("node-a"))
+    assert kube.requests[-1].json()["metadata"]["name"] == "node-a"
+
+
+def test_dropped_watch_breaks_the_stream(kube: FakeKube, core: client.CoreV1Api) -> None:
+    rv = core.list_node().metadata.resource_version
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def consume() -> None:
+        try:
+            started.set()
+            for _ in watch.Watch().stream(core.list_node, resource_version=rv, timeout_seconds=30):
+                pass
+        except Exception as error:  # the broken stream surfaces as a client-side error
+            errors.append(error)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    started.wait()
+    # Wait until the watch request reached the server before cutting it.
+    for _ in range(200):
+        if any(r.query.get("watch") for r in kube.requests):
+            break
+        threading.Event().wait(0.02)
+    kube.drop_watches()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive()
+    assert errors, "a cut stream must not look like a clean end"
