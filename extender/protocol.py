@@ -1,0 +1,224 @@
+"""The kube-scheduler extender v1 wire format: parse requests, build answers kube-scheduler reads.
+
+The Go types (`k8s.io/kube-scheduler/extender/v1`) carry no JSON tags, so the JSON uses Go
+field names: a request is `ExtenderArgs {Pod, Nodes, NodeNames}` where `Pod` is a full Pod
+object, and exactly one of `NodeNames` (`nodeCacheCapable: true`) or `Nodes` (a NodeList,
+`nodeCacheCapable: false`) is set; unset fields arrive as `null`.
+
+Answers:
+- filter: `ExtenderFilterResult {NodeNames | Nodes, FailedNodes, Error}`, echoing the passing
+  candidates exactly as they came (kube-scheduler rejects a name that was not in its request);
+- prioritize: a bare `HostPriorityList` `[{"Host": name, "Score": n}]` where `Score` must be an
+  integer literal 0..10 (Go refuses `7.0` and then drops all our scores).
+
+Anything unreadable raises `ProtocolError`, which the service answers with 400 and the message.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from extender.demand import parse_cpu_quantity
+from extender.state import NodeInfo
+
+MIN_EXTENDER_PRIORITY = 0
+MAX_EXTENDER_PRIORITY = 10
+
+
+class ProtocolError(ValueError):
+    """The request body is not an ExtenderArgs kube-scheduler would send; says what and where."""
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """One parsed request. `nodes` are the raw Node objects (kept to echo them back)."""
+
+    pod: dict
+    node_names: list[str] | None
+    nodes: list[dict] | None
+    # Derived by `parse_extender_args` (added to the architecture contract): the candidates'
+    # names in request order, and with `nodes`, the NodeInfo read from each object.
+    candidate_names: list[str] = field(default_factory=list)
+    node_infos: list[NodeInfo] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.candidate_names and (self.node_names or self.nodes):
+            names = (
+                list(self.node_names)
+                if self.node_names is not None
+                else [_node_name(node, f"Nodes.items[{i}]") for i, node in enumerate(self.nodes)]
+            )
+            object.__setattr__(self, "candidate_names", names)
+
+    @property
+    def candidates(self) -> list[str] | list[NodeInfo]:
+        """What scoring takes: node names, or NodeInfos when the nodes came as objects."""
+        if self.nodes is not None:
+            if self.node_infos is None:
+                object.__setattr__(self, "node_infos", _node_infos(self.nodes))
+            return self.node_infos
+        return self.candidate_names
+
+
+def parse_extender_args(body: bytes | bytearray | memoryview | str) -> ExtenderArgs:
+    """Parse and check one ExtenderArgs JSON body; raises `ProtocolError` saying what is wrong."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"request body is not readable JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ProtocolError(
+            f"request body must be a JSON object (ExtenderArgs), got {_json_type(document)}"
+        )
+    pod = document.get("Pod")
+    if pod is None:
+        raise ProtocolError("request has no Pod (missing or null)")
+    if not isinstance(pod, dict):
+        raise ProtocolError(f"Pod must be a JSON object, got {_json_type(pod)}")
+
+    raw_names = document.get("NodeNames")
+    raw_nodes = document.get("Nodes")
+    if raw_names is not None and raw_nodes is not None:
+        raise ProtocolError("both Nodes and NodeNames are set; kube-scheduler sends only one")
+
+    node_names: list[str] | None = None
+    nodes: list[dict] | None = None
+    if raw_names is not None:
+        if not isinstance(raw_names, list):
+            raise ProtocolError(f"NodeNames must be a list of strings, got {_json_type(raw_names)}")
+        for i, name in enumerate(raw_names):
+            if not isinstance(name, str) or not name:
+                raise ProtocolError(f"NodeNames[{i}] must be a non-empty string, got {name!r}")
+        node_names = raw_names
+        names = raw_names
+    elif raw_nodes is not None:
+        if not isinstance(raw_nodes, dict):
+            raise ProtocolError(
+                f"Nodes must be a NodeList object with items, got {_json_type(raw_nodes)}"
+            )
+        items = raw_nodes.get("items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise ProtocolError(f"Nodes.items must be a list, got {_json_type(items)}")
+        nodes = items
+        names = [_node_name(node, f"Nodes.items[{i}]") for i, node in enumerate(items)]
+    else:
+        names = []
+    return ExtenderArgs(
+        pod=pod,
+        node_names=node_names,
+        nodes=nodes,
+        candidate_names=list(names),
+        node_infos=_node_infos(nodes) if nodes is not None else None,
+    )
+
+
+def node_info_from_object(node: Mapping, where: str = "node") -> NodeInfo:
+    """NodeInfo from a full Kubernetes Node object (allocatable CPU, labels, annotations)."""
+    name = _node_name(node, where)
+    where = f"{where} ({name})"
+    metadata = node["metadata"]
+    labels = _optional_object(metadata.get("labels"), f"{where}: metadata.labels")
+    annotations = _optional_object(metadata.get("annotations"), f"{where}: metadata.annotations")
+    status = _optional_object(node.get("status"), f"{where}: status")
+    allocatable = _optional_object(status.get("allocatable"), f"{where}: status.allocatable")
+    cpu = allocatable.get("cpu")
+    if cpu is None:
+        raise ProtocolError(f"{where}: status.allocatable.cpu is missing")
+    try:
+        allocatable_cpu = parse_cpu_quantity(cpu)
+    except ValueError as exc:
+        raise ProtocolError(f"{where}: status.allocatable.cpu: {exc}") from None
+    return NodeInfo(
+        name=name, allocatable_cpu=allocatable_cpu, labels=labels, annotations=annotations
+    )
+
+
+def filter_result(args: ExtenderArgs, failed: Mapping[str, str]) -> dict:
+    """ExtenderFilterResult: candidates not in `failed` pass, echoed in the request's form.
+
+    Only names from the request appear, in either list; with neither NodeNames nor Nodes in
+    the request there is nothing to pass and the answer is empty.
+    """
+    requested = set(args.candidate_names)
+    failed_nodes = {name: str(reason) for name, reason in failed.items() if name in requested}
+    if args.nodes is not None:
+        passing_nodes = [
+            node
+            for node, name in zip(args.nodes, args.candidate_names, strict=True)
+            if name not in failed_nodes
+        ]
+        return {"Nodes": {"items": passing_nodes}, "FailedNodes": failed_nodes, "Error": ""}
+    passing_names = [name for name in args.candidate_names if name not in failed_nodes]
+    return {"NodeNames": passing_names, "FailedNodes": failed_nodes, "Error": ""}
+
+
+def prioritize_result(host_scores: Iterable[tuple[str, int]]) -> list[dict]:
+    """HostPriorityList: `[{"Host": name, "Score": int}]`; scores must be ints 0..10."""
+    answer = []
+    for host, score in host_scores:
+        if isinstance(score, bool):
+            raise TypeError(f"score of {host} must be an int, got bool")
+        value = operator.index(score)  # refuses floats such as 7.0, which Go rejects
+        if not MIN_EXTENDER_PRIORITY <= value <= MAX_EXTENDER_PRIORITY:
+            raise ValueError(f"score of {host} must be 0..10, got {value}")
+        answer.append({"Host": host, "Score": int(value)})
+    return answer
+
+
+def encode(answer: object) -> bytes:
+    """Serialise an answer (dict or list) to JSON bytes."""
+    return orjson.dumps(answer)
+
+
+def pod_key(pod: Mapping) -> str:
+    """`namespace/name` of a pod, for logs; `?` for what is missing."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "?/?"
+    return f"{metadata.get('namespace') or '?'}/{metadata.get('name') or '?'}"
+
+
+def _node_infos(nodes: Sequence[dict]) -> list[NodeInfo]:
+    return [node_info_from_object(node, f"Nodes.items[{i}]") for i, node in enumerate(nodes)]
+
+
+def _node_name(node: object, where: str) -> str:
+    if not isinstance(node, Mapping):
+        raise ProtocolError(f"{where} must be a Node object, got {_json_type(node)}")
+    metadata = node.get("metadata")
+    if not isinstance(metadata, Mapping):
+        raise ProtocolError(f"{where}: metadata is missing or not an object")
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"{where}: metadata.name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _optional_object(value: object, where: str) -> Mapping:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ProtocolError(f"{where} must be an object, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__

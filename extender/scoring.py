@@ -1,0 +1,341 @@
+"""Filter verdicts and scores: the decision the extender exists for, as pure array functions.
+
+For each candidate node, with `u` its measured CPU utilisation, `a` the CPU of pods bound
+recently (whose load the metrics do not show yet) and `d` the pod's CPU demand, both over the
+node's allocatable CPU, the predicted power increase of placing the pod there is
+
+    dP = P_node(u + a + d) - P_node(u + a)
+
+read from the node's tabulated curve (`predictor.curves.CurveTable`). The power score ranks
+candidates by `dP` in float precision: min-max normalised over the candidates that have fresh
+telemetry and a curve, lowest increase 10, highest 0 (all equal: all 10). A node without
+telemetry (none, stale, or no allocatable CPU) or without a curve gets power score 0, so a
+missing metric never looks best. The energy score comes from the node label `energy-status`:
+
+    label            stored energy   energy score
+    (no label)       grid power      10
+    well-powered     75-100 %        10
+    vulnerable       40-75 %          6
+    low-powered      15-40 %          3
+    powerless        0-15 %           0  (and fails the filter)
+    anything else    unknown          6  (treated like vulnerable: neither trusted nor
+                                          excluded; the state logs it when the node is written)
+
+The final score is `round_half_up((w_power * power + w_energy * energy) / (w_power + w_energy))`,
+a Python int 0..10; with the default weights (0.7, 0.3) a well-powered node beats a
+low-powered one unless its power score is lower by more than 3. Names the extender does not know
+score 0 and pass the filter (the watch may just be behind).
+
+The filter fails `powerless` nodes and nodes whose predicted power after placement exceeds
+their `power-aware-scheduler/max-power-w` annotation. Nodes without telemetry pass.
+
+Nothing here logs or does I/O: the caller gets counters in the `Assessment` and logs them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from extender.state import ClusterView, NodeInfo
+
+ENERGY_LABEL = "energy-status"
+MAX_POWER_ANNOTATION = "power-aware-scheduler/max-power-w"
+MAX_SCORE = 10
+
+
+class EnergyLevel(IntEnum):
+    """Codes stored in `ClusterView.energy_level` (int8)."""
+
+    POWERLESS = 0
+    LOW_POWERED = 1
+    VULNERABLE = 2
+    WELL_POWERED = 3
+    GRID = 4
+    UNKNOWN = 5
+
+
+ENERGY_LABEL_VALUES: Mapping[str, EnergyLevel] = {
+    "powerless": EnergyLevel.POWERLESS,
+    "low-powered": EnergyLevel.LOW_POWERED,
+    "vulnerable": EnergyLevel.VULNERABLE,
+    "well-powered": EnergyLevel.WELL_POWERED,
+}
+
+# Indexed by EnergyLevel code.
+ENERGY_SCORES = np.array([0.0, 3.0, 6.0, 10.0, 10.0, 6.0])
+ENERGY_SCORES.flags.writeable = False
+
+
+def energy_level_of(labels: Mapping[str, str] | None) -> EnergyLevel:
+    """The node's energy level from its labels; no `energy-status` label means grid power."""
+    if not labels:
+        return EnergyLevel.GRID
+    value = labels.get(ENERGY_LABEL)
+    if value is None:
+        return EnergyLevel.GRID
+    return ENERGY_LABEL_VALUES.get(value, EnergyLevel.UNKNOWN)
+
+
+def max_power_of(annotations: Mapping[str, str] | None) -> float:
+    """The node's max-power annotation in watts; NaN when absent or not a positive number."""
+    if not annotations:
+        return math.nan
+    raw = annotations.get(MAX_POWER_ANNOTATION)
+    if raw is None:
+        return math.nan
+    try:
+        watts = float(raw)
+    except (TypeError, ValueError):
+        return math.nan
+    return watts if math.isfinite(watts) and watts > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class ScoringWeights:
+    """Relative weights of the power and energy scores in the final score (any scale)."""
+
+    power: float = 0.7
+    energy: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name, weight in (("power", self.power), ("energy", self.energy)):
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"scoring weight {name} must be finite and >= 0, got {weight!r}")
+        if self.power + self.energy <= 0:
+            raise ValueError("scoring weights power and energy must not both be 0")
+
+
+DEFAULT_WEIGHTS = ScoringWeights()
+
+
+class PowerCurves(Protocol):
+    """What scoring needs of `predictor.curves.CurveTable`."""
+
+    def index_of(self, names: Sequence[str]) -> np.ndarray: ...
+
+    def power_w(self, idx: np.ndarray, util: np.ndarray) -> np.ndarray: ...
+
+    def power_increase_w(
+        self, idx: np.ndarray, util_from: np.ndarray, demand: np.ndarray
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Assessment:
+    """Everything decided about one pod's candidate nodes; arrays aligned to `names`.
+
+    Utilisations `u`, `a`, `d` are fractions of allocatable CPU. Power arrays are NaN where the
+    node could not be scored (`scorable` False). `failed` maps a node name to the reason it fails
+    the filter. The counters are for the caller to log and export.
+    """
+
+    names: tuple[str, ...]
+    known: np.ndarray
+    u: np.ndarray
+    a: np.ndarray
+    d: np.ndarray
+    telemetry_age_s: np.ndarray
+    has_telemetry: np.ndarray
+    has_curve: np.ndarray
+    scorable: np.ndarray
+    power_before_w: np.ndarray
+    power_after_w: np.ndarray
+    increase_w: np.ndarray
+    energy_level: np.ndarray
+    max_power_w: np.ndarray
+    power_score: np.ndarray
+    energy_score: np.ndarray
+    score: np.ndarray
+    failed: Mapping[str, str]
+    demand_cores: float
+    unknown_nodes: int
+    no_telemetry_nodes: int
+    no_curve_nodes: int
+    unknown_energy_labels: int
+
+    def host_scores(self) -> list[tuple[str, int]]:
+        """(name, score) pairs with Python ints, in request order."""
+        return list(zip(self.names, self.score.tolist(), strict=True))
+
+    def passes(self) -> list[bool]:
+        """Filter verdict per candidate, in request order."""
+        failed = self.failed
+        return [name not in failed for name in self.names]
+
+    def explain(self) -> list[dict[str, object]]:
+        """One JSON-ready record per candidate: the inputs and outputs of its score."""
+        records = []
+        for i, name in enumerate(self.names):
+            records.append(
+                {
+                    "node": name,
+                    "u": _finite_or_none(self.u[i]),
+                    "a": _finite_or_none(self.a[i]),
+                    "d": _finite_or_none(self.d[i]),
+                    "power_before_w": _finite_or_none(self.power_before_w[i]),
+                    "power_after_w": _finite_or_none(self.power_after_w[i]),
+                    "increase_w": _finite_or_none(self.increase_w[i]),
+                    "energy_level": EnergyLevel(int(self.energy_level[i])).name.lower(),
+                    "power_score": float(self.power_score[i]),
+                    "energy_score": float(self.energy_score[i]),
+                    "score": int(self.score[i]),
+                    "passes": name not in self.failed,
+                    "note": self._note(i),
+                }
+            )
+        return records
+
+    def _note(self, i: int) -> str:
+        name = self.names[i]
+        if name in self.failed:
+            return self.failed[name]
+        if not self.known[i]:
+            return "unknown node: scored 0"
+        if not self.has_telemetry[i]:
+            age_s = self.telemetry_age_s[i]
+            if math.isfinite(age_s):
+                return f"telemetry stale ({age_s:.0f} s old): lowest power score"
+            return "no telemetry: lowest power score"
+        if not self.has_curve[i]:
+            return "no power curve for this node: lowest power score"
+        return ""
+
+
+def assess(
+    view: ClusterView,
+    curves: PowerCurves | None,
+    candidates: Sequence[str] | Sequence[NodeInfo],
+    demand_cores: float,
+    weights: ScoringWeights = DEFAULT_WEIGHTS,
+    *,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> Assessment:
+    """Score and filter `candidates` (node names, or `NodeInfo`s built from request objects).
+
+    With names, allocatable CPU, labels and annotations come from `view`; with `NodeInfo`s
+    they come from the request and only telemetry and assumed load come from `view`.
+    `telemetry_ttl_s` None means telemetry never goes stale (snapshot mode).
+    """
+    if not math.isfinite(demand_cores) or demand_cores < 0:
+        raise ValueError(f"demand_cores must be finite and >= 0, got {demand_cores!r}")
+    count = len(candidates)
+    names = tuple(c if isinstance(c, str) else c.name for c in candidates)
+    positions = view.index_of(names)
+    in_view = positions >= 0
+    safe = np.where(in_view, positions, 0)
+
+    if count and not isinstance(candidates[0], str):
+        nodes: Sequence[NodeInfo] = candidates  # type: ignore[assignment]
+        known = np.ones(count, dtype=bool)
+        allocatable = np.fromiter((n.allocatable_cpu for n in nodes), np.float64, count)
+        energy = np.fromiter((energy_level_of(n.labels) for n in nodes), np.int8, count)
+        max_power = np.fromiter((max_power_of(n.annotations) for n in nodes), np.float64, count)
+    else:
+        known = in_view & view.has_node_info[safe] if count else np.zeros(0, dtype=bool)
+        allocatable = np.where(known, view.allocatable_cpu[safe], np.nan)
+        energy = np.where(known, view.energy_level[safe], np.int8(EnergyLevel.UNKNOWN))
+        energy = energy.astype(np.int8, copy=False)
+        max_power = np.where(known, view.max_power_w[safe], np.nan)
+
+    util = np.where(in_view, view.cpu_util[safe], np.nan)
+    observed_at_s = np.where(in_view, view.observed_at_s[safe], -np.inf)
+    assumed_cores = np.where(in_view, view.assumed_cpu[safe], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        telemetry_age_s = now_s - observed_at_s
+        capacity_ok = np.isfinite(allocatable) & (allocatable > 0)
+        fresh = np.isfinite(util) & np.isfinite(observed_at_s)
+        if telemetry_ttl_s is not None:
+            fresh &= telemetry_age_s <= telemetry_ttl_s
+        has_telemetry = known & fresh & capacity_ok
+        u = np.clip(util, 0.0, 1.0)
+        a = np.where(capacity_ok, assumed_cores / allocatable, np.nan)
+        d = np.where(capacity_ok, demand_cores / allocatable, np.nan)
+
+    if curves is not None and count:
+        curve_idx = np.asarray(curves.index_of(names), dtype=np.intp)
+    else:
+        curve_idx = np.full(count, -1, dtype=np.intp)
+    has_curve = curve_idx >= 0
+
+    power_before = np.full(count, np.nan)
+    increase = np.full(count, np.nan)
+    rows = np.flatnonzero(has_telemetry & has_curve)
+    if rows.size and curves is not None:
+        util_from = u[rows] + a[rows]
+        power_before[rows] = curves.power_w(curve_idx[rows], util_from)
+        increase[rows] = curves.power_increase_w(curve_idx[rows], util_from, d[rows])
+    power_after = power_before + increase
+    scorable = np.isfinite(power_before) & np.isfinite(increase)
+
+    power_score = _power_scores(increase, scorable)
+    energy_score = ENERGY_SCORES[energy]
+    total_weight = weights.power + weights.energy
+    mixed = (weights.power * power_score + weights.energy * energy_score) / total_weight
+    score = np.clip(np.floor(mixed + 0.5), 0, MAX_SCORE).astype(np.int64)
+    score[~known] = 0
+
+    failed: dict[str, str] = {}
+    for i in np.flatnonzero(known & (energy == EnergyLevel.POWERLESS)).tolist():
+        failed[names[i]] = "energy-status is powerless (0-15 % stored energy)"
+    over = scorable & np.isfinite(max_power) & (power_after > max_power)
+    for i in np.flatnonzero(over).tolist():
+        failed.setdefault(
+            names[i],
+            f"predicted power after placement {power_after[i]:.1f} W exceeds "
+            f"{MAX_POWER_ANNOTATION} {max_power[i]:g} W",
+        )
+
+    return Assessment(
+        names=names,
+        known=known,
+        u=np.where(has_telemetry, u, np.nan),
+        a=a,
+        d=d,
+        telemetry_age_s=telemetry_age_s,
+        has_telemetry=has_telemetry,
+        has_curve=has_curve,
+        scorable=scorable,
+        power_before_w=power_before,
+        power_after_w=power_after,
+        increase_w=increase,
+        energy_level=energy,
+        max_power_w=max_power,
+        power_score=power_score,
+        energy_score=energy_score,
+        score=score,
+        failed=failed,
+        demand_cores=float(demand_cores),
+        unknown_nodes=int(np.count_nonzero(~known)),
+        no_telemetry_nodes=int(np.count_nonzero(known & ~has_telemetry)),
+        no_curve_nodes=int(np.count_nonzero(has_telemetry & ~has_curve)),
+        unknown_energy_labels=int(np.count_nonzero(known & (energy == EnergyLevel.UNKNOWN))),
+    )
+
+
+def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
+    """Min-max normalise increases over the scorable nodes: lowest 10, highest 0, others 0."""
+    scores = np.zeros(increase_w.shape, dtype=np.float64)
+    if not scorable.any():
+        return scores
+    values = increase_w[scorable]
+    lowest, highest = float(values.min()), float(values.max())
+    spread = highest - lowest
+    # Only rounding noise counts as "all equal"; a 0.01 W difference must still rank.
+    if spread <= 1e-9 * max(1.0, abs(highest)):
+        scores[scorable] = MAX_SCORE
+    else:
+        scores[scorable] = MAX_SCORE * (highest - values) / spread
+    return scores
+
+
+def _finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,294 @@
+"""What the extender knows about the cluster: nodes, their telemetry, and pods bound recently.
+
+Sources write here (the Kubernetes watch, the Prometheus poller, the snapshot file, the app
+itself when it learns of a binding); the request path reads an immutable `ClusterView` of it.
+Writers are cheap (a dict update and a version bump under one lock). The view is rebuilt only
+when something changed since the last one, or when a recently bound pod's assumed load expires,
+so that a request costs array arithmetic rather than walking dictionaries.
+
+Recently bound pods matter because node metrics lag: a pod bound a second ago shows no load in
+`cpu_util` yet, and an extender that ignores it sends a whole burst of pods to the same node.
+Each bound pod adds its CPU demand to its node's assumed load until `assumed_window_s` has
+passed since binding (by then the metrics show it) or until the pod is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from extender.scoring import EnergyLevel, energy_level_of, max_power_of
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ASSUMED_WINDOW_S = 120.0
+CPU_UTIL_FEATURE = "cpu_util"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the scheduler sees it (allocatable CPU in cores, labels, annotations)."""
+
+    name: str
+    allocatable_cpu: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Telemetry:
+    values: Mapping[str, float]
+    observed_at_s: float
+
+
+@dataclass(frozen=True)
+class _Binding:
+    node: str
+    cpu_cores: float
+    bound_at_s: float
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterView:
+    """Immutable snapshot of the cluster for the request path; arrays are aligned to `names`.
+
+    `names` holds the nodes a node source reported (`has_node_info` True) followed by nodes known
+    only from telemetry (allocatable NaN, energy level UNKNOWN). `cpu_util` is NaN and
+    `observed_at_s` is -inf for a node without telemetry; `max_power_w` is NaN for a node without
+    the max-power annotation. `assumed_cpu` (cores) already has expired
+    bindings removed as of `built_at_s`; the view stays valid until `valid_until_s`.
+    """
+
+    version: int
+    built_at_s: float
+    valid_until_s: float
+    names: tuple[str, ...]
+    positions: Mapping[str, int]
+    has_node_info: np.ndarray
+    allocatable_cpu: np.ndarray
+    assumed_cpu: np.ndarray
+    energy_level: np.ndarray
+    max_power_w: np.ndarray
+    cpu_util: np.ndarray
+    observed_at_s: np.ndarray
+
+    def index_of(self, names: Sequence[str]) -> np.ndarray:
+        """Positions of `names` in this view's arrays; -1 for a name the view does not know."""
+        get = self.positions.get
+        return np.fromiter((get(name, -1) for name in names), dtype=np.intp, count=len(names))
+
+    def node(self, name: str) -> int:
+        """Position of one node, -1 when unknown."""
+        return self.positions.get(name, -1)
+
+
+class ClusterState:
+    """Thread-safe store of nodes, telemetry and recent bindings; one lock guards everything."""
+
+    def __init__(self, assumed_window_s: float = DEFAULT_ASSUMED_WINDOW_S) -> None:
+        if not assumed_window_s >= 0 or math.isinf(assumed_window_s):
+            raise ValueError(f"assumed_window_s must be finite and >= 0, got {assumed_window_s!r}")
+        self._assumed_window_s = float(assumed_window_s)
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeInfo] = {}
+        self._telemetry: dict[str, _Telemetry] = {}
+        # Insertion order is binding order (a re-bound pod is moved to the end), so expired
+        # bindings are at the front and purging stops at the first live one.
+        self._bindings: dict[str, _Binding] = {}
+        self._version = 0
+        self._telemetry_version = 0
+        self._view: ClusterView | None = None
+
+    @property
+    def assumed_window_s(self) -> float:
+        return self._assumed_window_s
+
+    # ---- writers -------------------------------------------------------------------------
+
+    def replace_nodes(self, nodes: Iterable[NodeInfo]) -> None:
+        """Make `nodes` the whole node set (initial list, resync, snapshot file)."""
+        new_nodes = {node.name: _checked(node) for node in nodes}
+        with self._lock:
+            self._nodes = new_nodes
+            self._version += 1
+
+    def upsert_node(self, node: NodeInfo) -> None:
+        node = _checked(node)
+        with self._lock:
+            if self._nodes.get(node.name) == node:
+                return
+            self._nodes[node.name] = node
+            self._version += 1
+
+    def remove_node(self, name: str) -> None:
+        """Forget a deleted node and its telemetry (autoscaled fleets would otherwise grow)."""
+        with self._lock:
+            removed_node = self._nodes.pop(name, None)
+            removed_telemetry = self._telemetry.pop(name, None)
+            if removed_node is None and removed_telemetry is None:
+                return
+            self._version += 1
+            if removed_telemetry is not None:
+                self._telemetry_version += 1
+
+    def set_telemetry(self, node: str, values: Mapping[str, float], observed_at_s: float) -> None:
+        """Record the latest telemetry of `node` (feature name -> value) observed at a time."""
+        entry = _Telemetry(MappingProxyType(dict(values)), float(observed_at_s))
+        with self._lock:
+            if self._telemetry.get(node) == entry:
+                return
+            self._telemetry[node] = entry
+            self._version += 1
+            self._telemetry_version += 1
+
+    def pod_bound(self, node: str, pod_uid: str, cpu_cores: float, bound_at_s: float) -> None:
+        """A pod was bound to `node`: assume its CPU there until the window passes.
+
+        Binding the same pod again (a repeated watch event, or a re-bind) replaces the earlier
+        entry, so a pod counts once.
+        """
+        if not math.isfinite(cpu_cores) or cpu_cores < 0:
+            raise ValueError(f"pod {pod_uid}: cpu_cores must be finite and >= 0, got {cpu_cores!r}")
+        binding = _Binding(node, float(cpu_cores), float(bound_at_s))
+        with self._lock:
+            if self._bindings.get(pod_uid) == binding:
+                return
+            self._bindings.pop(pod_uid, None)
+            self._bindings[pod_uid] = binding
+            self._purge_expired_locked(float(bound_at_s))
+            self._version += 1
+
+    def pod_gone(self, pod_uid: str) -> None:
+        """The pod was deleted (or finished): its load no longer counts."""
+        with self._lock:
+            if self._bindings.pop(pod_uid, None) is not None:
+                self._version += 1
+
+    # ---- readers -------------------------------------------------------------------------
+
+    def view(self, now_s: float) -> ClusterView:
+        """The current snapshot; rebuilt only if something changed or a binding expired."""
+        with self._lock:
+            cached = self._view
+            # A caller whose clock reads slightly behind the builder's still gets the cached view:
+            # going back in time can only revive bindings that were already counted as gone.
+            if (
+                cached is not None
+                and cached.version == self._version
+                and now_s < cached.valid_until_s
+            ):
+                return cached
+            self._view = self._build_view_locked(now_s)
+            return self._view
+
+    def telemetry_snapshot(self) -> tuple[int, dict[str, tuple[Mapping[str, float], float]]]:
+        """(version, {node: (values, observed_at_s)}); the version changes with the telemetry."""
+        with self._lock:
+            return self._telemetry_version, {
+                name: (entry.values, entry.observed_at_s) for name, entry in self._telemetry.items()
+            }
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return list(self._nodes)
+
+    def assumed_pod_count(self) -> int:
+        """Bindings currently held (live or not yet purged); for metrics and tests."""
+        with self._lock:
+            return len(self._bindings)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _purge_expired_locked(self, now_s: float) -> None:
+        window_s = self._assumed_window_s
+        expired = []
+        for uid, binding in self._bindings.items():
+            if binding.bound_at_s + window_s > now_s:
+                break
+            expired.append(uid)
+        for uid in expired:
+            del self._bindings[uid]
+
+    def _build_view_locked(self, now_s: float) -> ClusterView:
+        window_s = self._assumed_window_s
+        self._purge_expired_locked(now_s)
+        # Telemetry-only nodes are included so that request node objects (nodeCacheCapable
+        # false) find their telemetry even when no node source runs.
+        telemetry_only = [name for name in self._telemetry if name not in self._nodes]
+        names = (*self._nodes, *telemetry_only)
+        positions = {name: i for i, name in enumerate(names)}
+        count = len(names)
+        known_count = len(self._nodes)
+
+        has_node_info = np.zeros(count, dtype=bool)
+        has_node_info[:known_count] = True
+        allocatable = np.full(count, np.nan, dtype=np.float64)
+        energy = np.full(count, EnergyLevel.UNKNOWN, dtype=np.int8)
+        max_power = np.full(count, np.nan, dtype=np.float64)
+        for i, node in enumerate(self._nodes.values()):
+            allocatable[i] = node.allocatable_cpu
+            energy[i] = energy_level_of(node.labels)
+            max_power[i] = max_power_of(node.annotations)
+        util = np.full(count, np.nan, dtype=np.float64)
+        observed = np.full(count, -np.inf, dtype=np.float64)
+        for i, name in enumerate(names):
+            entry = self._telemetry.get(name)
+            if entry is not None:
+                util[i] = entry.values.get(CPU_UTIL_FEATURE, math.nan)
+                observed[i] = entry.observed_at_s
+
+        assumed = np.zeros(count, dtype=np.float64)
+        valid_until_s = math.inf
+        # Bindings may arrive out of order, so the purge above can leave some expired ones
+        # behind the first live one: the expiry test here is per binding.
+        for binding in self._bindings.values():
+            expires_at_s = binding.bound_at_s + window_s
+            if expires_at_s <= now_s:
+                continue
+            position = positions.get(binding.node)
+            if position is None:
+                continue
+            assumed[position] += binding.cpu_cores
+            valid_until_s = min(valid_until_s, expires_at_s)
+
+        for array in (has_node_info, allocatable, energy, max_power, util, observed, assumed):
+            array.flags.writeable = False
+        return ClusterView(
+            version=self._version,
+            built_at_s=now_s,
+            valid_until_s=valid_until_s,
+            names=names,
+            positions=MappingProxyType(positions),
+            has_node_info=has_node_info,
+            allocatable_cpu=allocatable,
+            assumed_cpu=assumed,
+            energy_level=energy,
+            max_power_w=max_power,
+            cpu_util=util,
+            observed_at_s=observed,
+        )
+
+
+def _checked(node: NodeInfo) -> NodeInfo:
+    """Log once per write what the scorer will silently treat as a default."""
+    level = energy_level_of(node.labels)
+    if level == EnergyLevel.UNKNOWN:
+        log.warning(
+            "node %s: unknown energy-status label %r, scored like 'vulnerable'",
+            node.name,
+            node.labels.get("energy-status"),
+        )
+    annotation = node.annotations.get("power-aware-scheduler/max-power-w")
+    if annotation is not None and math.isnan(max_power_of(node.annotations)):
+        log.warning(
+            "node %s: ignoring max-power annotation %r (not a positive number of watts)",
+            node.name,
+            annotation,
+        )
+    return node
