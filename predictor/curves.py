@@ -1,0 +1,236 @@
+"""Per-node power curves P(u), tabulated in the background, interpolated on the request path.
+
+Per-node models defeat batching: scoring 5000 nodes one onnxruntime call at a time costs most
+of a second per pod. But a node's curve only changes when its telemetry or its model changes,
+so ``CurveBuilder`` tabulates each node's P(u) on ``UTIL_GRID`` whenever that happens (reusing
+every unchanged row of the previous table), and ``CurveTable`` answers "power increase of
+adding demand d on top of u" for all candidate nodes at once with array arithmetic: no model
+call, no I/O, no per-node Python loop.
+
+Two rules keep the scores honest:
+- CPU temperatures move along the grid with the node's ``thermal`` slope (degrees C per unit
+  of utilisation), so the curve is not tabulated at today's temperature only.
+- Beyond u = 1 the curve keeps rising with its last slope (never less steep than its average
+  slope over 0..1), so an overcommitted node never looks free. Below u = 0 it is clamped.
+Everything stays float64: rounding is what tied small pods at 0 W in earlier systems.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
+
+from predictor.bundle import thermal_slopes
+from predictor.model import UTIL_FEATURE, Predictor
+
+log = logging.getLogger(__name__)
+
+GRID_POINTS = 201
+UTIL_GRID: np.ndarray = np.linspace(0.0, 1.0, GRID_POINTS)
+UTIL_GRID.flags.writeable = False
+_LAST = GRID_POINTS - 1
+MAX_BATCH_ROWS = 65536  # bounds the memory of one onnxruntime call on the shared fallback
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True)
+class CurveTable:
+    """Immutable snapshot of every predictable node's P(u); safe to read from any thread."""
+
+    version: str  # bundle version the curves were computed from
+    names: tuple[str, ...]
+    power_w_grid: np.ndarray  # [rows, GRID_POINTS] float64 watts at UTIL_GRID
+    util_now: np.ndarray  # [rows] the telemetry's cpu_util the row was tabulated at
+    model_kind: tuple[str, ...]  # per row "own" or "fallback" (for the explain view)
+    feature_rows: np.ndarray  # [rows, F] float32 telemetry after fill: what the row depends on
+    skipped: Mapping[str, str] = field(default_factory=dict)  # node -> why it has no row
+    reused_rows: int = 0  # rows copied from the previous table in the build
+    computed_rows: int = 0  # rows computed by model inference in the build
+    _index: dict[str, int] = field(default_factory=dict, repr=False)
+    _slope_beyond_w: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not self._index:
+            object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
+        grid = self.power_w_grid
+        if self._slope_beyond_w is None:
+            if len(self.names):
+                last = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
+                chord = grid[:, _LAST] - grid[:, 0]
+                slope = np.maximum(last, chord)
+            else:
+                slope = np.empty(0)
+            object.__setattr__(self, "_slope_beyond_w", _readonly(slope))
+        for array in (grid, self.util_now, self.feature_rows):
+            array.flags.writeable = False
+
+    @classmethod
+    def empty(cls, version: str, n_features: int = 0) -> CurveTable:
+        return cls(
+            version=version,
+            names=(),
+            power_w_grid=np.empty((0, GRID_POINTS)),
+            util_now=np.empty(0),
+            model_kind=(),
+            feature_rows=np.empty((0, n_features), dtype=np.float32),
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def row_of(self, name: str) -> int:
+        return self._index.get(name, -1)
+
+    def index_of(self, names: Sequence[str]) -> np.ndarray:
+        """Row index per name (int), -1 for a node without a curve."""
+        return np.fromiter(map(self._index.get, names, repeat(-1)), dtype=np.intp, count=len(names))
+
+    def power_w(self, idx: np.ndarray, util: np.ndarray | float) -> np.ndarray:
+        """P(util) per row index by linear interpolation on the grid; NaN where idx is -1."""
+        idx = np.asarray(idx, dtype=np.intp)
+        util = np.broadcast_to(np.asarray(util, dtype=np.float64), idx.shape)
+        valid = idx >= 0
+        if len(self.names) == 0:
+            return np.full(idx.shape, np.nan)
+        rows = np.where(valid, idx, 0)
+        position = np.clip(util, 0.0, 1.0) * _LAST
+        left = np.minimum(position.astype(np.intp), _LAST - 1)
+        frac = position - left
+        grid = self.power_w_grid
+        p_left = grid[rows, left]
+        inside = p_left + frac * (grid[rows, left + 1] - p_left)
+        beyond = grid[rows, _LAST] + self._slope_beyond_w[rows] * (util - 1.0)
+        power = np.where(util > 1.0, beyond, inside)
+        return np.where(valid, power, np.nan)
+
+    def power_increase_w(
+        self, idx: np.ndarray, util_from: np.ndarray | float, demand: np.ndarray | float
+    ) -> np.ndarray:
+        """P(util_from + demand) - P(util_from) per row index, watts; NaN where idx is -1."""
+        util_from = np.asarray(util_from, dtype=np.float64)
+        return self.power_w(idx, util_from + np.asarray(demand, dtype=np.float64)) - self.power_w(
+            idx, util_from
+        )
+
+
+class CurveBuilder:
+    """Builds ``CurveTable``s, recomputing only nodes whose telemetry or model changed."""
+
+    def __init__(self, *, max_batch_rows: int = MAX_BATCH_ROWS) -> None:
+        self.max_batch_rows = max_batch_rows
+
+    def build(
+        self,
+        predictor: Predictor,
+        telemetry: Mapping[str, Mapping[str, float]],
+        previous: CurveTable | None,
+    ) -> CurveTable:
+        """A table for every node in ``telemetry`` that has a model and usable telemetry."""
+        n_features = len(predictor.features)
+        reusable = (
+            previous if previous is not None and previous.version == predictor.version else None
+        )
+        skipped: dict[str, str] = {}
+        names: list[str] = []
+        kinds: list[str] = []
+        rows: list[np.ndarray] = []
+        reuse_from: list[int] = []  # previous row per node, -1 = compute
+        to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
+
+        for node, values in telemetry.items():
+            key = predictor.model_key(node)
+            if key is None:
+                skipped[node] = "no_model"
+                continue
+            row = predictor.feature_row(values)
+            if row is None:
+                skipped[node] = "no_telemetry"
+                continue
+            old = -1 if reusable is None else reusable.row_of(node)
+            if old >= 0 and not np.array_equal(reusable.feature_rows[old], row):
+                old = -1
+            position = len(names)
+            names.append(node)
+            kinds.append(predictor.model_kind(node) or "")
+            rows.append(row)
+            reuse_from.append(old)
+            if old < 0:
+                to_compute.setdefault(key, []).append(position)
+
+        feature_rows = np.array(rows, dtype=np.float32).reshape(len(names), n_features)
+        grid = np.empty((len(names), GRID_POINTS), dtype=np.float64)
+        reuse = np.asarray(reuse_from, dtype=np.intp)
+        if reusable is not None and (reuse >= 0).any():
+            grid[reuse >= 0] = reusable.power_w_grid[reuse[reuse >= 0]]
+
+        util_col = predictor.features.index(UTIL_FEATURE)
+        for key, positions in to_compute.items():
+            self._tabulate(predictor, key, positions, names, feature_rows, util_col, grid)
+
+        keep = np.isfinite(grid).all(axis=1)
+        for position in np.flatnonzero(~keep):
+            skipped[names[position]] = "non_finite_prediction"
+            log.warning(
+                "node %s: model of bundle %s predicts non-finite watts; node left without a curve",
+                names[position],
+                predictor.version,
+            )
+        computed = sum(len(p) for p in to_compute.values())
+        return CurveTable(
+            version=predictor.version,
+            names=tuple(n for n, k in zip(names, keep, strict=True) if k),
+            power_w_grid=grid[keep],
+            util_now=feature_rows[keep, util_col].astype(np.float64),
+            model_kind=tuple(k for k, ok in zip(kinds, keep, strict=True) if ok),
+            feature_rows=feature_rows[keep],
+            skipped=skipped,
+            reused_rows=len(names) - computed,
+            computed_rows=computed,
+        )
+
+    def _tabulate(
+        self,
+        predictor: Predictor,
+        key: str,
+        positions: list[int],
+        names: list[str],
+        feature_rows: np.ndarray,
+        util_col: int,
+        grid_out: np.ndarray,
+    ) -> None:
+        """Fill ``grid_out`` rows at ``positions`` with one model's predictions, batched."""
+        nodes_per_call = max(1, self.max_batch_rows // GRID_POINTS)
+        for start in range(0, len(positions), nodes_per_call):
+            chunk = positions[start : start + nodes_per_call]
+            batch = grid_rows(predictor, [names[p] for p in chunk], feature_rows[chunk], util_col)
+            watts = predictor.run_model_w(key, batch.reshape(-1, batch.shape[-1]))
+            grid_out[chunk] = watts.reshape(len(chunk), GRID_POINTS)
+
+
+def grid_rows(
+    predictor: Predictor, nodes: Sequence[str], feature_rows: np.ndarray, util_col: int
+) -> np.ndarray:
+    """Model inputs ``[nodes, GRID_POINTS, F]``: each node's row with u swept over the grid.
+
+    CPU temperatures follow the node's thermal slope: ``t(u) = t_now + slope * (u - u_now)``.
+    """
+    batch = np.repeat(feature_rows[:, None, :], GRID_POINTS, axis=1)
+    u_now = feature_rows[:, util_col].astype(np.float64)
+    batch[:, :, util_col] = UTIL_GRID
+    feature_index = {name: i for i, name in enumerate(predictor.features)}
+    for n, node in enumerate(nodes):
+        entry = predictor.entry(node)
+        if entry is None:
+            continue
+        for feature, slope in thermal_slopes(entry).items():
+            column = feature_index[feature]
+            batch[n, :, column] = feature_rows[n, column] + slope * (UTIL_GRID - u_now[n])
+    return batch
