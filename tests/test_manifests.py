@@ -1,0 +1,596 @@
+"""The deployment manifests (manifests/, kustomize) checked against what they must agree with.
+
+Every object is validated against the official client's API models, which reject unknown
+fields (a typo such as `readinessprobe` would otherwise be silently dropped by a lenient
+parser and only noticed in the cluster). The scheduler's extender settings are checked against
+the Service, the extender container and the service's own command-line parser; security
+settings, probes and resources against every container; RBAC against wildcards and dangling
+references.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes.client as k8s
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "manifests"
+
+# (apiVersion, kind) -> the official client's model class for that object.
+MODELS: dict[tuple[str, str], type] = {
+    ("v1", "Namespace"): k8s.V1Namespace,
+    ("v1", "ServiceAccount"): k8s.V1ServiceAccount,
+    ("v1", "ConfigMap"): k8s.V1ConfigMap,
+    ("v1", "Service"): k8s.V1Service,
+    ("apps/v1", "Deployment"): k8s.V1Deployment,
+    ("batch/v1", "CronJob"): k8s.V1CronJob,
+    ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.V1ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.V1ClusterRoleBinding,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.V1Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.V1RoleBinding,
+}
+
+# Roles the cluster itself defines, which our bindings may reference.
+BUILT_IN_CLUSTER_ROLES = {"system:kube-scheduler", "system:volume-scheduler"}
+BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
+
+SCHEDULER_NAME = "power-aware-scheduler"
+MODEL_SHARD_PREFIX = "power-models-"
+
+# kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
+SCHEDULER_CONFIG_FIELDS = {
+    "apiVersion",
+    "kind",
+    "parallelism",
+    "leaderElection",
+    "clientConnection",
+    "percentageOfNodesToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "profiles",
+    "extenders",
+    "delayCacheUntilActive",
+    "enableProfiling",
+    "enableContentionProfiling",
+}
+LEADER_ELECTION_FIELDS = {
+    "leaderElect",
+    "leaseDuration",
+    "renewDeadline",
+    "retryPeriod",
+    "resourceLock",
+    "resourceName",
+    "resourceNamespace",
+}
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _kustomization() -> dict:
+    return yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+
+
+def _load_objects() -> list[tuple[str, dict]]:
+    objects: list[tuple[str, dict]] = []
+    for name in _kustomization()["resources"]:
+        for document in yaml.safe_load_all((MANIFESTS / name).read_text()):
+            if document is not None:
+                objects.append((name, document))
+    return objects
+
+
+OBJECTS = _load_objects()
+
+
+def _ident(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
+
+
+def _find(kind: str, name: str, namespace: str | None = None) -> dict:
+    for _, obj in OBJECTS:
+        meta = obj["metadata"]
+        if obj["kind"] == kind and meta["name"] == name and meta.get("namespace") == namespace:
+            return obj
+    raise AssertionError(f"no {kind} {namespace}/{name} in manifests/")
+
+
+def _pod_specs() -> Iterator[tuple[str, dict, dict]]:
+    """(object id, owning object, pod spec) for every workload."""
+    for _, obj in OBJECTS:
+        if obj["kind"] == "Deployment":
+            yield _ident(obj), obj, obj["spec"]["template"]["spec"]
+        elif obj["kind"] == "CronJob":
+            yield _ident(obj), obj, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def _containers() -> Iterator[tuple[str, dict, dict, dict]]:
+    for ident, owner, pod in _pod_specs():
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            yield f"{ident} container {container['name']}", owner, pod, container
+
+
+def _embedded_yaml(configmap: dict, key: str) -> dict:
+    return yaml.safe_load(configmap["data"][key])
+
+
+def _scheduler_config() -> dict:
+    return _embedded_yaml(
+        _find("ConfigMap", "power-aware-scheduler-config", SCHEDULER_NAME), "config.yaml"
+    )
+
+
+def _container(deployment: str, container: str) -> dict:
+    pod = _find("Deployment", deployment, SCHEDULER_NAME)["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == container)
+
+
+def _expand_args(container: dict, env: dict[str, str]) -> list[str]:
+    """The container's args with $(VAR) expanded as kubelet does."""
+    return [
+        re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+        for arg in container.get("args", [])
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and API models
+
+
+def test_kustomization_lists_every_manifest_file() -> None:
+    listed = set(_kustomization()["resources"])
+    on_disk = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, (
+        f"listed but missing: {listed - on_disk}; unlisted: {on_disk - listed}"
+    )
+
+
+@pytest.mark.parametrize(("source", "obj"), OBJECTS, ids=[f"{s}:{_ident(o)}" for s, o in OBJECTS])
+def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None:
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    assert key in MODELS, f"{source}: unexpected object type {key}"
+    # The models forbid unknown fields and check types (quantities must be strings, ...).
+    model = MODELS[key].model_validate(obj)
+    assert model.metadata.name == obj["metadata"]["name"]
+
+
+def test_object_names_are_unique() -> None:
+    idents = [_ident(obj) for _, obj in OBJECTS]
+    assert len(idents) == len(set(idents)), sorted(i for i in idents if idents.count(i) > 1)
+
+
+def test_every_namespace_used_exists_or_is_standard() -> None:
+    defined = {obj["metadata"]["name"] for _, obj in OBJECTS if obj["kind"] == "Namespace"}
+    for _, obj in OBJECTS:
+        namespace = obj["metadata"].get("namespace")
+        if namespace is not None:
+            assert namespace in defined | {"default", "kube-system"}, _ident(obj)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_kustomize_builds_the_same_objects() -> None:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(MANIFESTS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert sorted(_ident(d) for d in built) == sorted(_ident(o) for _, o in OBJECTS)
+    images = {
+        c["image"]
+        for doc in built
+        if doc["kind"] in ("Deployment", "CronJob")
+        for c in (
+            doc["spec"]["template"]["spec"]
+            if doc["kind"] == "Deployment"
+            else doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        )["containers"]
+    }
+    # The kustomization pins our image with a tag; no container is left on `latest`.
+    assert all(":" in image for image in images), images
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler, the Service and the extender agree
+
+
+def test_scheduler_config_fields_are_known() -> None:
+    config = _scheduler_config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= SCHEDULER_CONFIG_FIELDS, set(config) - SCHEDULER_CONFIG_FIELDS
+    assert set(config["leaderElection"]) <= LEADER_ELECTION_FIELDS
+    for profile in config["profiles"]:
+        assert set(profile) <= PROFILE_FIELDS, set(profile) - PROFILE_FIELDS
+    for extender in config["extenders"]:
+        assert set(extender) <= EXTENDER_FIELDS, set(extender) - EXTENDER_FIELDS
+
+
+def test_scheduler_profile_lock_and_extender_settings() -> None:
+    config = _scheduler_config()
+    assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+    election = config["leaderElection"]
+    assert election["leaderElect"] is True
+    # Its own lock: sharing kube-scheduler's would make the two schedulers take turns.
+    assert election["resourceName"] not in ("", "kube-scheduler")
+    (extender,) = config["extenders"]
+    assert extender["nodeCacheCapable"] is True  # kubernetes#141781 and throughput
+    assert extender["ignorable"] is True
+    assert extender["filterVerb"] and extender["prioritizeVerb"]
+    assert 1 <= extender["weight"] <= 100
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s)", extender["httpTimeout"])
+    assert match, extender["httpTimeout"]
+    timeout_s = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+    assert 0 < timeout_s < 5, "shorter than kube-scheduler's 5 s default"
+
+
+def test_scheduler_can_take_its_own_lease() -> None:
+    election = _scheduler_config()["leaderElection"]
+    namespace = election["resourceNamespace"]
+    binding = _find("RoleBinding", "power-aware-scheduler-lease", namespace)
+    role = _find("Role", binding["roleRef"]["name"], namespace)
+    granted = {
+        verb
+        for rule in role["rules"]
+        if "leases" in rule["resources"] and "coordination.k8s.io" in rule["apiGroups"]
+        if not rule.get("resourceNames") or election["resourceName"] in rule["resourceNames"]
+        for verb in rule["verbs"]
+    }
+    assert {"create", "get", "update"} <= granted
+    deployment = _find("Deployment", SCHEDULER_NAME, SCHEDULER_NAME)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert {"kind": "ServiceAccount", "name": account, "namespace": SCHEDULER_NAME} in binding[
+        "subjects"
+    ]
+
+
+def test_extender_url_reaches_the_service_and_the_container_port() -> None:
+    (extender,) = _scheduler_config()["extenders"]
+    url = urlsplit(extender["urlPrefix"])
+    assert url.scheme == ("https" if extender.get("enableHTTPS") else "http")
+    service_name, namespace, *rest = url.hostname.split(".")
+    assert rest in (["svc"], ["svc", "cluster", "local"]), url.hostname
+    service = _find("Service", service_name, namespace)
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+    # The Service selects the extender's pods and forwards to its named container port.
+    deployment = next(
+        obj
+        for _, obj in OBJECTS
+        if obj["kind"] == "Deployment"
+        and obj["metadata"].get("namespace") == namespace
+        and service["spec"]["selector"].items()
+        <= obj["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (container_port,) = [
+        p
+        for p in container["ports"]
+        if p["name"] == port["targetPort"] or p["containerPort"] == port["targetPort"]
+    ]
+    # The extender's own parser reads the container's arguments and must bind that port on
+    # all interfaces.
+    config_module = pytest.importorskip("extender.config")
+    args = _expand_args(container, {"PROMETHEUS_URL": "http://prometheus.monitoring.svc:9090"})
+    assert container["command"] == ["python", "-m", "extender"]
+    config = config_module.parse_config(args)
+    assert config.port == container_port["containerPort"]
+    assert config.host == "0.0.0.0"
+    assert config.mode == "live"
+    assert config.in_cluster
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts.get(str(config.bundle_dir)) == "models"
+
+
+def _app_route_paths() -> set[str]:
+    """Paths served by the extender app: its module-level FastAPI app or router."""
+    app_module = pytest.importorskip("extender.app")
+    from fastapi import APIRouter, FastAPI
+
+    paths: set[str] = set()
+    for value in vars(app_module).values():
+        if isinstance(value, FastAPI | APIRouter):
+            paths |= {getattr(route, "path", "") for route in value.routes}
+    if not paths:
+        pytest.skip("extender.app has no module-level FastAPI app or APIRouter to inspect")
+    return paths
+
+
+def test_extender_verbs_and_probes_are_routes_of_the_app() -> None:
+    (extender,) = _scheduler_config()["extenders"]
+    paths = _app_route_paths()
+    for verb in (extender["filterVerb"], extender["prioritizeVerb"]):
+        assert f"/{verb}" in paths
+    container = _container("power-extender", "extender")
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe in container:
+            assert container[probe]["httpGet"]["path"] in paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers: security, resources, probes
+
+
+@pytest.mark.parametrize(
+    ("ident", "pod", "container"),
+    [(i, p, c) for i, _, p, c in _containers()],
+    ids=[i for i, _, _, _ in _containers()],
+)
+def test_container_is_locked_down_and_bounded(ident: str, pod: dict, container: dict) -> None:
+    pod_security = pod.get("securityContext", {})
+    security = container.get("securityContext", {})
+
+    def setting(key: str) -> Any:
+        return security.get(key, pod_security.get(key))
+
+    assert setting("runAsNonRoot") is True, ident
+    user = setting("runAsUser")
+    assert user is None or user > 0, f"{ident}: runAsUser {user}"
+    assert security.get("readOnlyRootFilesystem") is True, ident
+    assert security.get("allowPrivilegeEscalation") is False, ident
+    assert security.get("privileged", False) is False, ident
+    assert security.get("capabilities", {}).get("drop") == ["ALL"], ident
+    assert not security.get("capabilities", {}).get("add"), ident
+    assert (setting("seccompProfile") or {}).get("type") == "RuntimeDefault", ident
+    resources = container.get("resources", {})
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(resources.get(bound, {})), f"{ident}: {bound}"
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert all("hostPath" not in volume for volume in pod.get("volumes", [])), ident
+    # No image is left to float: every one has a tag (ours gets it from the kustomization).
+    assert ":" in container["image"] or container["image"] in {
+        image["name"] for image in _kustomization()["images"]
+    }, ident
+
+
+def test_every_long_running_container_has_probes() -> None:
+    for ident, owner, _pod, container in _containers():
+        if owner["kind"] == "Deployment":
+            assert "livenessProbe" in container, ident
+            assert "readinessProbe" in container, ident
+
+
+def test_jobs_are_bounded_in_time_and_never_overlap() -> None:
+    for _, obj in OBJECTS:
+        if obj["kind"] == "CronJob":
+            assert obj["spec"]["concurrencyPolicy"] == "Forbid", _ident(obj)
+            assert obj["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] > 0, _ident(obj)
+
+
+def test_extender_probes_health_and_readiness() -> None:
+    container = _container("power-extender", "extender")
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_pods_run_as_their_own_service_accounts() -> None:
+    for ident, owner, pod in _pod_specs():
+        namespace = owner["metadata"].get("namespace")
+        if owner["metadata"]["name"] == "power-demo":
+            continue  # the example workload needs no API access
+        account = pod.get("serviceAccountName")
+        assert account, f"{ident} runs as the namespace's default service account"
+        _find("ServiceAccount", account, namespace)
+
+
+# ---------------------------------------------------------------------------------------------
+# RBAC
+
+
+def _rules() -> Iterator[tuple[str, dict]]:
+    for _, obj in OBJECTS:
+        if obj["kind"] in ("Role", "ClusterRole"):
+            for rule in obj.get("rules", []):
+                yield _ident(obj), rule
+
+
+def test_rbac_has_no_wildcards_and_no_secrets() -> None:
+    for ident, rule in _rules():
+        for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+            assert not any("*" in value for value in rule.get(field, [])), f"{ident} {field}"
+        assert "secrets" not in rule.get("resources", []), ident
+        assert "escalate" not in rule["verbs"] and "bind" not in rule["verbs"], ident
+
+
+def test_bindings_reference_defined_roles_and_service_accounts() -> None:
+    for _, obj in OBJECTS:
+        if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ref = obj["roleRef"]
+        namespace = obj["metadata"].get("namespace")
+        if ref["kind"] == "ClusterRole":
+            if ref["name"] not in BUILT_IN_CLUSTER_ROLES:
+                _find("ClusterRole", ref["name"])
+        elif (namespace, ref["name"]) not in BUILT_IN_ROLES:
+            _find("Role", ref["name"], namespace)
+        for subject in obj["subjects"]:
+            assert subject["kind"] == "ServiceAccount", _ident(obj)
+            _find("ServiceAccount", subject["name"], subject["namespace"])
+
+
+def _granted(account: str, namespace: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) granted to a service account by our own roles."""
+    granted: set[tuple[str, str, str]] = set()
+    for _, binding in OBJECTS:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+        if subject not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        scope = binding["metadata"].get("namespace")
+        if ref["name"] in BUILT_IN_CLUSTER_ROLES or (scope, ref["name"]) in BUILT_IN_ROLES:
+            continue
+        role = _find(ref["kind"], ref["name"], scope)
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+    return granted
+
+
+def test_extender_only_reads_nodes_and_pods() -> None:
+    granted = _granted("power-extender", SCHEDULER_NAME)
+    assert granted == {
+        ("", resource, verb) for resource in ("nodes", "pods") for verb in ("get", "list", "watch")
+    }
+
+
+def test_energy_adapter_only_reads_and_patches_nodes() -> None:
+    granted = _granted("energy-adapter", SCHEDULER_NAME)
+    assert granted == {("", "nodes", verb) for verb in ("get", "list", "patch")}
+
+
+def test_descheduler_evicts_through_the_eviction_api_only() -> None:
+    granted = _granted("power-descheduler", SCHEDULER_NAME)
+    assert ("", "pods/eviction", "create") in granted
+    # No delete: a deletion would bypass PodDisruptionBudgets.
+    assert not {g for g in granted if g[1] == "pods" and g[2] in ("delete", "deletecollection")}
+    assert not {g for g in granted if g[2] in ("update", "patch") and g[1] != "events"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The model bundle: publisher, volume and trainer rights agree
+
+
+def _model_shard_sources() -> list[dict]:
+    pod = _find("Deployment", "power-extender", SCHEDULER_NAME)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
+    return [source["configMap"] for source in volume["projected"]["sources"]]
+
+
+def test_model_volume_mounts_consecutive_shards_first_required() -> None:
+    sources = _model_shard_sources()
+    assert [s["name"] for s in sources] == [f"{MODEL_SHARD_PREFIX}{i}" for i in range(len(sources))]
+    assert not sources[0].get("optional", False), "shard 0 holds manifest.json"
+    assert all(s.get("optional") is True for s in sources[1:])
+
+
+def test_trainer_may_write_exactly_the_mounted_shards() -> None:
+    role = _find("Role", "power-model-trainer", SCHEDULER_NAME)
+    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+    shard_names = [s["name"] for s in _model_shard_sources()]
+    for rule in named:
+        assert rule["resources"] == ["configmaps"]
+        assert rule["resourceNames"] == shard_names
+    unnamed = {
+        verb for rule in role["rules"] if not rule.get("resourceNames") for verb in rule["verbs"]
+    }
+    # Only what cannot be limited by name is granted without names.
+    assert unnamed == {"create", "list"}
+    assert all(rule["resources"] == ["configmaps"] for rule in role["rules"])
+
+
+def test_trainer_publishes_where_the_extender_reads() -> None:
+    cronjob = _find("CronJob", "power-model-trainer", SCHEDULER_NAME)
+    (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    script = " ".join(container["args"])
+    publish = re.search(r"python -m training\.publish (.*?)(?:\n|$)", script.replace("\\\n", " "))
+    assert publish, script
+    words = publish.group(1).split()
+    assert words[words.index("--name") + 1] + "-0" == _model_shard_sources()[0]["name"]
+    assert words[words.index("--namespace") + 1] == SCHEDULER_NAME
+
+
+# ---------------------------------------------------------------------------------------------
+# Offloading and the example workload
+
+
+def _descheduler_policy() -> dict:
+    configmap = _find("ConfigMap", "power-descheduler-policy", SCHEDULER_NAME)
+    return _embedded_yaml(configmap, "policy.yaml")
+
+
+def test_descheduler_policy_evicts_only_for_the_powerless_taint() -> None:
+    policy = _descheduler_policy()
+    assert policy["apiVersion"] == "descheduler/v1alpha2"
+    assert policy["kind"] == "DeschedulerPolicy"
+    (profile,) = policy["profiles"]
+    enabled = {
+        plugin for point in profile["plugins"].values() for plugin in point.get("enabled", [])
+    }
+    assert enabled == {"RemovePodsViolatingNodeTaints"}
+    configs = {c["name"]: c.get("args", {}) for c in profile["pluginConfig"]}
+    assert configs["DefaultEvictor"]["nodeFit"] is True
+    assert configs["DefaultEvictor"].get("evictSystemCriticalPods", False) is False
+    assert configs["RemovePodsViolatingNodeTaints"]["includedTaints"] == [
+        "power-aware-scheduler/powerless"
+    ]
+    cronjob = _find("CronJob", "power-descheduler", SCHEDULER_NAME)
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "policy")
+    assert f"--policy-config-file={mount['mountPath']}/policy.yaml" in container["args"]
+
+
+def test_example_workload_opts_in_and_has_a_disruption_budget() -> None:
+    deployment = _find("Deployment", "power-demo", "default")
+    template = deployment["spec"]["template"]
+    assert template["spec"]["schedulerName"] == SCHEDULER_NAME
+    profiles = [p["schedulerName"] for p in _scheduler_config()["profiles"]]
+    assert template["spec"]["schedulerName"] in profiles
+    budget = _find("PodDisruptionBudget", "power-demo", "default")
+    assert (
+        budget["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    )
+    for container in template["spec"]["containers"]:
+        assert container["resources"]["requests"]["cpu"], "power follows CPU requests"
+
+
+# ---------------------------------------------------------------------------------------------
+# The image
+
+
+def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert lines[0] == "FROM python:3.11-slim"
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users, "no USER line"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) > 0, users[-1]
+    pod_users = {
+        (pod.get("securityContext") or {}).get("runAsUser")
+        for _, owner, pod in _pod_specs()
+        if any(c["image"] == "power-aware-scheduler" for c in pod["containers"])
+    }
+    assert pod_users == {int(uid)}
+    copies = [line.split()[1:-1] for line in lines if line.startswith("COPY ")]
+    sources = {source.rstrip("/") for sources in copies for source in sources}
+    assert "models" in sources
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    for source in sources:
+        assert f"!{source}" in ignore or f"!{source}/" in ignore, f"{source} excluded"
