@@ -1,0 +1,230 @@
+"""ClusterState: writers, cached views, assumed load of recently bound pods, thread safety."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from extender.scoring import EnergyLevel
+from extender.state import ClusterState, NodeInfo
+
+T0 = 1_700_000_000.0
+
+
+def cluster(window_s: float = 120.0) -> ClusterState:
+    state = ClusterState(assumed_window_s=window_s)
+    state.replace_nodes(
+        [
+            NodeInfo("node-a", 8.0, {"energy-status": "well-powered"}, {}),
+            NodeInfo("node-b", 16.0, {}, {"power-aware-scheduler/max-power-w": "450"}),
+            NodeInfo("node-c", 4.0, {"energy-status": "powerless"}, {}),
+        ]
+    )
+    return state
+
+
+def assumed(state: ClusterState, node: str, now_s: float) -> float:
+    view = state.view(now_s)
+    return float(view.assumed_cpu[view.node(node)])
+
+
+def test_view_arrays_are_aligned_to_names() -> None:
+    state = cluster()
+    state.set_telemetry("node-b", {"cpu_util": 0.4, "cpu1_temp_c": 50.0}, T0 - 5)
+    view = state.view(T0)
+    assert view.names == ("node-a", "node-b", "node-c")
+    b = view.node("node-b")
+    assert view.allocatable_cpu[b] == 16.0
+    assert view.cpu_util[b] == 0.4
+    assert view.observed_at_s[b] == T0 - 5
+    assert view.max_power_w[b] == 450.0
+    assert view.energy_level.tolist() == [
+        EnergyLevel.WELL_POWERED,
+        EnergyLevel.GRID,
+        EnergyLevel.POWERLESS,
+    ]
+    a = view.node("node-a")
+    assert math.isnan(view.cpu_util[a])
+    assert view.observed_at_s[a] == -math.inf
+    assert math.isnan(view.max_power_w[a])
+    assert view.index_of(["node-c", "ghost", "node-a"]).tolist() == [2, -1, 0]
+    with pytest.raises(ValueError):
+        view.cpu_util[b] = 0.9  # a view is immutable
+
+
+def test_assumed_load_adds_and_expires_after_the_window() -> None:
+    state = cluster(window_s=120.0)
+    state.pod_bound("node-a", "uid-1", 0.5, T0)
+    state.pod_bound("node-a", "uid-2", 1.5, T0 + 10)
+    state.pod_bound("node-b", "uid-3", 2.0, T0 + 10)
+    assert assumed(state, "node-a", T0 + 20) == 2.0
+    assert assumed(state, "node-b", T0 + 20) == 2.0
+    assert assumed(state, "node-c", T0 + 20) == 0.0
+    # uid-1 expires at T0 + 120, the others at T0 + 130.
+    assert assumed(state, "node-a", T0 + 125) == 1.5
+    assert assumed(state, "node-a", T0 + 130) == 0.0
+    assert assumed(state, "node-b", T0 + 130) == 0.0
+
+
+def test_pod_gone_removes_its_load() -> None:
+    state = cluster()
+    state.pod_bound("node-a", "uid-1", 1.0, T0)
+    state.pod_bound("node-a", "uid-2", 2.0, T0)
+    state.pod_gone("uid-1")
+    state.pod_gone("never-bound")
+    assert assumed(state, "node-a", T0 + 1) == 2.0
+
+
+def test_a_pod_bound_twice_counts_once() -> None:
+    state = cluster()
+    state.pod_bound("node-a", "uid-1", 1.0, T0)
+    state.pod_bound("node-a", "uid-1", 1.0, T0 + 1)
+    assert assumed(state, "node-a", T0 + 2) == 1.0
+    # Re-bound elsewhere: it moves.
+    state.pod_bound("node-b", "uid-1", 1.0, T0 + 3)
+    assert assumed(state, "node-a", T0 + 4) == 0.0
+    assert assumed(state, "node-b", T0 + 4) == 1.0
+
+
+def test_binding_to_an_unknown_node_is_ignored_until_the_node_appears() -> None:
+    state = cluster()
+    state.pod_bound("node-z", "uid-1", 1.0, T0)
+    assert state.view(T0).node("node-z") == -1
+    state.upsert_node(NodeInfo("node-z", 2.0, {}, {}))
+    assert assumed(state, "node-z", T0 + 1) == 1.0
+
+
+def test_expired_bindings_are_purged() -> None:
+    state = cluster(window_s=10.0)
+    for i in range(1000):
+        state.pod_bound("node-a", f"uid-{i}", 0.1, T0 + i)
+    # Only the last window's bindings are kept.
+    assert state.assumed_pod_count() <= 11
+    state.view(T0 + 5000)
+    assert state.assumed_pod_count() == 0
+
+
+def test_view_is_cached_until_something_changes() -> None:
+    state = cluster()
+    first = state.view(T0)
+    assert state.view(T0 + 1) is first
+    state.set_telemetry("node-a", {"cpu_util": 0.2}, T0)
+    second = state.view(T0 + 2)
+    assert second is not first
+    assert state.view(T0 + 3) is second
+    # Writing the same values again is not a change.
+    state.set_telemetry("node-a", {"cpu_util": 0.2}, T0)
+    state.upsert_node(NodeInfo("node-a", 8.0, {"energy-status": "well-powered"}, {}))
+    assert state.view(T0 + 4) is second
+    state.upsert_node(NodeInfo("node-a", 8.0, {"energy-status": "vulnerable"}, {}))
+    assert state.view(T0 + 5) is not second
+
+
+def test_view_is_rebuilt_when_a_binding_expires() -> None:
+    state = cluster(window_s=60.0)
+    state.pod_bound("node-a", "uid-1", 1.0, T0)
+    view = state.view(T0 + 1)
+    assert view.valid_until_s == T0 + 60
+    assert state.view(T0 + 59) is view
+    later = state.view(T0 + 60)
+    assert later is not view
+    assert later.assumed_cpu[later.node("node-a")] == 0.0
+    assert later.valid_until_s == math.inf
+
+
+def test_remove_node_forgets_it_and_its_telemetry() -> None:
+    state = cluster()
+    state.set_telemetry("node-c", {"cpu_util": 0.1}, T0)
+    version, _ = state.telemetry_snapshot()
+    state.remove_node("node-c")
+    assert state.view(T0).node("node-c") == -1
+    new_version, snapshot = state.telemetry_snapshot()
+    assert new_version != version
+    assert "node-c" not in snapshot
+
+
+def test_telemetry_snapshot_versions_change_only_with_telemetry() -> None:
+    state = cluster()
+    version, snapshot = state.telemetry_snapshot()
+    assert snapshot == {}
+    state.pod_bound("node-a", "uid-1", 1.0, T0)
+    assert state.telemetry_snapshot()[0] == version
+    state.set_telemetry("node-a", {"cpu_util": 0.5, "ambient_temp_c": 21.0}, T0)
+    new_version, snapshot = state.telemetry_snapshot()
+    assert new_version != version
+    values, observed_at_s = snapshot["node-a"]
+    assert dict(values) == {"cpu_util": 0.5, "ambient_temp_c": 21.0}
+    assert observed_at_s == T0
+
+
+def test_telemetry_only_nodes_are_in_the_view_without_node_info() -> None:
+    state = cluster()
+    state.set_telemetry("node-x", {"cpu_util": 0.7}, T0)
+    view = state.view(T0)
+    x = view.node("node-x")
+    assert x == 3
+    assert not view.has_node_info[x]
+    assert view.has_node_info[:x].all()
+    assert view.cpu_util[x] == 0.7
+    assert math.isnan(view.allocatable_cpu[x])
+
+
+def test_bad_inputs_are_refused_or_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError, match="assumed_window_s"):
+        ClusterState(assumed_window_s=-1)
+    state = cluster()
+    with pytest.raises(ValueError, match="pod uid-9: cpu_cores"):
+        state.pod_bound("node-a", "uid-9", math.nan, T0)
+    with caplog.at_level(logging.WARNING, logger="extender.state"):
+        state.upsert_node(NodeInfo("node-q", 2.0, {"energy-status": "solar-ish"}, {}))
+        state.upsert_node(
+            NodeInfo("node-r", 2.0, {}, {"power-aware-scheduler/max-power-w": "lots"})
+        )
+    assert "node-q: unknown energy-status label 'solar-ish'" in caplog.text
+    assert "node-r: ignoring max-power annotation 'lots'" in caplog.text
+    view = state.view(T0)
+    assert view.energy_level[view.node("node-q")] == EnergyLevel.UNKNOWN
+    assert math.isnan(view.max_power_w[view.node("node-r")])
+
+
+def test_concurrent_writers_and_readers_see_consistent_views() -> None:
+    state = ClusterState(assumed_window_s=1e9)
+    names = [f"node-{i}" for i in range(50)]
+    state.replace_nodes(NodeInfo(name, 4.0, {}, {}) for name in names)
+    errors: list[BaseException] = []
+    per_writer = 400
+
+    def bind(writer: int) -> None:
+        try:
+            for i in range(per_writer):
+                state.pod_bound(names[i % len(names)], f"w{writer}-{i}", 0.25, T0 + i)
+                if i % 7 == 0:
+                    state.set_telemetry(names[i % len(names)], {"cpu_util": i / per_writer}, T0)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def read() -> None:
+        try:
+            for i in range(300):
+                view = state.view(T0 + per_writer + i)
+                assert len(view.names) == len(view.assumed_cpu) == len(view.cpu_util)
+                # Every binding is 0.25 cores, so any consistent view has a multiple of it.
+                total = float(view.assumed_cpu.sum())
+                assert total == pytest.approx(round(total / 0.25) * 0.25)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bind, args=(w,)) for w in range(4)]
+    threads += [threading.Thread(target=read) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    final = state.view(T0 + 10_000)
+    assert final.assumed_cpu.sum() == pytest.approx(4 * per_writer * 0.25)
+    assert np.all(final.assumed_cpu == final.assumed_cpu[0])
