@@ -1,0 +1,166 @@
+"""Candidate model families: the shapes a node's power curve may take.
+
+`training.fit` fits every family on a node's older rows and keeps the one with the lowest error on
+the newest rows. Two kinds compete:
+
+* smooth, low-parameter curves: a polynomial in utilisation plus straight-line temperature terms,
+  fitted by ridge regression. Real servers' power curves (SPECpower, Kepler's model database) are
+  well described this way, the models are a few hundred bytes as ONNX, and they extrapolate
+  gently to utilisations the node has not shown yet;
+* a flexible family: gradient-boosted depth-3 trees, for nodes whose power depends on
+  temperatures or utilisation in ways a polynomial cannot follow (fans stepping up, turbo limits).
+
+Every estimator here converts with skl2onnx 1.20 (no HistGradientBoosting, no SplineTransformer)
+and takes the manifest's feature columns in order, utilisation first.
+
+This module also fits the per-node thermal slope the predictor uses to move CPU temperatures
+along a tabulated P(u) curve (docs/architecture.md, "Thermal slope").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import RegressorMixin
+from sklearn.compose import ColumnTransformer
+from sklearn.ensemble import GradientBoostingRegressor
+from sklearn.linear_model import Ridge
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import PolynomialFeatures, StandardScaler
+
+UTIL_COLUMN = 0  # utilisation is the first feature in every manifest this project writes
+
+# Ridge penalty on standardised features: large enough to keep the collinear temperature columns
+# (cpu2 filled from cpu1 on one-socket nodes) well conditioned, far too small to bend a curve
+# fitted on thousands of rows.
+RIDGE_ALPHA = 1.0
+
+
+@dataclass(frozen=True)
+class Family:
+    """One candidate family: a name for reports and manifests and a factory for a fresh model."""
+
+    name: str
+    kind: str  # "smooth" or "flexible"
+    make: Callable[[int], RegressorMixin]  # seed -> unfitted estimator
+    description: str
+
+
+def _polynomial_in_util(degree: int, temp_degree: int = 1) -> Callable[[int], RegressorMixin]:
+    def make(_seed: int) -> RegressorMixin:
+        temps = (
+            "passthrough"
+            if temp_degree == 1
+            else PolynomialFeatures(temp_degree, include_bias=False)
+        )
+        columns = ColumnTransformer(
+            [
+                ("util_poly", PolynomialFeatures(degree, include_bias=False), [UTIL_COLUMN]),
+                ("temps", temps, [1, 2, 3]),
+            ]
+        )
+        return Pipeline(
+            [("terms", columns), ("scale", StandardScaler()), ("ridge", Ridge(RIDGE_ALPHA))]
+        )
+
+    return make
+
+
+def _gradient_boosting(seed: int) -> RegressorMixin:
+    # subsample=0.5 (stochastic boosting) halves the fit time and regularises; leaves of at least
+    # 20 rows keep the staircase in utilisation from following BMC noise downwards.
+    return GradientBoostingRegressor(
+        n_estimators=100,
+        max_depth=3,
+        learning_rate=0.1,
+        subsample=0.5,
+        min_samples_leaf=20,
+        random_state=seed,
+    )
+
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        Family(
+            "poly3",
+            "smooth",
+            _polynomial_in_util(3),
+            "cubic in utilisation + linear in each temperature (ridge)",
+        ),
+        Family(
+            "poly5",
+            "smooth",
+            _polynomial_in_util(5),
+            "quintic in utilisation + linear in each temperature (ridge)",
+        ),
+        Family(
+            "poly5t2",
+            "smooth",
+            _polynomial_in_util(5, temp_degree=2),
+            "quintic in utilisation + quadratic in the temperatures, for fans and leakage (ridge)",
+        ),
+        Family(
+            "gbr",
+            "flexible",
+            _gradient_boosting,
+            "gradient-boosted trees, 100 x depth 3, on all features",
+        ),
+    )
+}
+DEFAULT_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
+
+
+def resolve_families(names: Sequence[str]) -> list[Family]:
+    """Families by name, in the given order; unknown names raise ValueError listing the known."""
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown:
+        raise ValueError(
+            f"unknown model famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+            f"known: {', '.join(FAMILIES)}"
+        )
+    if not names:
+        raise ValueError("no model family given")
+    return [FAMILIES[name] for name in names]
+
+
+def fit_family(family: Family, features: np.ndarray, power_w: np.ndarray, seed: int):
+    """Fit a fresh model of `family` on float32 features (what ONNX will see) and watts."""
+    model = family.make(seed)
+    model.fit(np.asarray(features, dtype=np.float32), np.asarray(power_w, dtype=np.float64))
+    return model
+
+
+def max_power_drop_w(model, util_grid: np.ndarray, fixed_features: np.ndarray) -> float:
+    """Largest fall of predicted power as utilisation rises along `util_grid` (0 = never falls).
+
+    `fixed_features` holds the other features (temperatures) kept at one value, e.g. the node's
+    medians. The drop is measured against the running maximum, so a dip anywhere counts, not only
+    between neighbouring grid points.
+    """
+    rows = np.tile(np.asarray(fixed_features, dtype=np.float32), (len(util_grid), 1))
+    rows[:, UTIL_COLUMN] = util_grid
+    predicted_w = np.asarray(model.predict(rows), dtype=np.float64).ravel()
+    return float(np.max(np.maximum.accumulate(predicted_w) - predicted_w))
+
+
+def thermal_slope_c_per_util(
+    util: np.ndarray, ambient_temp_c: np.ndarray, cpu_temp_c: np.ndarray
+) -> float | None:
+    """Degrees C a CPU warms per unit of utilisation at fixed ambient (least squares).
+
+    Fits `cpu_temp = a + slope * util + b * ambient`. Returns None when utilisation barely varies
+    (the slope is then not identifiable); a negative fit (noise on a node that never got busy) is
+    reported as 0, since a CPU does not cool down under load.
+    """
+    keep = np.isfinite(util) & np.isfinite(ambient_temp_c) & np.isfinite(cpu_temp_c)
+    util, ambient_temp_c, cpu_temp_c = util[keep], ambient_temp_c[keep], cpu_temp_c[keep]
+    if len(util) < 3 or np.std(util) < 0.02:
+        return None
+    design = np.column_stack([np.ones_like(util), util, ambient_temp_c])
+    if np.std(ambient_temp_c) < 1e-6:
+        design = design[:, :2]  # constant ambient: its column would duplicate the intercept
+    coefficients, *_ = np.linalg.lstsq(design, cpu_temp_c, rcond=None)
+    return max(0.0, float(coefficients[1]))

@@ -1,0 +1,269 @@
+"""The training report: what each node's model is, how good it is, and why it was chosen.
+
+Operators read it to decide whether to trust a bundle, so every figure comes from the newest,
+held-out part of each node's data, next to a baseline that needs no training at all: a straight
+line from idle to maximum power (what many schedulers assume). Written as
+
+* `report.json`: everything, for tools;
+* `report.txt`: a readable table (also logged);
+* `predicted_vs_measured.png`: predicted and measured power over held-out time for the best,
+  median and worst nodes.
+
+Held-out series are kept on disk while nodes are fitted (`HeldoutSeriesStore`), so a 1000-node
+run does not hold every node's predictions in memory just to plot three of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = "report.json"
+REPORT_TXT = "report.txt"
+PLOT_PNG = "predicted_vs_measured.png"
+
+
+# --- error figures -------------------------------------------------------------------------
+
+
+def error_metrics(measured_w: np.ndarray, predicted_w: np.ndarray) -> dict[str, float | None]:
+    """MAE (W), MAPE (%) and 95th-percentile absolute error (W); None when there are no rows."""
+    measured_w = np.asarray(measured_w, dtype=np.float64)
+    predicted_w = np.asarray(predicted_w, dtype=np.float64)
+    if len(measured_w) == 0:
+        return {"mae_w": None, "mape_pct": None, "p95_abs_err_w": None}
+    abs_err_w = np.abs(predicted_w - measured_w)
+    positive = measured_w > 0  # cleaning drops non-positive power; guard the division anyway
+    mape_pct = (
+        float(np.mean(abs_err_w[positive] / measured_w[positive]) * 100) if positive.any() else None
+    )
+    return {
+        "mae_w": round(float(np.mean(abs_err_w)), 4),
+        "mape_pct": None if mape_pct is None else round(mape_pct, 4),
+        "p95_abs_err_w": round(float(np.percentile(abs_err_w, 95)), 4),
+    }
+
+
+@dataclass(frozen=True)
+class IdleToMaxLine:
+    """The baseline: power rises in a straight line from idle (u = 0) to maximum (u = 1)."""
+
+    idle_w: float
+    max_w: float
+
+    @classmethod
+    def from_train(cls, util: np.ndarray, power_w: np.ndarray) -> IdleToMaxLine:
+        """Estimate idle and max from training rows.
+
+        Nodes rarely sit at exactly 0 or 100 %, so the line goes through the median power of the
+        least busy and the busiest 5 % of rows and is extended to u = 0 and u = 1. On a node that
+        does reach both ends this is just idle and max power.
+        """
+        util = np.asarray(util, dtype=np.float64)
+        power_w = np.asarray(power_w, dtype=np.float64)
+        low_u, high_u = np.percentile(util, [5, 95])
+        low = util <= low_u
+        high = util >= high_u
+        u0, p0 = float(np.median(util[low])), float(np.median(power_w[low]))
+        u1, p1 = float(np.median(util[high])), float(np.median(power_w[high]))
+        if u1 - u0 < 1e-3:  # utilisation never varied: a flat line at the typical power
+            return cls(idle_w=p0, max_w=p0)
+        slope = (p1 - p0) / (u1 - u0)
+        return cls(idle_w=p0 - slope * u0, max_w=p0 + slope * (1 - u0))
+
+    def predict_w(self, util: np.ndarray) -> np.ndarray:
+        return self.idle_w + (self.max_w - self.idle_w) * np.asarray(util, dtype=np.float64)
+
+
+# --- held-out series, kept on disk until the plot is drawn ---------------------------------
+
+
+class HeldoutSeriesStore:
+    """Per-node held-out (time, measured, predicted) arrays in a temporary directory."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="heldout-")
+        self._paths: dict[str, Path] = {}
+
+    def put(self, node: str, time_s: np.ndarray, measured_w: np.ndarray, predicted_w: np.ndarray):
+        path = Path(self._dir.name) / f"{len(self._paths)}.npz"
+        np.savez(path, time_s=time_s, measured_w=measured_w, predicted_w=predicted_w)
+        self._paths[node] = path
+
+    def get(self, node: str) -> dict[str, np.ndarray] | None:
+        path = self._paths.get(node)
+        if path is None:
+            return None
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+    def __enter__(self) -> HeldoutSeriesStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def best_median_worst(mape_by_node: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(label, node) for the lowest, median and highest held-out MAPE (fewer if few nodes)."""
+    ranked = sorted(mape_by_node, key=lambda node: (mape_by_node[node], node))
+    if not ranked:
+        return []
+    picks = [("best", ranked[0]), ("median", ranked[len(ranked) // 2]), ("worst", ranked[-1])]
+    seen: set[str] = set()
+    unique = []
+    for label, node in picks:
+        if node not in seen:
+            seen.add(node)
+            unique.append((label, node))
+    return unique
+
+
+def plot_predicted_vs_measured(
+    path: Path, series: Sequence[tuple[str, str, dict[str, np.ndarray], float]]
+) -> None:
+    """One panel per (label, node, arrays, mape_pct): measured and predicted watts over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    panels = max(1, len(series))
+    fig, axes = plt.subplots(panels, 1, figsize=(11, 3.2 * panels), squeeze=False)
+    for axis, (label, node, arrays, mape_pct) in zip(axes[:, 0], series, strict=False):
+        times = [datetime.fromtimestamp(float(t), tz=UTC) for t in arrays["time_s"]]
+        axis.plot(times, arrays["measured_w"], lw=0.8, color="0.35", label="measured")
+        axis.plot(times, arrays["predicted_w"], lw=0.9, color="tab:orange", label="predicted")
+        axis.set_title(f"{label}: {node} (held-out MAPE {mape_pct:.2f} %)", fontsize=10)
+        axis.set_ylabel("power (W)")
+        axis.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+        axis.legend(loc="upper right", fontsize=8)
+    if not series:
+        axes[0, 0].text(0.5, 0.5, "no node has its own model", ha="center", va="center")
+    axes[-1, 0].set_xlabel("time (UTC)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# --- the readable table --------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(report: Mapping) -> str:
+    """The report as fixed-width text: a summary, then one line per node."""
+    summary = report["summary"]
+    lines = [
+        f"power model training report ({report['created_at']})",
+        f"input: {', '.join(report['input']['sources'])}; rows read {report['input']['rows_read']},"
+        f" rows used {report['input']['rows_used']}",
+        "dropped rows: "
+        + (
+            ", ".join(f"{reason} {count}" for reason, count in report["input"]["dropped"].items())
+            or "none"
+        ),
+        f"held-out: newest {report['settings']['test_fraction'] * 100:.0f} % of each node's rows",
+        f"nodes: {summary['nodes']} ({summary['nodes_own_model']} own model, "
+        f"{len(summary['nodes_fallback'])} on the fleet fallback; threshold "
+        f"{report['fallback']['min_rows']} rows)",
+        f"held-out MAPE, own models: median {_fmt(summary['median_mape_pct'])} %, "
+        f"p90 {_fmt(summary['p90_mape_pct'])} %; idle-to-max line: median "
+        f"{_fmt(summary['baseline_median_mape_pct'])} %, p90 "
+        f"{_fmt(summary['baseline_p90_mape_pct'])} %",
+        f"monotonic in utilisation at median temperatures: {summary['monotonic_pass']} of "
+        f"{summary['nodes_own_model']} chosen models pass",
+        f"ONNX parity (<= {report['parity_tolerance_w']} W): {summary['parity_pass']} of "
+        f"{summary['parity_checked']} models pass",
+        "",
+    ]
+    header = (
+        f"{'node':<24} {'model':<13} {'train':>6} {'test':>5} {'MAE W':>7} {'MAPE %':>7} "
+        f"{'p95 W':>7} {'line MAPE %':>11} {'monotonic':<10} note"
+    )
+    lines += [header, "-" * len(header)]
+    for entry in report["nodes"]:
+        metrics = entry["metrics"]
+        baseline = entry.get("baseline") or {}
+        model = entry["family"] if entry["model"] == "own" else f"fallback:{entry['family']}"
+        lines.append(
+            f"{entry['node'][:24]:<24} {model[:13]:<13} {entry['rows_train']:>6} "
+            f"{entry['rows_test']:>5} {_fmt(metrics['mae_w']):>7} {_fmt(metrics['mape_pct']):>7} "
+            f"{_fmt(metrics['p95_abs_err_w']):>7} {_fmt(baseline.get('mape_pct')):>11} "
+            f"{entry['monotonic']['verdict']:<10} {entry.get('note', '')}"
+        )
+    fallback = report["fallback"]
+    fm = fallback["metrics"]
+    lines += [
+        "",
+        f"fleet fallback: {fallback['family']}, trained on {fallback['rows_train']} pooled rows, "
+        f"held-out MAE {_fmt(fm['mae_w'])} W, MAPE {_fmt(fm['mape_pct'])} % over "
+        f"{fallback['rows_test']} pooled rows; monotonic {fallback['monotonic']['verdict']}",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(report_dir: Path, report: Mapping) -> tuple[Path, Path]:
+    """Write report.json and report.txt into `report_dir` (created) and log the table."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    json_path = report_dir / REPORT_JSON
+    txt_path = report_dir / REPORT_TXT
+    json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    table = format_table(report)
+    txt_path.write_text(table + "\n")
+    log.info("training report:\n%s", table)
+    return json_path, txt_path
+
+
+def summarise(node_entries: Sequence[Mapping]) -> dict:
+    """Fleet-level figures over the per-node report entries."""
+    own = [entry for entry in node_entries if entry["model"] == "own"]
+    ours = [e["metrics"]["mape_pct"] for e in own if e["metrics"]["mape_pct"] is not None]
+    line = [
+        e["baseline"]["mape_pct"]
+        for e in own
+        if e.get("baseline") and e["baseline"]["mape_pct"] is not None
+    ]
+    families: dict[str, int] = {}
+    for entry in own:
+        families[entry["family"]] = families.get(entry["family"], 0) + 1
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(float(np.percentile(values, q)), 4) if values else None
+
+    return {
+        "nodes": len(node_entries),
+        "nodes_own_model": len(own),
+        "nodes_fallback": [
+            {"node": e["node"], "reason": e["fallback_reason"]}
+            for e in node_entries
+            if e["model"] != "own"
+        ],
+        "families_chosen": families,
+        "median_mape_pct": pct(ours, 50),
+        "p90_mape_pct": pct(ours, 90),
+        "baseline_median_mape_pct": pct(line, 50),
+        "baseline_p90_mape_pct": pct(line, 90),
+        "monotonic_pass": sum(1 for e in own if e["monotonic"]["verdict"] == "pass"),
+        "parity_checked": sum(1 for e in own if e.get("parity_max_diff_w") is not None),
+        "parity_pass": sum(
+            1
+            for e in own
+            if e.get("parity_max_diff_w") is not None and e["parity_max_diff_w"] <= 0.01
+        ),
+    }
