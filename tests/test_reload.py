@@ -1,0 +1,264 @@
+"""Model swap against kubelet's exact ConfigMap volume layout: good bundles swap in, bad ones
+(bad sha256, truncated ONNX, NaN, decreasing, implausible, vanished) are refused and the old
+one keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from predictor.bundle import MANIFEST_NAME
+from predictor.model import Predictor
+from predictor.reload import BundleWatcher, ModelHolder, validate_predictor
+from tests.support.bundles import (
+    KubeletMount,
+    PowerCurveSpec,
+    corrupt_model_bytes,
+    make_bundle,
+    truncate_model,
+)
+
+GOOD_V1 = {"node-a": PowerCurveSpec(100.0, 300.0)}
+GOOD_V2 = {"node-a": PowerCurveSpec(120.0, 420.0, exponent=2)}
+FLEET = PowerCurveSpec(80.0, 250.0)
+
+
+class Recorder:
+    """on_swap target: what the service would hold, plus every version handed over."""
+
+    def __init__(self) -> None:
+        self.current: Predictor | None = None
+        self.versions: list[str] = []
+        self.swapped = threading.Event()
+
+    def __call__(self, predictor: Predictor) -> None:
+        self.current = predictor
+        self.versions.append(predictor.version)
+        self.swapped.set()
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Callable[..., Path]:
+    counter = iter(range(1000))
+
+    def _build(
+        curves: dict,
+        breaker: Callable[[Path], None] | None = None,
+        fallback: PowerCurveSpec = FLEET,
+    ) -> Path:
+        directory = tmp_path / f"src-{next(counter)}"
+        make_bundle(directory, curves, fallback=fallback)
+        if breaker is not None:
+            breaker(directory)
+        return directory
+
+    return _build
+
+
+@pytest.fixture
+def mounted(
+    tmp_path: Path, build: Callable[..., Path]
+) -> tuple[KubeletMount, BundleWatcher, Recorder]:
+    mount = KubeletMount(tmp_path / "models")
+    mount.project_bundle(build(GOOD_V1))
+    recorder = Recorder()
+    watcher = BundleWatcher(mount.directory, recorder)
+    assert watcher.check_now()
+    return mount, watcher, recorder
+
+
+def test_initial_load_and_good_swap(
+    mounted: tuple[KubeletMount, BundleWatcher, Recorder], build: Callable[..., Path]
+) -> None:
+    mount, watcher, recorder = mounted
+    v1 = recorder.versions[0]
+    assert watcher.current_version == v1
+    assert not watcher.check_now()  # nothing changed: no reload
+    source = build(GOOD_V2)
+    mount.project_bundle(source)
+    assert watcher.check_now()
+    assert recorder.versions == [v1, Predictor.load(source).version]
+    watts = recorder.current.predict_w("node-a", np.array([[1.0, 24.0, 50.0, 50.0]], np.float32))
+    assert watts[0] == pytest.approx(420.0, abs=0.05)  # the new bundle's curve
+    assert watcher.counters.swaps == 2 and watcher.counters.refusals == 0
+    assert watcher.last_refused is None
+
+
+def _bad_sha(directory: Path) -> None:
+    corrupt_model_bytes(directory, "node-a")
+
+
+def _truncated(directory: Path) -> None:
+    truncate_model(directory, "node-a")
+
+
+# case -> (node curves, fallback curve, what breaks the written bundle, expected error)
+BAD_CASES = {
+    "bad sha256": (GOOD_V2, FLEET, _bad_sha, r"field 'sha256': file hash"),
+    "truncated onnx": (GOOD_V2, FLEET, _truncated, r"onnxruntime cannot load the model"),
+    "nan model": (
+        {"node-a": PowerCurveSpec(100.0, 300.0, nan_output=True)},
+        FLEET,
+        None,
+        r"node 'node-a' model at ambient 18 C, cpu 40 C: predicts a non-finite value at u=0",
+    ),
+    "decreasing model": (
+        {"node-a": PowerCurveSpec(300.0, 100.0)},
+        FLEET,
+        None,
+        r"node 'node-a' model .*: power decreases with utilisation, 300\.0 W at u=0 to 280\.0 W",
+    ),
+    "implausible watts": (
+        {"node-a": PowerCurveSpec(30_000.0, 40_000.0)},
+        FLEET,
+        None,
+        r"predicts 30000\.0 W at u=0, outside the plausible \(0, 20000\) W",
+    ),
+    "decreasing fallback": (
+        GOOD_V2,
+        PowerCurveSpec(250.0, 80.0),
+        None,
+        r"node '\(fallback\)' model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_bundle_is_refused_and_old_one_kept(
+    case: str,
+    mounted: tuple[KubeletMount, BundleWatcher, Recorder],
+    build: Callable[..., Path],
+) -> None:
+    mount, watcher, recorder = mounted
+    curves, fallback, breaker, message = BAD_CASES[case]
+    source = build(curves, breaker, fallback)
+    bad_version = json.loads((source / MANIFEST_NAME).read_text())["version"]
+    v1 = watcher.current_version
+
+    mount.project_bundle(source)
+    assert not watcher.check_now()
+    assert recorder.versions == [v1]  # on_swap never saw the bad bundle
+    assert watcher.current_version == v1
+    refused = watcher.last_refused
+    assert refused is not None and refused.version == bad_version
+    assert re.search(message, refused.error), refused.error
+    assert watcher.counters.refusals == 1
+    status = watcher.status()
+    assert status["bundle_version"] == v1
+    assert status["last_refused"]["version"] == bad_version
+    assert status["bundle_refusals"] == 1
+
+    assert not watcher.check_now()  # the same bad bundle is not re-tried every poll
+    assert watcher.counters.refusals == 1
+
+    mount.project_bundle(build(GOOD_V2))  # the next good bundle swaps in
+    assert watcher.check_now()
+    assert len(recorder.versions) == 2
+
+
+def test_vanished_directory_keeps_old_bundle(
+    mounted: tuple[KubeletMount, BundleWatcher, Recorder], build: Callable[..., Path]
+) -> None:
+    mount, watcher, recorder = mounted
+    v1 = watcher.current_version
+    shutil.rmtree(mount.directory)
+    assert not watcher.check_now()
+    assert watcher.current_version == v1 and recorder.versions == [v1]
+    assert watcher.last_refused.version is None
+    assert watcher.last_refused.error.endswith("models: bundle directory is missing")
+    assert watcher.counters.refusals == 1
+    # kubelet remounts: the watcher picks it up again
+    KubeletMount(mount.directory).project_bundle(build(GOOD_V2))
+    assert watcher.check_now()
+    assert len(recorder.versions) == 2
+
+
+def test_dangling_data_link_is_a_refusal(
+    mounted: tuple[KubeletMount, BundleWatcher, Recorder],
+) -> None:
+    mount, watcher, recorder = mounted
+    shutil.rmtree(mount.directory / mount.data_target)
+    assert not watcher.check_now()
+    assert "bundle directory is missing" in watcher.last_refused.error
+    assert len(recorder.versions) == 1
+
+
+def test_plain_directory_rewritten_by_write_bundle(tmp_path: Path) -> None:
+    directory = tmp_path / "plain"
+    make_bundle(directory, GOOD_V1, fallback=FLEET)
+    recorder = Recorder()
+    watcher = BundleWatcher(directory, recorder)
+    assert watcher.check_now()
+    assert not watcher.check_now()
+    make_bundle(directory, GOOD_V2, fallback=FLEET)
+    assert watcher.check_now()
+    assert len(set(recorder.versions)) == 2
+
+
+def test_background_thread_notices_a_swap(tmp_path: Path, build: Callable[..., Path]) -> None:
+    mount = KubeletMount(tmp_path / "models")
+    mount.project_bundle(build(GOOD_V1))
+    recorder = Recorder()
+    watcher = BundleWatcher(mount.directory, recorder, poll_interval_s=0.05)
+    watcher.start()
+    try:
+        assert recorder.swapped.wait(30)
+        recorder.swapped.clear()
+        mount.project_bundle(build(GOOD_V2))
+        assert recorder.swapped.wait(30)
+    finally:
+        watcher.stop()
+    assert len(recorder.versions) == 2
+    assert watcher._thread is None
+
+
+def test_good_bundles_pass_validation(build: Callable[..., Path]) -> None:
+    validate_predictor(Predictor.load(build(GOOD_V2)))  # raises on failure
+
+
+def test_model_holder_swaps_predictor_and_curves_together(
+    tmp_path: Path, build: Callable[..., Path]
+) -> None:
+    telemetry = {
+        "node-a": {"cpu_util": 0.5, "ambient_temp_c": 24.0, "cpu1_temp_c": 50.0},
+        "node-b": {"cpu_util": 0.2, "ambient_temp_c": 24.0, "cpu1_temp_c": 45.0},
+    }
+    holder = ModelHolder(lambda: telemetry)
+    assert holder.state is None and holder.refresh() is None
+    sources = [build(GOOD_V1), build(GOOD_V2)]
+    predictors = [Predictor.load(s) for s in sources]
+    holder.install(predictors[0])
+
+    mismatches: list[str] = []
+    reads = 0
+    stop = threading.Event()
+
+    def reader() -> None:
+        nonlocal reads
+        while not stop.is_set():
+            state = holder.state
+            if state.curves.version != state.predictor.version:
+                mismatches.append(state.curves.version)
+            reads += 1
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(20):
+            holder.install(predictors[i % 2])
+            telemetry["node-a"] = {**telemetry["node-a"], "cpu_util": 0.3 + i / 100}
+            holder.refresh()
+    finally:
+        stop.set()
+        thread.join()
+    assert reads > 0 and mismatches == []
+    state = holder.state
+    assert state.predictor is predictors[1]
+    assert state.curves.util_now[state.curves.row_of("node-a")] == pytest.approx(0.49)
