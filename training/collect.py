@@ -1,0 +1,895 @@
+"""Collect node metrics from Prometheus into the contract-1 table (the input of training).
+
+This is the first step of the pipeline: node_exporter gives each node's CPU busy share,
+ipmi_exporter its BMC temperatures and DCMI input power. We read them over a time range with
+`prometheus-api-client` and write one row per node per step:
+`node, timestamp, cpu_util, ambient_temp_c, cpu1_temp_c, cpu2_temp_c, power_w`.
+
+Three things vary between clusters, so all three are configuration (`CollectConfig`, loadable
+from YAML/JSON with `--config`):
+
+- the PromQL queries (`$window` and `$by` in a query are replaced by the CPU rate window and the
+  grouping labels);
+- the BMC sensor names, which every vendor spells differently ("Inlet Temp", "Ambient",
+  "CPU1 Temp", "CPU 1 Temp", Dell's two sensors both called "Temp"...): regexes per column;
+- how an exporter's `instance` becomes a Kubernetes node name: a label already on the series
+  (`node_from: label`), or node_exporter's `node_uname_info{nodename}` joined on the host part
+  of `instance` (`node_from: uname`; node_exporter and ipmi_exporter listen on different ports
+  of the same host). A series that maps to no node is counted and logged, never dropped quietly.
+
+Prometheus refuses range queries of more than 11,000 points per series, so long ranges are
+split into chunks. Every request has a timeout, and anything unexpected (unreachable server,
+HTTP errors, non-JSON, JSON of the wrong shape) raises `CollectError` naming the URL, the
+query and the problem.
+
+The same query and mapping functions serve `collect_instant`, which the extender's live
+telemetry poller uses, so that training and serving see a node's features the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import requests
+import yaml
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from tqdm import tqdm
+from urllib3.util.retry import Retry
+
+from training.dataset import CONTRACT_COLUMNS
+from training.synth import write_table
+
+log = logging.getLogger(__name__)
+
+TEMPERATURE_COLUMNS: tuple[str, ...] = ("ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
+PROMETHEUS_MAX_POINTS = 11_000  # Prometheus rejects range queries with more points per series
+
+DEFAULT_CPU_QUERY = '1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle"}[$window]))'
+DEFAULT_TEMPERATURE_QUERY = "ipmi_temperature_celsius"
+DEFAULT_POWER_QUERY = "ipmi_dcmi_power_consumption_watts"
+
+# Full-match, case-insensitive; earlier patterns win when several sensors match one column.
+# "CPU1 Temp" must beat "CPU1 VRM Temp", and Supermicro's "P1-DIMMA1 Temp" is no CPU.
+_NOT_CPU_DIE = r"(?!.*\b(vrm|vr|dimm|mem|memory|vcore)\b)"
+DEFAULT_SENSOR_PATTERNS: dict[str, tuple[str, ...]] = {
+    "ambient_temp_c": (
+        r"(\d+-)?(system board |mb |front panel )?(inlet|ambient)( (temp|temperature|air))?",
+        r".*\b(inlet|ambient)\b.*",
+    ),
+    "cpu1_temp_c": (
+        r"(\d+-)?(cpu|proc|processor)[ _]?1( (temp|temperature))?",
+        rf"(\d+-)?(cpu|proc|processor)[ _]?1\b{_NOT_CPU_DIE}.*",
+    ),
+    "cpu2_temp_c": (
+        r"(\d+-)?(cpu|proc|processor)[ _]?2( (temp|temperature))?",
+        rf"(\d+-)?(cpu|proc|processor)[ _]?2\b{_NOT_CPU_DIE}.*",
+    ),
+}
+# Dell iDRAC names both CPU sensors just "Temp": taken in sensor-id order as CPU1, CPU2 when a
+# node has no sensor matching the CPU columns by name.
+DEFAULT_SHARED_CPU_SENSOR_PATTERNS: tuple[str, ...] = (r"temp(erature)?",)
+
+
+class CollectError(RuntimeError):
+    """Prometheus could not be read; the message names the URL, the query and the problem."""
+
+
+class CollectConfigError(ValueError):
+    """A bad collect setting; the message names the setting (and the file it came from)."""
+
+
+@dataclass
+class CollectConfig:
+    """Everything `collect_metrics` and `collect_instant` need to know about a cluster."""
+
+    url: str = "http://127.0.0.1:9090"
+    step_s: float = 60.0  # range query resolution; whole seconds
+    timeout_s: float = 30.0  # per HTTP request, also sent to Prometheus as its query timeout
+    retries: int = 1  # connection failures and 502/503/504 only; a slow answer is not retried
+    cpu_rate_window: str = "2m"  # `$window` in cpu_query; at least 2 scrape intervals
+    cpu_query: str = DEFAULT_CPU_QUERY
+    temperature_query: str = DEFAULT_TEMPERATURE_QUERY
+    power_query: str = DEFAULT_POWER_QUERY
+    sensor_name_label: str = "name"
+    sensor_id_label: str = "id"
+    sensor_patterns: Mapping[str, Sequence[str]] = field(
+        default_factory=lambda: dict(DEFAULT_SENSOR_PATTERNS)
+    )
+    shared_cpu_sensor_patterns: Sequence[str] = DEFAULT_SHARED_CPU_SENSOR_PATTERNS
+    node_from: str = "uname"  # "uname": node_uname_info join; "label": `node_label` on series
+    node_label: str = "node"
+    instance_label: str = "instance"
+    uname_metric: str = "node_uname_info"
+    nodename_label: str = "nodename"
+    uname_lookback_s: float = 3600.0  # how far back a node_uname_info sample still counts
+    instance_nodes: Mapping[str, str] = field(default_factory=dict)  # host or instance -> node
+    max_points_per_series: int = PROMETHEUS_MAX_POINTS
+
+    def __post_init__(self) -> None:
+        if not (self.step_s >= 1 and float(self.step_s).is_integer()):
+            raise CollectConfigError(
+                f"step_s must be a whole number of seconds >= 1, got {self.step_s!r}"
+            )
+        if not self.timeout_s > 0:
+            raise CollectConfigError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+        if self.retries < 0:
+            raise CollectConfigError(f"retries must be >= 0, got {self.retries!r}")
+        if self.node_from not in ("uname", "label"):
+            raise CollectConfigError(
+                f"node_from must be 'uname' or 'label', got {self.node_from!r}"
+            )
+        if not 2 <= self.max_points_per_series <= PROMETHEUS_MAX_POINTS:
+            raise CollectConfigError(
+                f"max_points_per_series must be 2..{PROMETHEUS_MAX_POINTS}, "
+                f"got {self.max_points_per_series!r}"
+            )
+        unknown = set(self.sensor_patterns) - set(TEMPERATURE_COLUMNS)
+        if unknown:
+            raise CollectConfigError(
+                f"sensor_patterns has unknown column(s) {sorted(unknown)}; "
+                f"known: {list(TEMPERATURE_COLUMNS)}"
+            )
+        parse_duration_s(self.cpu_rate_window)  # fails early with a clear message
+        compile_sensor_rules(self)
+
+
+def load_collect_config(path: str | Path | None = None, **overrides: Any) -> CollectConfig:
+    """A `CollectConfig` from a YAML/JSON file (keys = field names), then `overrides`.
+
+    `sensor_patterns` in the file replaces the defaults only for the columns it names.
+    """
+    settings: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise CollectConfigError(f"cannot read collect config {path}: {error}") from error
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise CollectConfigError(
+                f"{path}: expected a mapping of settings, got {type(loaded).__name__}"
+            )
+        known = {f.name for f in fields(CollectConfig)}
+        unknown = sorted(set(loaded) - known)
+        if unknown:
+            raise CollectConfigError(
+                f"{path}: unknown setting(s) {unknown}; known: {sorted(known)}"
+            )
+        settings.update(loaded)
+        if "sensor_patterns" in loaded:
+            patterns = loaded["sensor_patterns"]
+            if not isinstance(patterns, dict):
+                raise CollectConfigError(
+                    f"{path}: sensor_patterns must map column -> list of regexes"
+                )
+            settings["sensor_patterns"] = {
+                **DEFAULT_SENSOR_PATTERNS,
+                **{k: [v] if isinstance(v, str) else list(v) for k, v in patterns.items()},
+            }
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return CollectConfig(**settings)
+    except CollectConfigError as error:
+        raise CollectConfigError(f"{path}: {error}" if path else str(error)) from error
+    except TypeError as error:
+        raise CollectConfigError(f"{path}: {error}" if path else str(error)) from error
+
+
+# --------------------------------------------------------------------------------------------
+# Times and durations (CLI and config)
+
+_DURATION_UNITS_S = {
+    "ms": 0.001,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 604800,
+    "y": 31536000,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+
+
+def parse_duration_s(text: str) -> float:
+    """Seconds in `90`, `60s`, `2m`, `1h30m`, `7d` (Prometheus units ms s m h d w y)."""
+    text = str(text).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise CollectConfigError(
+            f"bad duration {text!r}: use seconds (90) or units like 60s, 2m, 1h30m, 7d"
+        )
+    return sum(float(number) * _DURATION_UNITS_S[unit] for number, unit in parts)
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> datetime:
+    """A UTC time from RFC 3339, Unix seconds, `now`, or relative `-7d` / `now-2h`."""
+    now = now or datetime.now(UTC)
+    text = text.strip()
+    if text == "now":
+        return now
+    relative = re.fullmatch(r"(?:now)?-(.+)", text)
+    if relative:
+        return now - timedelta(seconds=parse_duration_s(relative.group(1)))
+    try:
+        return datetime.fromtimestamp(float(text), UTC)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise CollectConfigError(
+            f"bad time {text!r}: use RFC 3339 (2026-01-05T00:00:00Z), Unix seconds, "
+            "'now' or relative like -7d"
+        ) from error
+    if parsed.tzinfo is None:
+        raise CollectConfigError(f"time {text!r} has no UTC offset: add Z or +HH:MM")
+    return parsed.astimezone(UTC)
+
+
+def chunk_bounds(start_s: int, end_s: int, step_s: int, max_points: int) -> list[tuple[int, int]]:
+    """Consecutive `[start, end]` ranges on the step grid, each with at most `max_points` points."""
+    if end_s < start_s:
+        raise CollectConfigError(f"end ({end_s}) is before start ({start_s})")
+    span_s = (max_points - 1) * step_s
+    chunks = []
+    chunk_start = start_s
+    while chunk_start <= end_s:
+        chunks.append((chunk_start, min(chunk_start + span_s, end_s)))
+        chunk_start += span_s + step_s
+    return chunks
+
+
+# --------------------------------------------------------------------------------------------
+# Queries and answers (pure)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a query answer: its labels and its points (Unix seconds, values)."""
+
+    labels: Mapping[str, str]
+    timestamps_s: np.ndarray
+    values: np.ndarray
+
+
+def render_query(template: str, config: CollectConfig) -> str:
+    """Fill `$window` (CPU rate window) and `$by` (labels identifying a node) in a query."""
+    by = config.instance_label
+    if config.node_from == "label":
+        by = f"{config.instance_label}, {config.node_label}"
+    return template.replace("$window", config.cpu_rate_window).replace("$by", by)
+
+
+def uname_query(config: CollectConfig, window_s: float) -> str:
+    """The query whose answer maps exporter hosts to node names (`node_from: uname`)."""
+    return f"last_over_time({config.uname_metric}[{max(1, math.ceil(window_s))}s])"
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def parse_result(result: object, *, instant: bool, where: str) -> list[Series]:
+    """Validate `data.result` of a range (matrix) or instant (vector) answer into `Series`."""
+    if not isinstance(result, list):
+        raise CollectError(f"{where}: data.result is {type(result).__name__}, expected a list")
+    key = "value" if instant else "values"
+    parsed = []
+    for index, item in enumerate(result):
+        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+            raise CollectError(
+                f"{where}: result[{index}] has no 'metric' object: {_describe(item)}"
+            )
+        points = [item.get(key)] if instant else item.get(key)
+        if not isinstance(points, list) or not all(
+            isinstance(p, list | tuple) and len(p) == 2 for p in points
+        ):
+            raise CollectError(
+                f"{where}: result[{index}].{key} is not a list of [time, value] pairs: "
+                f"{_describe(item.get(key))}"
+            )
+        try:
+            timestamps_s = np.array([float(p[0]) for p in points], dtype=float)
+            values = np.array([float(p[1]) for p in points], dtype=float)
+        except (TypeError, ValueError) as error:
+            raise CollectError(
+                f"{where}: result[{index}] ({item['metric']}) has a non-numeric point: {error}"
+            ) from error
+        labels = {str(k): str(v) for k, v in item["metric"].items()}
+        parsed.append(Series(labels, timestamps_s, values))
+    return parsed
+
+
+def instance_host(instance: str) -> str:
+    """The host part of an exporter `instance` (`10.0.0.1:9100` -> `10.0.0.1`, `[::1]:9100`)."""
+    instance = instance.strip()
+    if instance.startswith("["):
+        return instance[1 : instance.find("]")] if "]" in instance else instance[1:]
+    if instance.count(":") == 1:
+        return instance.split(":", 1)[0]
+    return instance  # no port, or a bare IPv6 address
+
+
+def host_nodes_from_uname(series: Iterable[Series], config: CollectConfig) -> dict[str, str]:
+    """host -> node name from `node_uname_info` series; a renamed host keeps its newest name."""
+    newest: dict[str, tuple[float, str]] = {}
+    for one in series:
+        instance = one.labels.get(config.instance_label)
+        nodename = one.labels.get(config.nodename_label)
+        if not instance or not nodename:
+            continue
+        seen_at_s = float(one.timestamps_s.max()) if len(one.timestamps_s) else -math.inf
+        host = instance_host(instance)
+        if host not in newest or seen_at_s >= newest[host][0]:
+            newest[host] = (seen_at_s, nodename)
+    return {host: nodename for host, (_, nodename) in newest.items()}
+
+
+def node_of(
+    labels: Mapping[str, str], config: CollectConfig, host_nodes: Mapping[str, str]
+) -> str | None:
+    """The Kubernetes node a series belongs to, or None when nothing maps it."""
+    instance = labels.get(config.instance_label, "")
+    host = instance_host(instance) if instance else ""
+    for key in (instance, host):
+        if key and key in config.instance_nodes:
+            return config.instance_nodes[key]
+    if config.node_from == "label":
+        return labels.get(config.node_label) or None
+    return host_nodes.get(host)
+
+
+@dataclass(frozen=True)
+class SensorRules:
+    """Compiled sensor-name regexes: per temperature column, and the shared CPU names."""
+
+    columns: Mapping[str, tuple[re.Pattern[str], ...]]
+    shared_cpu: tuple[re.Pattern[str], ...]
+    name_label: str
+    id_label: str
+
+
+def compile_sensor_rules(config: CollectConfig) -> SensorRules:
+    def compile_all(where: str, patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        compiled = []
+        for pattern in patterns:
+            try:
+                compiled.append(re.compile(pattern, re.IGNORECASE))
+            except re.error as error:
+                raise CollectConfigError(f"{where}: bad regex {pattern!r}: {error}") from error
+        return tuple(compiled)
+
+    return SensorRules(
+        columns={
+            column: compile_all(f"sensor_patterns.{column}", patterns)
+            for column, patterns in config.sensor_patterns.items()
+        },
+        shared_cpu=compile_all("shared_cpu_sensor_patterns", config.shared_cpu_sensor_patterns),
+        name_label=config.sensor_name_label,
+        id_label=config.sensor_id_label,
+    )
+
+
+def _sensor_order(labels: Mapping[str, str], id_label: str) -> tuple[int, float, str]:
+    sensor_id = labels.get(id_label, "")
+    try:
+        return (0, float(sensor_id), sensor_id)
+    except ValueError:
+        return (1, 0.0, sensor_id)
+
+
+def assign_sensor_columns(
+    sensors: Sequence[Mapping[str, str]], rules: SensorRules
+) -> dict[int, str]:
+    """Which temperature column each of one node's sensors feeds: `{sensor index: column}`.
+
+    A sensor goes to the first column whose patterns match its name; when several sensors match
+    a column, the earliest pattern wins, then the lowest sensor id. Sensors named only "Temp"
+    (see `DEFAULT_SHARED_CPU_SENSOR_PATTERNS`) fill CPU1 then CPU2 in sensor-id order, when no
+    sensor names those columns. Unmatched sensors (exhaust, DIMMs...) feed nothing.
+    """
+    candidates: dict[str, list[tuple[int, tuple, int]]] = defaultdict(list)
+    shared: list[tuple[tuple, int]] = []
+    for index, labels in enumerate(sensors):
+        name = labels.get(rules.name_label, "").strip()
+        order = _sensor_order(labels, rules.id_label)
+        matched = False
+        for column, patterns in rules.columns.items():
+            rank = next((r for r, p in enumerate(patterns) if p.fullmatch(name)), None)
+            if rank is not None:
+                candidates[column].append((rank, order, index))
+                matched = True
+                break
+        if not matched and any(p.fullmatch(name) for p in rules.shared_cpu):
+            shared.append((order, index))
+    assignment = {min(found)[2]: column for column, found in candidates.items()}
+    free_cpu_columns = [c for c in ("cpu1_temp_c", "cpu2_temp_c") if c not in candidates]
+    if free_cpu_columns == ["cpu1_temp_c", "cpu2_temp_c"]:
+        for (_, index), column in zip(sorted(shared), free_cpu_columns, strict=False):
+            assignment[index] = column
+    return assignment
+
+
+@dataclass
+class CollectStats:
+    """What a collection saw: chunks, unmapped series (by metric), sensors chosen per node."""
+
+    chunks: int = 0
+    unmapped_series: dict[str, set[tuple[tuple[str, str], ...]]] = field(
+        default_factory=lambda: defaultdict(set)
+    )
+    sensors: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> column -> name
+    duplicates: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def unmapped_counts(self) -> dict[str, int]:
+        return {metric: len(found) for metric, found in self.unmapped_series.items()}
+
+    def unmapped_instances(self) -> list[str]:
+        return sorted(
+            {
+                dict(labels).get("instance", "?")
+                for found in self.unmapped_series.values()
+                for labels in found
+            }
+        )
+
+
+def _long_rows(
+    node: str, column: str, series: Series
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    count = len(series.timestamps_s)
+    return (
+        np.full(count, node, dtype=object),
+        series.timestamps_s,
+        np.full(count, column, dtype=object),
+        series.values,
+    )
+
+
+def build_table(
+    answers: Mapping[str, Sequence[Series]],
+    config: CollectConfig,
+    host_nodes: Mapping[str, str],
+    stats: CollectStats,
+    rules: SensorRules | None = None,
+) -> pd.DataFrame:
+    """Contract-1 rows from query answers keyed `cpu_util`, `temperature`, `power_w`.
+
+    Several series for one node and column (say two scrape jobs) are averaged and noted in
+    `stats.duplicates`; series that map to no node are noted in `stats.unmapped_series`.
+    """
+    rules = rules or compile_sensor_rules(config)
+    pieces: list[tuple[np.ndarray, ...]] = []
+    per_node: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
+    for metric, series_list in answers.items():
+        for series in series_list:
+            node = node_of(series.labels, config, host_nodes)
+            if node is None:
+                stats.unmapped_series[metric].add(tuple(sorted(series.labels.items())))
+                continue
+            per_node[node][metric].append(series)
+
+    for node, by_metric in per_node.items():
+        columns: dict[str, list[Series]] = defaultdict(list)
+        for metric in ("cpu_util", "power_w"):
+            columns[metric].extend(by_metric.get(metric, []))
+        sensors = by_metric.get("temperature", [])
+        assignment = assign_sensor_columns([s.labels for s in sensors], rules)
+        chosen = stats.sensors.setdefault(node, {})
+        for index, column in assignment.items():
+            columns[column].append(sensors[index])
+            chosen.setdefault(column, sensors[index].labels.get(rules.name_label, ""))
+        for column, series_list in columns.items():
+            if len({tuple(sorted(s.labels.items())) for s in series_list}) > 1:
+                stats.duplicates[node].add(column)
+            pieces.extend(_long_rows(node, column, s) for s in series_list)
+
+    if not pieces:
+        return empty_table()
+    nodes, timestamps_s, column_names, values = (
+        np.concatenate(part) for part in zip(*pieces, strict=True)
+    )
+    long = pd.DataFrame(
+        {"node": nodes, "timestamp_s": timestamps_s, "column": column_names, "value": values}
+    )
+    wide = (
+        long.groupby(["node", "timestamp_s", "column"], sort=False)["value"]
+        .mean()
+        .unstack("column")
+    )
+    wide = wide.reset_index()
+    return _contract_frame(wide["node"], wide["timestamp_s"], wide)
+
+
+def _contract_frame(
+    nodes: pd.Series, timestamps_s: pd.Series, values: pd.DataFrame
+) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {
+            "node": nodes.astype("str").to_numpy(),
+            "timestamp": pd.to_datetime(timestamps_s.to_numpy(dtype=float), unit="s", utc=True),
+        }
+    )
+    for column in CONTRACT_COLUMNS[2:]:
+        frame[column] = values[column].to_numpy(dtype=float) if column in values else np.nan
+    frame["node"] = frame["node"].astype("str")
+    return frame.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
+
+
+def empty_table() -> pd.DataFrame:
+    """A contract-1 table with no rows (the right columns and dtypes)."""
+    return _contract_frame(pd.Series([], dtype="str"), pd.Series([], dtype=float), pd.DataFrame())
+
+
+# --------------------------------------------------------------------------------------------
+# Talking to Prometheus (the I/O edge)
+
+
+class PrometheusReader:
+    """Queries one Prometheus with bounded time and turns every failure into `CollectError`."""
+
+    def __init__(self, config: CollectConfig):
+        self.config = config
+        self._last_response: requests.Response | None = None
+        session = requests.Session()
+        session.hooks["response"].append(self._remember)
+        retry = Retry(
+            total=config.retries,
+            connect=config.retries,
+            read=0,  # a server too slow once is too slow twice: keep the total time bounded
+            status=config.retries,
+            backoff_factor=0.2,
+            status_forcelist=(502, 503, 504),
+            allowed_methods=frozenset({"GET"}),
+            raise_on_status=False,
+        )
+        self._client = PrometheusConnect(
+            url=config.url.rstrip("/"), retry=retry, session=session, timeout=config.timeout_s
+        )
+
+    def _remember(self, response: requests.Response, *args: object, **kwargs: object) -> None:
+        self._last_response = response
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> PrometheusReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def range(self, query: str, start_s: float, end_s: float) -> list[Series]:
+        step = f"{int(self.config.step_s)}"
+        result = self._call(
+            query,
+            lambda: self._client.custom_query_range(
+                query,
+                start_time=datetime.fromtimestamp(start_s, UTC),
+                end_time=datetime.fromtimestamp(end_s, UTC),
+                step=step,
+                params={"timeout": f"{self.config.timeout_s:g}s"},
+            ),
+        )
+        return parse_result(result, instant=False, where=self._where(query))
+
+    def instant(self, query: str, at_s: float) -> list[Series]:
+        result = self._call(
+            query,
+            lambda: self._client.custom_query(
+                query, params={"time": f"{at_s:.3f}", "timeout": f"{self.config.timeout_s:g}s"}
+            ),
+        )
+        return parse_result(result, instant=True, where=self._where(query))
+
+    def _where(self, query: str) -> str:
+        return f"Prometheus at {self.config.url} answering {query!r}"
+
+    def _call(self, query: str, request: Callable[[], object]) -> object:
+        self._last_response = None
+        where = self._where(query)
+        try:
+            return request()
+        except PrometheusApiClientException as error:
+            raise CollectError(f"{where}: {self._http_problem() or error}") from error
+        except requests.exceptions.JSONDecodeError as error:
+            raise CollectError(
+                f"{where}: the answer is not JSON ({self._body_excerpt()})"
+            ) from error
+        except requests.exceptions.Timeout as error:
+            raise CollectError(
+                f"{where}: no answer within the {self.config.timeout_s:g} s timeout ({error})"
+            ) from error
+        except requests.exceptions.ConnectionError as error:
+            raise CollectError(f"{where}: cannot connect ({_root_cause(error)})") from error
+        except requests.exceptions.RequestException as error:
+            raise CollectError(f"{where}: request failed ({error})") from error
+        except (KeyError, TypeError, ValueError) as error:
+            raise CollectError(f"{where}: {self._envelope_problem()}") from error
+
+    def _body_excerpt(self) -> str:
+        response = self._last_response
+        if response is None:
+            return "no response body"
+        body = response.text[:120]
+        content_type = response.headers.get("Content-Type", "no Content-Type")
+        return f"HTTP {response.status_code}, {content_type}, body starts {body!r}"
+
+    def _http_problem(self) -> str | None:
+        response = self._last_response
+        if response is None:
+            return None
+        try:
+            payload = response.json()
+            detail = f"{payload.get('errorType', 'error')}: {payload['error']}"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            detail = f"body starts {response.text[:200]!r}"
+        return f"HTTP {response.status_code} {response.reason}: {detail}"
+
+    def _envelope_problem(self) -> str:
+        response = self._last_response
+        if response is None:
+            return "no usable answer"
+        try:
+            payload = response.json()
+        except ValueError:
+            return f"the answer is not JSON ({self._body_excerpt()})"
+        if isinstance(payload, dict) and payload.get("status") == "error":
+            return f"status 'error': {payload.get('errorType', '?')}: {payload.get('error', '?')}"
+        if not isinstance(payload, dict):
+            return f"JSON of the wrong shape: a {type(payload).__name__}, expected an object"
+        return (
+            "JSON of the wrong shape: expected {'status': 'success', 'data': {'result': [...]}}, "
+            f"got {_describe(payload)}"
+        )
+
+
+def _root_cause(error: BaseException) -> str:
+    while error.__context__ is not None and error.__context__ is not error:
+        error = error.__context__
+    return f"{type(error).__name__}: {error}"
+
+
+def _query_all(
+    config: CollectConfig, run: Callable[[str], list[Series]]
+) -> dict[str, list[Series]]:
+    return {
+        "cpu_util": run(render_query(config.cpu_query, config)),
+        "temperature": run(render_query(config.temperature_query, config)),
+        "power_w": run(render_query(config.power_query, config)),
+    }
+
+
+def _log_summary(frame: pd.DataFrame, stats: CollectStats) -> None:
+    log.info(
+        "collected %d rows for %d nodes in %d chunk(s)",
+        len(frame),
+        frame["node"].nunique(),
+        stats.chunks,
+    )
+    unmapped = stats.unmapped_counts()
+    if any(unmapped.values()):
+        instances = stats.unmapped_instances()
+        log.warning(
+            "%d series map to no node (by metric: %s); instances: %s",
+            sum(unmapped.values()),
+            unmapped,
+            ", ".join(instances[:10]) + (" ..." if len(instances) > 10 else ""),
+        )
+    for node, columns in sorted(stats.duplicates.items()):
+        log.warning("node %s: several series for %s were averaged", node, sorted(columns))
+    for node, chosen in sorted(stats.sensors.items()):
+        missing = [c for c in ("ambient_temp_c", "cpu1_temp_c") if c not in chosen]
+        if missing:
+            log.warning("node %s: no BMC sensor matched %s (check sensor_patterns)", node, missing)
+        log.debug("node %s sensors: %s", node, chosen)
+
+
+def collect_metrics(
+    config: CollectConfig,
+    start: datetime,
+    end: datetime,
+    *,
+    progress: bool = True,
+    stats: CollectStats | None = None,
+) -> pd.DataFrame:
+    """Contract-1 rows for every node and step in `[start, end]`, read from Prometheus.
+
+    Pass a `CollectStats` to learn what was unmapped or ambiguous (also logged).
+    """
+    stats = stats if stats is not None else CollectStats()
+    step_s = int(config.step_s)
+    start_s = math.floor(start.timestamp())
+    end_s = math.floor(end.timestamp())
+    chunks = chunk_bounds(start_s, end_s, step_s, config.max_points_per_series)
+    rules = compile_sensor_rules(config)
+    frames = []
+    show = progress and sys.stderr.isatty()
+    with PrometheusReader(config) as reader:
+        for chunk_start_s, chunk_end_s in tqdm(
+            chunks, desc="collect", unit="chunk", file=sys.stderr, disable=not show
+        ):
+            host_nodes: dict[str, str] = {}
+            if config.node_from == "uname":
+                window_s = chunk_end_s - chunk_start_s + config.uname_lookback_s
+                host_nodes = host_nodes_from_uname(
+                    reader.instant(uname_query(config, window_s), chunk_end_s), config
+                )
+            answers = _query_all(
+                config, lambda q, s=chunk_start_s, e=chunk_end_s: reader.range(q, s, e)
+            )
+            frames.append(build_table(answers, config, host_nodes, stats, rules))
+            stats.chunks += 1
+    frame = pd.concat(frames, ignore_index=True) if frames else empty_table()
+    frame = frame.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
+    _log_summary(frame, stats)
+    return frame
+
+
+def collect_instant(
+    config: CollectConfig,
+    *,
+    at: datetime | None = None,
+    stats: CollectStats | None = None,
+) -> pd.DataFrame:
+    """One contract-1 row per node, as Prometheus sees it at `at` (default: now).
+
+    One instant query per metric for all nodes; `timestamp` is the evaluation time (a series
+    stops answering once it is older than Prometheus's lookback, 5 minutes by default). A node
+    without a power reading has `power_w` NaN; without a sensor, that temperature is NaN.
+    """
+    stats = stats if stats is not None else CollectStats()
+    at_s = at.timestamp() if at is not None else time.time()
+    with PrometheusReader(config) as reader:
+        host_nodes: dict[str, str] = {}
+        if config.node_from == "uname":
+            host_nodes = host_nodes_from_uname(
+                reader.instant(uname_query(config, config.uname_lookback_s), at_s), config
+            )
+        answers = _query_all(config, lambda q: reader.instant(q, at_s))
+    stats.chunks += 1
+    frame = build_table(answers, config, host_nodes, stats)
+    # Instant answers all carry the evaluation time; keep one row per node regardless.
+    return frame.drop_duplicates("node", keep="last").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.collect",
+        description=(
+            "Read node CPU utilisation, BMC temperatures and power from Prometheus over a time "
+            "range and write the contract-1 metrics table (the input of training.fit)."
+        ),
+    )
+    parser.add_argument(
+        "--prometheus",
+        required=True,
+        metavar="URL",
+        help="Prometheus base URL, e.g. http://prometheus:9090 (required)",
+    )
+    parser.add_argument(
+        "--start",
+        required=True,
+        metavar="TIME",
+        help="range start: RFC 3339 (2026-01-05T00:00:00Z), Unix seconds, "
+        "or relative to now (-7d, now-12h)",
+    )
+    parser.add_argument(
+        "--end",
+        default="now",
+        metavar="TIME",
+        help="range end, same forms as --start (default: now)",
+    )
+    parser.add_argument(
+        "--step",
+        default=None,
+        metavar="DURATION",
+        help="sample interval of the table in whole seconds: 60, 60s, 5m "
+        "(default: 60s, or the config's step_s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-request timeout in seconds (default: 30 or the config's timeout_s)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML/JSON file of CollectConfig settings: queries, sensor_patterns, "
+        "node_from (uname|label), instance_nodes... "
+        "(default: built-in node_exporter + ipmi_exporter queries)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="output table, .parquet or .csv (required)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar; log warnings only")
+    parser.add_argument(
+        "--verbose", action="store_true", help="also log the sensors chosen per node"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.out.suffix.lower() not in (".parquet", ".csv"):
+        print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
+        return 2
+    try:
+        step_s = parse_duration_s(args.step) if args.step is not None else None
+        config = load_collect_config(
+            args.config, url=args.prometheus, step_s=step_s, timeout_s=args.timeout
+        )
+        now = datetime.now(UTC)
+        start = parse_time(args.start, now=now)
+        end = parse_time(args.end, now=now)
+        if end < start:
+            raise CollectConfigError(
+                f"--end ({end.isoformat()}) is before --start ({start.isoformat()})"
+            )
+    except CollectConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    stats = CollectStats()
+    try:
+        frame = collect_metrics(config, start, end, progress=not args.quiet, stats=stats)
+    except CollectError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if frame.empty:
+        print(
+            f"error: Prometheus at {config.url} has no data for any node between "
+            f"{start.isoformat()} and {end.isoformat()} "
+            "(check the range, the queries and the node mapping)",
+            file=sys.stderr,
+        )
+        return 1
+    write_table(frame, args.out)
+    log.info(
+        "wrote %d rows for %d nodes to %s (%d unmapped series)",
+        len(frame),
+        frame["node"].nunique(),
+        args.out,
+        sum(stats.unmapped_counts().values()),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
