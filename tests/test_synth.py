@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.dataset import CONTRACT_COLUMNS
-from training.synth import fleet_spec, load_shapes, node_names, synth_fleet
+from training.dataset import CONTRACT_COLUMNS, clean_metrics, load_metrics
+from training.synth import fleet_spec, load_shapes, node_names, synth_fleet, write_table
 
 NODES = 50
 HOURS = 48.0
@@ -149,3 +149,24 @@ def test_cli_rejects_an_unknown_output_format(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "fleet.xlsx" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_output_passes_cleaning_losing_only_sensor_dropouts(fleet: pd.DataFrame) -> None:
+    cleaned = clean_metrics(fleet, source="synthetic fleet")
+    assert cleaned.rows_read == len(fleet)
+    # Dropouts blank every temperature of a node; the first one checked names the reason.
+    assert set(cleaned.dropped) == {"ambient_temp_c_missing"}
+    assert cleaned.dropped["ambient_temp_c_missing"] == fleet["ambient_temp_c"].isna().sum()
+    assert cleaned.frame["node"].nunique() == NODES
+    kept = fleet.dropna(subset=["ambient_temp_c"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(cleaned.frame, kept, check_dtype=False)
+
+
+def test_written_csv_and_parquet_load_back_identically(tmp_path: Path) -> None:
+    fleet = synth_fleet(4, 3.0, 60.0, seed=11)
+    for name in ("fleet.csv", "fleet.parquet"):
+        write_table(fleet, tmp_path / name)
+    from_csv = load_metrics(tmp_path / "fleet.csv").frame
+    from_parquet = load_metrics(tmp_path / "fleet.parquet").frame
+    pd.testing.assert_frame_equal(from_csv, from_parquet, check_dtype=False)
+    assert len(from_csv) == fleet["ambient_temp_c"].notna().sum()

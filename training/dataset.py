@@ -1,9 +1,32 @@
 """Read, validate and clean a contract-1 metrics table (the input of `training.fit`).
 
-Work in progress: the contract's column names live here so every module shares one copy.
+Collected metrics are messy: BMCs drop readings, exporters write `NaN`, people hand over CSVs
+with utilisation in percent or the wrong column. A model trained on such rows is quietly wrong,
+so this step owns the rule "never silently used, never silently lost":
+
+- `read_metrics` reads CSV or Parquet (a file, or every `*.csv` / `*.parquet` in a directory)
+  and remembers where every row came from (file and line), so errors can point at it.
+- `clean_metrics` is pure: it parses timestamps to UTC and values to numbers, refuses input
+  that is wrong as a whole (missing columns, utilisation in percent, a non-numeric column) with
+  a `MetricsInputError` that says what and where, and drops bad rows one by one, counting them
+  by reason and logging the first example of each.
+- `load_metrics` does both.
+
+A row with several problems is counted once, under the first reason in the order the checks
+run (see `clean_metrics`).
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger(__name__)
 
 CONTRACT_COLUMNS: tuple[str, ...] = (
     "node",
@@ -16,6 +39,395 @@ CONTRACT_COLUMNS: tuple[str, ...] = (
 )
 FEATURES: tuple[str, ...] = ("cpu_util", "ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
 
+OPTIONAL_COLUMNS: tuple[str, ...] = ("cpu2_temp_c",)  # empty on one-socket nodes
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONTRACT_COLUMNS if c not in OPTIONAL_COLUMNS)
+NUMERIC_COLUMNS: tuple[str, ...] = (*FEATURES, "power_w")
+TEMPERATURE_COLUMNS: tuple[str, ...] = ("ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
+
+MAX_POWER_W = 20_000.0  # no single node draws 20 kW: such a reading is a unit or sensor error
+TEMPERATURE_RANGE_C = (-40.0, 150.0)  # what BMC sensors can physically report
+# Unix seconds from 1970 to 2100; larger numbers are usually milliseconds.
+UNIX_SECONDS_RANGE = (0.0, 4_102_444_800.0)
+# A column that fails to parse in most of its non-empty cells is the wrong column, not noise.
+NON_NUMERIC_COLUMN_SHARE = 0.5
+# Utilisation is in percent when more than this share of values lies in (1.5, 100].
+PERCENT_ROWS_SHARE = 0.05
+PERCENT_LIKE_ABOVE = 1.5
+EMPTY_TOKENS = frozenset({"", "nan", "null", "none", "na", "n/a"})
+METRICS_SUFFIXES = (".csv", ".parquet")
+
+# Provenance columns added by read_metrics: which file a row came from and where in it.
+SOURCE_COLUMN = "_source_file"
+LINE_COLUMN = "_source_line"
+
 
 class MetricsInputError(ValueError):
     """Bad metrics input; the message names the file, line and field at fault."""
+
+
+@dataclass
+class CleanedMetrics:
+    """The outcome of cleaning: usable rows plus an account of every row that was not used."""
+
+    frame: pd.DataFrame  # contract columns; timestamp tz-aware UTC; sorted by node, timestamp
+    rows_read: int
+    dropped: dict[str, int]  # reason -> rows dropped (e.g. "power_w_negative")
+    sources: list[str]
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> first dropped row
+
+    @property
+    def rows_kept(self) -> int:
+        return len(self.frame)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading (the only I/O in this module)
+
+
+def read_metrics(path: str | Path) -> pd.DataFrame:
+    """Read a CSV/Parquet file, or every `*.csv` / `*.parquet` in a directory (sorted by name).
+
+    CSV cells are kept as text so that cleaning can quote a bad value exactly as written.
+    Adds the provenance columns `_source_file` and `_source_line` (CSV: line in the file, the
+    header being line 1; Parquet: row number from 1). Raises `MetricsInputError` for a missing
+    path, an unreadable or empty file, or a file without the required columns.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in METRICS_SUFFIXES
+        )
+        if not files:
+            raise MetricsInputError(f"directory {path} has no .csv or .parquet files")
+    elif path.is_file():
+        if path.suffix.lower() not in METRICS_SUFFIXES:
+            raise MetricsInputError(
+                f"file {path}: unknown format {path.suffix!r}; give a .csv or .parquet file"
+            )
+        files = [path]
+    else:
+        raise MetricsInputError(f"{path}: no such file or directory")
+    frames = [_read_one(file) for file in files]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _read_one(file: Path) -> pd.DataFrame:
+    if file.suffix.lower() == ".csv":
+        try:
+            # skip_blank_lines=False keeps line numbers true to the file; blank lines are then
+            # dropped (and counted) by cleaning.
+            frame = pd.read_csv(file, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        except pd.errors.EmptyDataError:
+            raise MetricsInputError(f"file {file} is empty (no header, no rows)") from None
+        except (pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise MetricsInputError(f"file {file}: not readable as CSV: {error}") from None
+        first_line = 2
+    else:
+        try:
+            frame = pd.read_parquet(file)
+        except Exception as error:  # pyarrow raises several unrelated types for a bad file
+            raise MetricsInputError(f"file {file}: not readable as Parquet: {error}") from None
+        first_line = 1
+    frame.columns = [str(column).strip() for column in frame.columns]
+    check_columns(frame.columns, where=f"file {file}")
+    if "cpu2_temp_c" not in frame.columns:
+        log.info("file %s has no cpu2_temp_c column: its nodes are taken as one-socket", file)
+    if frame.empty:
+        raise MetricsInputError(f"file {file} has no rows")
+    frame[SOURCE_COLUMN] = str(file)
+    frame[LINE_COLUMN] = np.arange(first_line, first_line + len(frame))
+    return frame
+
+
+def check_columns(columns: Sequence[str], *, where: str) -> None:
+    """Raise when a required column is missing, naming what was found instead."""
+    present = set(columns)
+    missing = [column for column in REQUIRED_COLUMNS if column not in present]
+    if not missing:
+        return
+    found = [c for c in columns if c not in (SOURCE_COLUMN, LINE_COLUMN)]
+    message = (
+        f"{where}: missing required column(s) {', '.join(missing)}; "
+        f"found columns: {', '.join(found) or '(none)'}"
+    )
+    by_folded = {column.lower(): column for column in found}
+    near = [f"{by_folded[m.lower()]!r} for {m!r}" for m in missing if m.lower() in by_folded]
+    if near:
+        message += f" (column names are case-sensitive: {', '.join(near)}?)"
+    raise MetricsInputError(message)
+
+
+def load_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> CleanedMetrics:
+    """`read_metrics` + `clean_metrics`."""
+    return clean_metrics(read_metrics(path), source=str(path), cpu_util_percent=cpu_util_percent)
+
+
+# --------------------------------------------------------------------------------------------
+# Cleaning (pure)
+
+
+class _Drops:
+    """Tracks which rows are still alive and why the others were dropped."""
+
+    def __init__(self, raw: pd.DataFrame, from_reader: bool) -> None:
+        self.raw = raw
+        self.from_reader = from_reader
+        self.alive = np.ones(len(raw), dtype=bool)
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+
+    def drop(self, reason: str, mask: np.ndarray, column: str | None, note: str = "") -> None:
+        hit = np.asarray(mask, dtype=bool) & self.alive
+        count = int(hit.sum())
+        if count == 0:
+            return
+        first = int(np.argmax(hit))
+        example = self.place(first) if column is None else self.cell(first, column)
+        if note:
+            example += f" ({note})"
+        self.counts[reason] = self.counts.get(reason, 0) + count
+        self.examples.setdefault(reason, example)
+        log.warning("dropped %d row(s): %s; first: %s", count, reason, example)
+        self.alive &= ~hit
+
+    def place(self, row: int) -> str:
+        """'file X, line N' for CSV rows, 'file X, row N' for Parquet, 'X, row N' for frames."""
+        source = self.raw[SOURCE_COLUMN].iloc[row]
+        number = self.raw[LINE_COLUMN].iloc[row]
+        if not self.from_reader:
+            return f"{source}, row {number}"
+        word = "line" if str(source).lower().endswith(".csv") else "row"
+        return f"file {source}, {word} {number}"
+
+    def cell(self, row: int, column: str) -> str:
+        """Where a cell is and what it holds, as the user wrote it."""
+        return (
+            f"{self.place(row)}, field {column}: value {_cell_text(self.raw[column].iloc[row])!r}"
+        )
+
+
+def _cell_text(value: object) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    return str(value)
+
+
+def _empty_mask(column: pd.Series) -> np.ndarray:
+    """Cells that hold no value: NaN/None, blank text, or a textual NaN/null."""
+    if column.dtype == object or pd.api.types.is_string_dtype(column):
+        text = column.astype("string").str.strip().str.lower()
+        return (column.isna() | text.isin(EMPTY_TOKENS)).to_numpy(dtype=bool)
+    return column.isna().to_numpy(dtype=bool)
+
+
+def _parse_numeric(column: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values as float, empty mask, non-numeric mask)."""
+    empty = _empty_mask(column)
+    if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+        values = column.to_numpy(dtype=float, na_value=np.nan)
+        return values, empty | np.isnan(values), np.zeros(len(column), dtype=bool)
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    non_numeric = np.isnan(values) & ~empty
+    return values, empty, non_numeric
+
+
+def _parse_timestamps(
+    column: pd.Series,
+) -> tuple[pd.Series, np.ndarray, np.ndarray, np.ndarray]:
+    """(UTC timestamps, empty mask, unparseable mask, Unix seconds out of range mask)."""
+    n_rows = len(column)
+    out_of_range = np.zeros(n_rows, dtype=bool)
+    if isinstance(column.dtype, pd.DatetimeTZDtype):
+        stamps = column.dt.tz_convert("UTC")
+        return stamps, stamps.isna().to_numpy(), np.zeros(n_rows, dtype=bool), out_of_range
+    if pd.api.types.is_datetime64_dtype(column):
+        log.info("timestamps without a time zone are taken as UTC")
+        stamps = column.dt.tz_localize("UTC")
+        return stamps, stamps.isna().to_numpy(), np.zeros(n_rows, dtype=bool), out_of_range
+
+    empty = _empty_mask(column)
+    seconds, _, not_a_number = _parse_numeric(column)
+    is_seconds = ~empty & ~not_a_number
+    out_of_range = is_seconds & ~(
+        (seconds >= UNIX_SECONDS_RANGE[0]) & (seconds <= UNIX_SECONDS_RANGE[1])
+    )
+    stamps = pd.Series(pd.NaT, index=column.index, dtype="datetime64[ns, UTC]")
+    good_seconds = is_seconds & ~out_of_range
+    if good_seconds.any():
+        stamps[good_seconds] = pd.to_datetime(seconds[good_seconds], unit="s", utc=True)
+    text_rows = ~empty & not_a_number
+    if text_rows.any():
+        text = column[text_rows].astype(str).str.strip()
+        stamps[text_rows] = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
+    unparseable = text_rows & stamps.isna().to_numpy()
+    return stamps, empty, unparseable, out_of_range
+
+
+def clean_metrics(
+    raw: pd.DataFrame, *, source: str, cpu_util_percent: bool = False
+) -> CleanedMetrics:
+    """Validate and clean a contract-1 table; pure (logs, but reads and writes nothing).
+
+    `source` names the input in messages when `raw` did not come from `read_metrics`.
+    `cpu_util_percent=True` divides utilisation by 100 first (for tables in percent).
+
+    Raises `MetricsInputError` for input that is wrong as a whole: a missing required column,
+    no rows, utilisation in percent (unless `cpu_util_percent`), a column that is not numeric
+    in most rows, Unix timestamps in milliseconds, or no rows left after cleaning.
+
+    Drops rows, in this order, counting each under one reason: `blank_line`, `node_missing`,
+    `timestamp_missing`, `timestamp_unparseable`, `timestamp_out_of_range`,
+    `<field>_non_numeric`, `<field>_missing` (`cpu2_temp_c` may be empty), `power_w_negative`,
+    `power_w_zero`, `power_w_absurd` (> 20 kW), `cpu_util_out_of_range` (outside 0..1),
+    `<temperature>_out_of_range` (outside -40..150 C), `duplicate_timestamp` (same node and
+    timestamp as an earlier row, which is kept).
+    """
+    raw = raw.reset_index(drop=True)
+    from_reader = SOURCE_COLUMN in raw.columns and LINE_COLUMN in raw.columns
+    if not from_reader:
+        check_columns(raw.columns, where=source)
+        raw = raw.assign(**{SOURCE_COLUMN: source, LINE_COLUMN: np.arange(1, len(raw) + 1)})
+    if raw.empty:
+        raise MetricsInputError(f"{source} has no rows")
+    if "cpu2_temp_c" not in raw.columns:
+        log.info("%s has no cpu2_temp_c column: every node is taken as one-socket", source)
+        raw = raw.assign(cpu2_temp_c=np.nan)
+
+    source_of_row = raw[SOURCE_COLUMN].astype(str).to_numpy()
+    sources = list(dict.fromkeys(source_of_row))
+    drops = _Drops(raw, from_reader)
+
+    contract_cells = np.column_stack([_empty_mask(raw[c]) for c in CONTRACT_COLUMNS])
+    drops.drop("blank_line", contract_cells.all(axis=1), None)
+
+    node = raw["node"].astype("string").str.strip().fillna("").astype(object)
+    drops.drop("node_missing", (node == "").to_numpy(dtype=bool), "node")
+
+    stamps, empty, unparseable, out_of_range = _parse_timestamps(raw["timestamp"])
+    _refuse_milliseconds(out_of_range & drops.alive, drops, source_of_row)
+    drops.drop("timestamp_missing", empty, "timestamp")
+    drops.drop("timestamp_unparseable", unparseable, "timestamp")
+    drops.drop("timestamp_out_of_range", out_of_range, "timestamp", "Unix seconds 1970..2100")
+
+    values: dict[str, np.ndarray] = {}
+    for column in NUMERIC_COLUMNS:
+        numbers, empty, non_numeric = _parse_numeric(raw[column])
+        _refuse_non_numeric_column(column, non_numeric, empty, drops, source_of_row)
+        drops.drop(f"{column}_non_numeric", non_numeric, column)
+        if column not in OPTIONAL_COLUMNS:
+            drops.drop(f"{column}_missing", empty, column)
+        values[column] = numbers
+
+    util = values["cpu_util"]
+    if cpu_util_percent:
+        if np.nanmax(np.where(drops.alive, util, np.nan), initial=0.0) <= 1.0:
+            log.warning("cpu_util_percent is set but every cpu_util is <= 1: already fractions?")
+        util = util / 100.0
+        values["cpu_util"] = util
+    else:
+        _refuse_percent_utilisation(util, drops, source_of_row)
+
+    power_w = values["power_w"]
+    with np.errstate(invalid="ignore"):
+        drops.drop("power_w_negative", power_w < 0, "power_w")
+        drops.drop("power_w_zero", power_w == 0, "power_w", "a BMC reads 0 W when it has none")
+        drops.drop("power_w_absurd", power_w > MAX_POWER_W, "power_w", "over 20 kW")
+        drops.drop("cpu_util_out_of_range", ~((util >= 0) & (util <= 1)), "cpu_util", "0..1")
+        low_c, high_c = TEMPERATURE_RANGE_C
+        for column in TEMPERATURE_COLUMNS:
+            temp_c = values[column]
+            outside = ~np.isnan(temp_c) & ~((temp_c >= low_c) & (temp_c <= high_c))
+            drops.drop(f"{column}_out_of_range", outside, column, "-40..150 C")
+
+    frame = pd.DataFrame({"node": node, "timestamp": stamps, **values})[list(CONTRACT_COLUMNS)]
+    alive_index = np.flatnonzero(drops.alive)
+    duplicate = np.zeros(len(raw), dtype=bool)
+    repeated = frame.iloc[alive_index].duplicated(["node", "timestamp"], keep="first").to_numpy()
+    duplicate[alive_index[repeated]] = True
+    drops.drop("duplicate_timestamp", duplicate, "timestamp", "same node and timestamp as before")
+
+    kept = frame[drops.alive].sort_values(["node", "timestamp"], kind="stable")
+    kept = kept.reset_index(drop=True)
+    if kept.empty:
+        summary = ", ".join(f"{reason} {count}" for reason, count in drops.counts.items())
+        first = next(iter(drops.examples.values()), "")
+        raise MetricsInputError(
+            f"no rows left after cleaning {', '.join(sources)}: {len(raw)} read, "
+            f"dropped {summary}; first problem: {first}"
+        )
+    log.info(
+        "kept %d of %d rows (%d nodes) from %d source(s); dropped %d",
+        len(kept),
+        len(raw),
+        kept["node"].nunique(),
+        len(sources),
+        len(raw) - len(kept),
+    )
+    return CleanedMetrics(
+        frame=kept,
+        rows_read=len(raw),
+        dropped=drops.counts,
+        sources=sources,
+        examples=drops.examples,
+    )
+
+
+def _refuse_non_numeric_column(
+    column: str,
+    non_numeric: np.ndarray,
+    empty: np.ndarray,
+    drops: _Drops,
+    source_of_row: np.ndarray,
+) -> None:
+    """A column that is text in most rows of a file is the wrong column: say so, drop nothing."""
+    for source in np.unique(source_of_row[non_numeric]):
+        in_source = (source_of_row == source) & drops.alive
+        filled = int((in_source & ~empty).sum())
+        bad = in_source & non_numeric
+        if filled and bad.sum() > NON_NUMERIC_COLUMN_SHARE * filled:
+            first = int(np.argmax(bad))
+            raise MetricsInputError(
+                f"{drops.cell(first, column)} is not a number, and neither are "
+                f"{int(bad.sum())} of the {filled} non-empty {column} values in {source}: "
+                "is it the right column?"
+            )
+
+
+def _refuse_percent_utilisation(util: np.ndarray, drops: _Drops, source_of_row: np.ndarray) -> None:
+    """Utilisation in 0..100 would be dropped as 'above 1' (or, worse, partly kept): refuse it.
+
+    Values just above 1 are counter-rate glitches of fractional data, not percentages, so only
+    values in (1.5, 100] count as percent-like; a lone one among many rows is a glitch too.
+    """
+    with np.errstate(invalid="ignore"):
+        percent_like = drops.alive & (util > PERCENT_LIKE_ABOVE) & (util <= 100.0)
+        for source in np.unique(source_of_row[percent_like]):
+            in_source = (source_of_row == source) & drops.alive & ~np.isnan(util)
+            valid = int(in_source.sum())
+            suspects = percent_like & in_source
+            count = int(suspects.sum())
+            beyond_percent = int((in_source & ((util > 100.0) | (util < 0.0))).sum())
+            looks_percent = count == valid or (count >= 2 and count > PERCENT_ROWS_SHARE * valid)
+            if looks_percent and beyond_percent <= 0.01 * valid:
+                first = int(np.argmax(suspects))
+                raise MetricsInputError(
+                    f"{source}: cpu_util looks like a percentage (0..100), not a fraction 0..1: "
+                    f"{count} of {valid} values are above {PERCENT_LIKE_ABOVE:g}, "
+                    f"e.g. {drops.cell(first, 'cpu_util')}. Divide it by 100, or "
+                    "pass cpu_util_percent=True (training.fit: --cpu-util-percent)"
+                )
+
+
+def _refuse_milliseconds(
+    out_of_range: np.ndarray, drops: _Drops, source_of_row: np.ndarray
+) -> None:
+    """Unix timestamps in milliseconds would all be out of range: refuse with the fix."""
+    for source in np.unique(source_of_row[out_of_range]):
+        in_source = source_of_row == source
+        if out_of_range[in_source].mean() > 0.5:
+            first = int(np.argmax(out_of_range & in_source))
+            raise MetricsInputError(
+                f"{drops.cell(first, 'timestamp')} is not Unix seconds (1970..2100), "
+                f"and neither are most timestamps in {source}: milliseconds? "
+                "Give Unix seconds or RFC 3339"
+            )
