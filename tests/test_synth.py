@@ -163,7 +163,7 @@ def test_output_passes_cleaning_losing_only_sensor_dropouts(fleet: pd.DataFrame)
 
 
 def test_written_csv_and_parquet_load_back_identically(tmp_path: Path) -> None:
-    fleet = synth_fleet(4, 3.0, 60.0, seed=11)
+    fleet = synth_fleet(4, 0.5, 2.5, seed=11)  # half-second timestamps must survive CSV
     for name in ("fleet.csv", "fleet.parquet"):
         write_table(fleet, tmp_path / name)
     from_csv = load_metrics(tmp_path / "fleet.csv").frame

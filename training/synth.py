@@ -36,7 +36,7 @@ import pandas as pd
 
 from training.dataset import CONTRACT_COLUMNS
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("training.synth")
 
 SHAPES_FILE = "specpower_shapes.csv"
 SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
@@ -314,8 +314,10 @@ def write_table(frame: pd.DataFrame, out: Path) -> None:
     if suffix == ".parquet":
         frame.to_parquet(out, index=False)
     elif suffix == ".csv":
-        as_text = frame.assign(timestamp=frame["timestamp"].dt.strftime("%Y-%m-%dT%H:%M:%SZ"))
-        as_text.to_csv(out, index=False)
+        stamps = frame["timestamp"].dt.tz_convert("UTC")
+        has_fraction = bool((stamps != stamps.dt.floor("s")).any())
+        rfc3339 = "%Y-%m-%dT%H:%M:%S.%fZ" if has_fraction else "%Y-%m-%dT%H:%M:%SZ"
+        frame.assign(timestamp=stamps.dt.strftime(rfc3339)).to_csv(out, index=False)
     else:
         raise ValueError(f"--out must end in .parquet or .csv, got {out.name!r}")
 
