@@ -68,6 +68,19 @@ def _polynomial_in_util(degree: int, temp_degree: int = 1) -> Callable[[int], Re
     return make
 
 
+def _polynomial_in_util_only(degree: int) -> Callable[[int], RegressorMixin]:
+    def make(_seed: int) -> RegressorMixin:
+        columns = ColumnTransformer(
+            [("util_poly", PolynomialFeatures(degree, include_bias=False), [UTIL_COLUMN])],
+            remainder="drop",
+        )
+        return Pipeline(
+            [("terms", columns), ("scale", StandardScaler()), ("ridge", Ridge(RIDGE_ALPHA))]
+        )
+
+    return make
+
+
 def _gradient_boosting(seed: int) -> RegressorMixin:
     # subsample=0.5 (stochastic boosting) halves the fit time and regularises; leaves of at least
     # 20 rows keep the staircase in utilisation from following BMC noise downwards.
@@ -110,7 +123,17 @@ FAMILIES: dict[str, Family] = {
         ),
     )
 }
-DEFAULT_FAMILIES: tuple[str, ...] = tuple(FAMILIES)
+# Per-node candidates. `util3` ignores temperatures: it is what the fleet fallback falls back on,
+# because across different servers temperature mostly tells *which* server it is, and a pooled
+# model that learns that can bend its utilisation curve the wrong way for a node it never saw.
+UTIL_ONLY_FAMILY = "util3"
+FAMILIES[UTIL_ONLY_FAMILY] = Family(
+    UTIL_ONLY_FAMILY,
+    "smooth",
+    _polynomial_in_util_only(3),
+    "cubic in utilisation only, temperatures ignored (ridge)",
+)
+DEFAULT_FAMILIES: tuple[str, ...] = ("poly3", "poly5", "poly5t2", "gbr")
 
 
 def resolve_families(names: Sequence[str]) -> list[Family]:

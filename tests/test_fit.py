@@ -1,0 +1,223 @@
+"""training.fit end to end through its CLI, plus the checks it relies on.
+
+One small synthetic fleet is fitted once per module through `python -m training.fit` in a
+subprocess; the tests then read what it wrote: the bundle (through `read_bundle` and
+onnxruntime), report.json, report.txt and the plot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor.bundle import read_bundle
+from training.dataset import FEATURES
+from training.export import onnx_predict_w
+from training.families import DEFAULT_FAMILIES, FAMILIES, fit_family, thermal_slope_c_per_util
+from training.fit import (
+    FitSettings,
+    NodeRows,
+    choose_model,
+    fit_node,
+    heldout_start_index,
+    monotonic_verdict,
+)
+from training.synth import synth_fleet
+
+REPO = Path(__file__).resolve().parents[1]
+MIN_ROWS = 200
+LONELY = "node-lonely"
+
+
+def run_fit_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "training.fit", *args, "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict:
+    """A 3-node fleet (2 days at 120 s) plus a node with a single row, fitted via the CLI."""
+    work = tmp_path_factory.mktemp("fit")
+    fleet = synth_fleet(3, 48, 120, seed=3)
+    lonely = fleet.iloc[[0]].copy()
+    lonely["node"] = LONELY
+    table = pd.concat([fleet, lonely], ignore_index=True)
+    table["timestamp"] = table["timestamp"].map(lambda t: t.isoformat())
+    metrics = work / "metrics.csv"
+    table.to_csv(metrics, index=False)
+    out = work / "bundle"
+    completed = run_fit_cli(
+        "--input", str(metrics), "--out", str(out), "--min-rows", str(MIN_ROWS), "--jobs", "2"
+    )
+    assert completed.returncode == 0, completed.stderr
+    report_dir = work / "bundle-report"
+    return {
+        "out": out,
+        "report_dir": report_dir,
+        "report": json.loads((report_dir / "report.json").read_text()),
+        "input": pd.read_csv(metrics),
+    }
+
+
+def _node_frame(fitted: dict, node: str) -> pd.DataFrame:
+    frame = fitted["input"]
+    frame = frame[frame["node"] == node].dropna(subset=["ambient_temp_c", "cpu1_temp_c"]).copy()
+    frame["cpu2_temp_c"] = frame["cpu2_temp_c"].fillna(frame["cpu1_temp_c"])
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
+    return frame.sort_values("timestamp")
+
+
+def test_bundle_is_readable_and_onnx_reproduces_the_reported_error(fitted) -> None:
+    bundle = read_bundle(fitted["out"])
+    assert set(bundle.nodes) == {"node-01", "node-02", "node-03"}
+    assert bundle.features == FEATURES
+    assert bundle.feature_fill == {"cpu2_temp_c": "cpu1_temp_c"}
+    assert bundle.fallback is not None
+    assert bundle.manifest["training_window"]["start"] < bundle.manifest["training_window"]["end"]
+    for node, entry in bundle.nodes.items():
+        frame = _node_frame(fitted, node)
+        held_out = frame.iloc[heldout_start_index(len(frame), 0.2) :]
+        assert len(held_out) == entry.info["rows_test"]
+        predicted_w = onnx_predict_w(
+            (bundle.directory / entry.file).read_bytes(),
+            held_out[list(FEATURES)].to_numpy(np.float32),
+        )
+        # The manifest's MAE was computed with scikit-learn; ONNX must land within 0.01 W of it.
+        onnx_mae_w = float(np.mean(np.abs(predicted_w - held_out["power_w"].to_numpy())))
+        assert onnx_mae_w == pytest.approx(entry.info["metrics"]["mae_w"], abs=0.011)
+        assert entry.info["family"] in FAMILIES
+        assert entry.info["thermal"]["cpu1_temp_c_per_util"] > 5
+        low, high = entry.info["power_range_w"]
+        assert low == frame["power_w"].min() and high == frame["power_w"].max()
+
+
+def test_held_out_rows_are_the_newest(fitted) -> None:
+    for entry in fitted["report"]["nodes"]:
+        if entry["model"] != "own":
+            continue
+        frame = _node_frame(fitted, entry["node"])
+        n_test = math.ceil(len(frame) * 0.2)
+        assert entry["rows_test"] == n_test
+        assert entry["rows_train"] == len(frame) - n_test
+        newest = frame["timestamp"].iloc[-n_test:]
+        older = frame["timestamp"].iloc[:-n_test]
+        assert entry["test_window"][0] == newest.min().isoformat().replace("+00:00", "Z")
+        assert entry["test_window"][1] == newest.max().isoformat().replace("+00:00", "Z")
+        assert entry["train_window"][1] == older.max().isoformat().replace("+00:00", "Z")
+        assert entry["train_window"][1] < entry["test_window"][0]
+
+
+def test_single_row_node_uses_the_fallback_and_the_report_says_so(fitted) -> None:
+    report = fitted["report"]
+    assert report["fallback"]["min_rows"] == MIN_ROWS
+    assert report["fallback"]["nodes"] == [LONELY]
+    assert report["summary"]["nodes_fallback"] == [
+        {"node": LONELY, "reason": f"1 clean rows < --min-rows {MIN_ROWS}"}
+    ]
+    lonely = next(e for e in report["nodes"] if e["node"] == LONELY)
+    assert lonely["model"] == "fallback" and lonely["rows_test"] == 1
+    assert lonely["monotonic"]["verdict"] in {"pass", "fail"}
+    bundle = read_bundle(fitted["out"])
+    assert LONELY not in bundle.nodes
+    assert bundle.fallback.info["min_rows"] == MIN_ROWS
+    assert bundle.fallback.info["nodes"] == [LONELY]
+    table = (fitted["report_dir"] / "report.txt").read_text()
+    assert f"threshold {MIN_ROWS} rows" in table
+    assert f"{LONELY}" in table and "fallback: 1 clean rows" in table
+
+
+def test_report_table_json_and_plot_with_the_baseline_line(fitted) -> None:
+    report = fitted["report"]
+    table = (fitted["report_dir"] / "report.txt").read_text()
+    png = (fitted["report_dir"] / "predicted_vs_measured.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "idle-to-max line" in table and "line MAPE %" in table
+    for entry in report["nodes"]:
+        assert entry["node"] in table
+        if entry["model"] != "own":
+            continue
+        baseline = entry["baseline"]
+        assert baseline["idle_w"] < baseline["max_w"]
+        assert baseline["mape_pct"] > entry["metrics"]["mape_pct"]
+        assert entry["monotonic"]["verdict"] == "pass"
+        assert [c["family"] for c in entry["candidates"]] == list(DEFAULT_FAMILIES)
+        assert entry["parity_max_diff_w"] <= 0.01
+    summary = report["summary"]
+    assert summary["baseline_median_mape_pct"] > summary["median_mape_pct"]
+    assert summary["parity_pass"] == summary["parity_checked"] == 3
+    assert "node_missing" in report["input"]["dropped"] or report["input"]["dropped"]
+    # The bundle stays small: the report lives beside it, not inside it.
+    assert sorted(p.suffix for p in fitted["out"].iterdir()) == [".json"] + [".onnx"] * 4
+
+
+def _falling_rows(n: int = 600) -> NodeRows:
+    """A node whose measured power falls as utilisation rises (a broken meter, say)."""
+    rng = np.random.default_rng(5)
+    util = rng.uniform(0, 1, n)
+    ambient = 22 + rng.normal(0, 1, n)
+    cpu1 = ambient + 20 + 25 * util
+    features = np.column_stack([util, ambient, cpu1, cpu1]).astype(np.float32)
+    power_w = 300 - 150 * util + rng.normal(0, 1, n)
+    return NodeRows("node-falling", np.arange(n) * 60.0, features, power_w)
+
+
+def test_monotonicity_check_catches_a_decreasing_model() -> None:
+    rows = _falling_rows()
+    model = fit_family(FAMILIES["poly3"], rows.features, rows.power_w, seed=0)
+    check = monotonic_verdict(model, np.median(rows.features, axis=0), tolerance_w=0.05)
+    assert check["verdict"] == "fail"
+    # part of the fall is credited to the CPU temperature, which follows load
+    assert check["max_drop_w"] > 20
+
+    settings = FitSettings(min_rows=100)
+    chosen, _, candidates, _ = choose_model(
+        rows.take(slice(0, 480)), rows.take(slice(480, None)), settings
+    )
+    assert chosen is None
+    assert {c["monotonic"] for c in candidates} == {"fail"}
+
+    outcome = fit_node(rows, settings)
+    assert outcome.onnx is None
+    assert outcome.fallback_reason == "no family passed the monotonicity check"
+
+
+def test_a_dipping_best_family_gives_way_to_the_next() -> None:
+    rows = _falling_rows()
+    rising = NodeRows(rows.node, rows.time_s, rows.features, 100 + 150 * rows.features[:, 0])
+    outcome = fit_node(rising, FitSettings(min_rows=100, families=("poly3", "poly5")))
+    assert outcome.family in {"poly3", "poly5"}
+    assert outcome.monotonic["verdict"] == "pass"
+    assert outcome.metrics["mape_pct"] < 0.1
+
+
+def test_thermal_slope_recovers_a_known_slope() -> None:
+    rng = np.random.default_rng(2)
+    util = rng.uniform(0, 1, 2000)
+    ambient = 20 + 5 * rng.uniform(0, 1, 2000)
+    cpu = 15 + ambient + 28.0 * util + rng.normal(0, 0.5, 2000)
+    assert thermal_slope_c_per_util(util, ambient, cpu) == pytest.approx(28.0, abs=0.2)
+    assert thermal_slope_c_per_util(np.full(50, 0.3), ambient[:50], cpu[:50]) is None
+
+
+def test_cli_rejects_an_unknown_family_in_one_line(tmp_path) -> None:
+    metrics = tmp_path / "m.csv"
+    synth_fleet(1, 2, 60, seed=1).to_csv(metrics, index=False)
+    completed = run_fit_cli(
+        "--input", str(metrics), "--out", str(tmp_path / "b"), "--families", "poly3,spline"
+    )
+    assert completed.returncode == 2
+    assert "unknown model family spline" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert not (tmp_path / "b").exists()
