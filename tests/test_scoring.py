@@ -1,0 +1,383 @@
+"""Scores and filter verdicts over real curve tables (real ONNX models through onnxruntime)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from extender.protocol import encode, prioritize_result
+from extender.scoring import (
+    ENERGY_SCORES,
+    EnergyLevel,
+    ScoringWeights,
+    assess,
+    energy_level_of,
+    max_power_of,
+)
+from extender.state import ClusterState, NodeInfo
+from predictor.curves import UTIL_GRID, CurveBuilder, CurveTable
+from predictor.model import Predictor
+from tests.support.bundles import PowerCurveSpec, make_bundle
+
+NOW_S = 1_700_000_000.0
+TTL_S = 90.0
+FLOAT32_W = 0.05  # float32 inference error of the exact fits, watts
+
+# Linear curves: the increase of one core on an 8-core node is (max - idle) / 8.
+CURVES = {
+    "steep": PowerCurveSpec(100.0, 400.0),  # 300 W per unit u -> 37.5 W per core
+    "mid": PowerCurveSpec(100.0, 300.0),  # 25 W per core
+    "mid-plus": PowerCurveSpec(100.0, 320.0),  # 27.5 W per core
+    "flat": PowerCurveSpec(80.0, 180.0),  # 12.5 W per core
+    "twin": PowerCurveSpec(80.0, 180.0),
+    # Cubic: the increase grows with load, so assumed load shifts where the next pod goes.
+    "convex-a": PowerCurveSpec(60.0, 210.0, exponent=3),  # flattest
+    "convex-b": PowerCurveSpec(70.0, 270.0, exponent=3),
+    "convex-c": PowerCurveSpec(80.0, 330.0, exponent=3),
+}
+
+
+def telemetry(util: float) -> dict[str, float]:
+    return {"cpu_util": util, "ambient_temp_c": 22.0, "cpu1_temp_c": 50.0}
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
+    directory: Path = tmp_path_factory.mktemp("scoring") / "bundle"
+    make_bundle(directory, CURVES)
+    return Predictor.load(directory)
+
+
+def make_state(nodes: dict[str, dict], util: float = 0.3) -> ClusterState:
+    """Nodes (name -> labels/annotations/allocatable), all with fresh telemetry at `util`."""
+    state = ClusterState()
+    state.replace_nodes(
+        NodeInfo(
+            name,
+            spec.get("cpu", 8.0),
+            spec.get("labels", {}),
+            spec.get("annotations", {}),
+        )
+        for name, spec in nodes.items()
+    )
+    for name, spec in nodes.items():
+        if spec.get("telemetry", True):
+            state.set_telemetry(name, telemetry(spec.get("util", util)), NOW_S - 5)
+    return state
+
+
+def curves_for(predictor: Predictor, state: ClusterState) -> CurveTable:
+    _, snapshot = state.telemetry_snapshot()
+    return CurveBuilder().build(predictor, {n: v for n, (v, _) in snapshot.items()}, None)
+
+
+def run(predictor, state, candidates, demand_cores=1.0, weights=None, ttl_s=TTL_S, now_s=NOW_S):
+    return assess(
+        state.view(now_s),
+        curves_for(predictor, state),
+        candidates,
+        demand_cores,
+        weights or ScoringWeights(),
+        now_s=now_s,
+        telemetry_ttl_s=ttl_s,
+    )
+
+
+def test_smallest_increase_scores_10_and_order_follows_increase(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "mid": {}, "flat": {}})
+    result = run(predictor, state, ["steep", "mid", "flat"])
+    np.testing.assert_allclose(result.increase_w, [37.5, 25.0, 12.5], atol=FLOAT32_W)
+    np.testing.assert_allclose(result.d, [1 / 8] * 3)
+    np.testing.assert_allclose(result.power_score, [0.0, 5.0, 10.0], atol=0.01)
+    # Grid power everywhere: energy score 10, final = 0.7 * power + 3.
+    assert result.host_scores() == [("steep", 3), ("mid", 7), ("flat", 10)]
+    assert result.failed == {}
+    np.testing.assert_allclose(result.power_before_w, [190.0, 160.0, 110.0], atol=FLOAT32_W)
+    np.testing.assert_allclose(
+        result.power_after_w - result.power_before_w, result.increase_w, atol=1e-9
+    )
+
+
+def test_scores_are_python_ints_and_encode_as_json_integers(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "mid": {}, "flat": {}})
+    result = run(predictor, state, ["steep", "mid", "flat"])
+    assert all(type(score) is int for _, score in result.host_scores())
+    decoded = orjson.loads(encode(prioritize_result(result.host_scores())))
+    assert all(type(entry["Score"]) is int and 0 <= entry["Score"] <= 10 for entry in decoded)
+    assert b"." not in encode(prioritize_result(result.host_scores()))
+
+
+def test_node_without_telemetry_gets_the_lowest_power_score(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "flat": {}, "mid": {"telemetry": False}})
+    result = run(predictor, state, ["steep", "flat", "mid"])
+    mid = 2
+    assert not result.has_telemetry[mid]
+    assert result.power_score[mid] == 0.0
+    assert result.power_score[mid] <= result.power_score.min()
+    assert result.score[mid] < result.score.max()
+    assert "mid" not in result.failed  # passes the filter
+    assert result.no_telemetry_nodes == 1
+    assert math.isnan(result.increase_w[mid])
+    assert result.explain()[mid]["note"] == "no telemetry: lowest power score"
+
+
+def test_stale_telemetry_counts_as_none(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "flat": {}})
+    state.set_telemetry("flat", telemetry(0.3), NOW_S - 600)  # 10 minutes old
+    stale = run(predictor, state, ["steep", "flat"], ttl_s=TTL_S)
+    assert stale.has_telemetry.tolist() == [True, False]
+    assert stale.power_score.tolist() == [10.0, 0.0]
+    assert stale.no_telemetry_nodes == 1
+    assert stale.explain()[1]["note"].startswith("telemetry stale (600 s old)")
+    # A snapshot never goes stale.
+    fixed = run(predictor, state, ["steep", "flat"], ttl_s=None)
+    assert fixed.has_telemetry.tolist() == [True, True]
+    assert fixed.host_scores()[1] == ("flat", 10)
+
+
+def test_node_without_a_curve_is_counted_and_scored_lowest(predictor: Predictor) -> None:
+    # "orphan" has telemetry but no model (the bundle has no fallback).
+    state = make_state({"flat": {}, "steep": {}, "orphan": {}})
+    result = run(predictor, state, ["flat", "steep", "orphan"])
+    assert result.has_telemetry.tolist() == [True, True, True]
+    assert result.has_curve.tolist() == [True, True, False]
+    assert result.no_curve_nodes == 1
+    assert result.power_score[2] == 0.0
+    assert result.host_scores()[0] == ("flat", 10)
+
+
+def test_unknown_names_score_0_and_pass(predictor: Predictor) -> None:
+    state = make_state({"flat": {}, "steep": {}})
+    result = run(predictor, state, ["ghost", "flat", "steep"])
+    assert result.host_scores()[0] == ("ghost", 0)
+    assert result.unknown_nodes == 1
+    assert result.passes() == [True, True, True]
+    assert result.host_scores()[1] == ("flat", 10)
+
+
+def test_powerless_nodes_fail_the_filter(predictor: Predictor) -> None:
+    state = make_state({"flat": {"labels": {"energy-status": "powerless"}}, "steep": {}})
+    result = run(predictor, state, ["flat", "steep"])
+    assert result.failed == {"flat": "energy-status is powerless (0-15 % stored energy)"}
+    assert result.passes() == [False, True]
+
+
+def test_max_power_annotation_fails_with_both_numbers(predictor: Predictor) -> None:
+    # steep: 190 W at u=0.3, 227.5 W after one core.
+    state = make_state(
+        {
+            "steep": {"annotations": {"power-aware-scheduler/max-power-w": "200"}},
+            "mid": {"annotations": {"power-aware-scheduler/max-power-w": "500"}},
+        }
+    )
+    result = run(predictor, state, ["steep", "mid"])
+    assert list(result.failed) == ["steep"]
+    assert result.failed["steep"] == (
+        "predicted power after placement 227.5 W exceeds power-aware-scheduler/max-power-w 200 W"
+    )
+
+
+def test_nodes_without_telemetry_pass_even_with_a_max_power(predictor: Predictor) -> None:
+    state = make_state(
+        {"steep": {"telemetry": False, "annotations": {"power-aware-scheduler/max-power-w": "1"}}}
+    )
+    assert run(predictor, state, ["steep"]).failed == {}
+
+
+def test_all_equal_increases_all_score_best(predictor: Predictor) -> None:
+    state = make_state({"flat": {}, "twin": {}})
+    result = run(predictor, state, ["flat", "twin"])
+    assert result.power_score.tolist() == [10.0, 10.0]
+    assert result.host_scores() == [("flat", 10), ("twin", 10)]
+
+
+def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> None:
+    # mid: 25 W per core but low-powered; mid-plus: 27.5 W and well-powered; steep: 37.5 W.
+    nodes = {
+        "mid": {"labels": {"energy-status": "low-powered"}},
+        "mid-plus": {"labels": {"energy-status": "well-powered"}},
+        "steep": {},
+    }
+    result = run(predictor, make_state(nodes), ["mid", "mid-plus", "steep"])
+    assert result.increase_w[0] < result.increase_w[1] < result.increase_w[2]
+    np.testing.assert_allclose(result.power_score, [10.0, 8.0, 0.0], atol=0.01)
+    np.testing.assert_allclose(result.energy_score, [3.0, 10.0, 10.0])
+    # 0.7 * 10 + 0.3 * 3 = 7.9 -> 8 ; 0.7 * 8 + 0.3 * 10 = 8.6 -> 9
+    assert result.host_scores() == [("mid", 8), ("mid-plus", 9), ("steep", 3)]
+    # With power alone, the smaller increase wins again.
+    power_only = run(
+        predictor, make_state(nodes), ["mid", "mid-plus"], weights=ScoringWeights(1.0, 0.0)
+    )
+    assert power_only.host_scores() == [("mid", 10), ("mid-plus", 0)]
+
+
+def test_energy_levels_from_labels() -> None:
+    assert energy_level_of({}) == EnergyLevel.GRID
+    assert energy_level_of(None) == EnergyLevel.GRID
+    assert energy_level_of({"energy-status": "well-powered"}) == EnergyLevel.WELL_POWERED
+    assert energy_level_of({"energy-status": "vulnerable"}) == EnergyLevel.VULNERABLE
+    assert energy_level_of({"energy-status": "low-powered"}) == EnergyLevel.LOW_POWERED
+    assert energy_level_of({"energy-status": "powerless"}) == EnergyLevel.POWERLESS
+    assert energy_level_of({"energy-status": "Solar"}) == EnergyLevel.UNKNOWN
+    scores = ENERGY_SCORES
+    assert scores[EnergyLevel.GRID] == scores[EnergyLevel.WELL_POWERED] == 10
+    assert scores[EnergyLevel.UNKNOWN] == scores[EnergyLevel.VULNERABLE]
+    assert (
+        scores[EnergyLevel.WELL_POWERED]
+        > scores[EnergyLevel.VULNERABLE]
+        > scores[EnergyLevel.LOW_POWERED]
+        > scores[EnergyLevel.POWERLESS]
+    )
+
+
+def test_max_power_annotation_parsing() -> None:
+    key = "power-aware-scheduler/max-power-w"
+    assert max_power_of({key: "450"}) == 450.0
+    assert max_power_of({key: "312.5"}) == 312.5
+    for bad in ("", "lots", "-5", "0", "nan", "inf"):
+        assert math.isnan(max_power_of({key: bad})), bad
+    assert math.isnan(max_power_of({}))
+
+
+def test_unknown_energy_label_is_counted_and_scored_like_vulnerable(predictor: Predictor) -> None:
+    state = make_state({"flat": {"labels": {"energy-status": "solar-ish"}}})
+    result = run(predictor, state, ["flat"])
+    assert result.unknown_energy_labels == 1
+    assert result.energy_score[0] == 6.0
+    assert result.failed == {}
+    assert result.explain()[0]["energy_level"] == "unknown"
+
+
+def grid_table(slopes_w: dict[str, float]) -> CurveTable:
+    """A real CurveTable over exact linear curves (no inference error), for tiny differences."""
+    names = tuple(slopes_w)
+    grid = np.array([100.0 + slope * UTIL_GRID for slope in slopes_w.values()])
+    return CurveTable(
+        version="test",
+        names=names,
+        power_w_grid=grid,
+        util_now=np.full(len(names), 0.3),
+        model_kind=("own",) * len(names),
+        feature_rows=np.zeros((len(names), 4), dtype=np.float32),
+    )
+
+
+def test_tiny_pods_do_not_tie() -> None:
+    # 10m on a 64-core node: d = 1/6400. Slopes 640.0 and 640.64 W per unit u give increases of
+    # 0.1 W and 0.1001 W; and a third node 0.01 W above the first.
+    state = make_state(
+        {"a": {"cpu": 64.0}, "b": {"cpu": 64.0}, "c": {"cpu": 64.0}},
+    )
+    table = grid_table({"a": 640.0, "b": 640.64, "c": 704.0})
+    result = assess(
+        state.view(NOW_S), table, ["a", "b", "c"], 0.01, now_s=NOW_S, telemetry_ttl_s=TTL_S
+    )
+    np.testing.assert_allclose(result.increase_w, [0.1, 0.1001, 0.11], rtol=1e-9)
+    assert result.increase_w[2] - result.increase_w[0] == pytest.approx(0.01)
+    scores = dict(result.host_scores())
+    assert scores["a"] == 10
+    assert scores["c"] == 3
+    assert scores["a"] > scores["c"]
+    assert len(set(result.power_score.tolist())) == 3
+
+
+def test_a_0_01_watt_difference_between_min_and_max_still_ranks() -> None:
+    state = make_state({"a": {}, "b": {}})
+    # d = 1/8; slopes differ by 0.08 W per unit u -> increases differ by 0.01 W.
+    table = grid_table({"a": 200.0, "b": 200.08})
+    result = assess(state.view(NOW_S), table, ["a", "b"], 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S)
+    assert result.increase_w[1] - result.increase_w[0] == pytest.approx(0.01)
+    assert result.host_scores() == [("a", 10), ("b", 3)]
+
+
+def test_recently_bound_pods_raise_the_increase_and_spread_a_burst(predictor: Predictor) -> None:
+    state = make_state({"convex-a": {}, "convex-b": {}, "convex-c": {}}, util=0.2)
+    table = curves_for(predictor, state)
+    chosen = []
+    for i in range(20):
+        now_s = NOW_S + i
+        result = assess(
+            state.view(now_s),
+            table,
+            ["convex-a", "convex-b", "convex-c"],
+            1.0,
+            now_s=now_s,
+            telemetry_ttl_s=TTL_S,
+        )
+        best = max(result.host_scores(), key=lambda pair: pair[1])[0]
+        chosen.append(best)
+        state.pod_bound(best, f"burst-{i}", 1.0, now_s)
+    assert len(set(chosen)) == 3, chosen
+    view = state.view(NOW_S + 20)
+    assert view.assumed_cpu.sum() == 20.0
+    # The flattest curve takes the first pods, then the burst spreads as its load rises.
+    assert chosen[0] == "convex-a"
+    counts = {node: chosen.count(node) for node in ("convex-a", "convex-b", "convex-c")}
+    assert counts["convex-a"] > max(counts["convex-b"], counts["convex-c"]) > 0, chosen
+
+
+def test_assumed_load_moves_the_operating_point(predictor: Predictor) -> None:
+    state = make_state({"convex-a": {}}, util=0.2)
+    before = run(predictor, state, ["convex-a"])
+    state.pod_bound("convex-a", "uid-1", 2.0, NOW_S - 1)
+    after = run(predictor, state, ["convex-a"])
+    assert after.a[0] == pytest.approx(0.25)
+    assert after.increase_w[0] > before.increase_w[0]
+    spec = CURVES["convex-a"]
+    expected = spec.power_w(0.2 + 0.25 + 0.125, 50.0) - spec.power_w(0.2 + 0.25, 50.0)
+    assert after.increase_w[0] == pytest.approx(float(expected), abs=FLOAT32_W)
+
+
+def test_node_objects_use_the_request_labels_and_view_telemetry(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "flat": {}})
+    nodes = [
+        NodeInfo("steep", 8.0, {}, {}),
+        NodeInfo("flat", 8.0, {"energy-status": "powerless"}, {}),
+        NodeInfo("mid", 8.0, {}, {}),  # in the request only: no telemetry
+    ]
+    result = run(predictor, state, nodes)
+    assert result.names == ("steep", "flat", "mid")
+    assert result.known.tolist() == [True, True, True]
+    assert result.failed == {"flat": "energy-status is powerless (0-15 % stored energy)"}
+    assert result.has_telemetry.tolist() == [True, True, False]
+    assert result.no_telemetry_nodes == 1
+
+
+def test_no_curves_at_all_and_empty_candidates(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "flat": {}})
+    result = assess(
+        state.view(NOW_S), None, ["steep", "flat"], 1.0, now_s=NOW_S, telemetry_ttl_s=None
+    )
+    assert result.power_score.tolist() == [0.0, 0.0]
+    assert result.host_scores() == [("steep", 3), ("flat", 3)]
+    assert result.no_curve_nodes == 2
+    empty = assess(state.view(NOW_S), None, [], 1.0, now_s=NOW_S, telemetry_ttl_s=None)
+    assert empty.host_scores() == []
+    assert empty.failed == {}
+
+
+def test_explain_records_carry_the_inputs(predictor: Predictor) -> None:
+    state = make_state({"steep": {}, "flat": {}})
+    record = run(predictor, state, ["steep", "flat"]).explain()[1]
+    assert record["node"] == "flat"
+    assert record["u"] == pytest.approx(0.3)
+    assert record["a"] == 0.0
+    assert record["d"] == 0.125
+    assert record["increase_w"] == pytest.approx(12.5, abs=FLOAT32_W)
+    assert record["score"] == 10
+    assert record["energy_level"] == "grid"
+    assert orjson.loads(orjson.dumps(record)) == record
+
+
+def test_bad_weights_and_demand_are_refused() -> None:
+    with pytest.raises(ValueError, match="power must be finite and >= 0"):
+        ScoringWeights(power=-1.0)
+    with pytest.raises(ValueError, match="must not both be 0"):
+        ScoringWeights(power=0.0, energy=0.0)
+    state = make_state({"flat": {}})
+    with pytest.raises(ValueError, match="demand_cores"):
+        assess(state.view(NOW_S), None, ["flat"], math.nan, now_s=NOW_S, telemetry_ttl_s=None)
