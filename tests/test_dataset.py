@@ -258,6 +258,24 @@ def test_nothing_left_after_cleaning_says_why(tmp_path: Path) -> None:
     assert f"file {path}, line 2, field power_w: value '-3'" in message
 
 
+def test_timestamp_column_that_is_mostly_not_times_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dates_us.csv"
+    path.write_text(
+        "node,timestamp,cpu_util,ambient_temp_c,cpu1_temp_c,power_w\n"
+        "a,01/05/2026 00:00,0.5,20,40,100\n"
+        "a,01/05/2026 00:01,0.5,20,40,100\n"
+        "a,2026-01-05T00:02:00Z,0.5,20,40,100\n"
+    )
+    with pytest.raises(MetricsInputError) as caught:
+        load_metrics(path)
+    assert_error_says(
+        caught,
+        f"file {path}, line 2, field timestamp: value '01/05/2026 00:00' is not an RFC 3339 time",
+        "so are 2 of the 3 non-empty timestamp values",
+        "right column",
+    )
+
+
 def test_unix_milliseconds_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "ms.csv"
     path.write_text(

@@ -49,7 +49,8 @@ TEMPERATURE_RANGE_C = (-40.0, 150.0)  # what BMC sensors can physically report
 # Unix seconds from 1970 to 2100; larger numbers are usually milliseconds.
 UNIX_SECONDS_RANGE = (0.0, 4_102_444_800.0)
 # A column that fails to parse in most of its non-empty cells is the wrong column, not noise.
-NON_NUMERIC_COLUMN_SHARE = 0.5
+MOSTLY_BAD_COLUMN_SHARE = 0.5
+RIGHT_COLUMN = "is it the right column?"
 # Utilisation is in percent when more than this share of values lies in (1.5, 100].
 PERCENT_ROWS_SHARE = 0.05
 PERCENT_LIKE_ABOVE = 1.5
@@ -272,8 +273,8 @@ def clean_metrics(
     `cpu_util_percent=True` divides utilisation by 100 first (for tables in percent).
 
     Raises `MetricsInputError` for input that is wrong as a whole: a missing required column,
-    no rows, utilisation in percent (unless `cpu_util_percent`), a column that is not numeric
-    in most rows, Unix timestamps in milliseconds, or no rows left after cleaning.
+    no rows, utilisation in percent (unless `cpu_util_percent`), a column that does not parse
+    (as numbers, as times) in most rows, Unix timestamps in milliseconds, or no rows left.
 
     Drops rows, in this order, counting each under one reason: `blank_line`, `node_missing`,
     `timestamp_missing`, `timestamp_unparseable`, `timestamp_out_of_range`,
@@ -304,7 +305,11 @@ def clean_metrics(
     drops.drop("node_missing", (node == "").to_numpy(dtype=bool), "node")
 
     stamps, empty, unparseable, out_of_range = _parse_timestamps(raw["timestamp"])
-    _refuse_milliseconds(out_of_range & drops.alive, drops, source_of_row)
+    for bad, problem, hint in (
+        (unparseable, "is not an RFC 3339 time", RIGHT_COLUMN),
+        (out_of_range, "is not Unix seconds (1970..2100)", "milliseconds? Give Unix seconds"),
+    ):
+        _refuse_mostly_bad_column("timestamp", bad, empty, drops, source_of_row, problem, hint)
     drops.drop("timestamp_missing", empty, "timestamp")
     drops.drop("timestamp_unparseable", unparseable, "timestamp")
     drops.drop("timestamp_out_of_range", out_of_range, "timestamp", "Unix seconds 1970..2100")
@@ -312,7 +317,9 @@ def clean_metrics(
     values: dict[str, np.ndarray] = {}
     for column in NUMERIC_COLUMNS:
         numbers, empty, non_numeric = _parse_numeric(raw[column])
-        _refuse_non_numeric_column(column, non_numeric, empty, drops, source_of_row)
+        _refuse_mostly_bad_column(
+            column, non_numeric, empty, drops, source_of_row, "is not a number", RIGHT_COLUMN
+        )
         drops.drop(f"{column}_non_numeric", non_numeric, column)
         if column not in OPTIONAL_COLUMNS:
             drops.drop(f"{column}_missing", empty, column)
@@ -372,24 +379,26 @@ def clean_metrics(
     )
 
 
-def _refuse_non_numeric_column(
+def _refuse_mostly_bad_column(
     column: str,
-    non_numeric: np.ndarray,
+    bad: np.ndarray,
     empty: np.ndarray,
     drops: _Drops,
     source_of_row: np.ndarray,
+    problem: str,
+    hint: str,
 ) -> None:
-    """A column that is text in most rows of a file is the wrong column: say so, drop nothing."""
-    for source in np.unique(source_of_row[non_numeric]):
+    """A column that fails in most non-empty rows of a file is the wrong column (or unit), not
+    noise: refuse it with an example instead of dropping the whole file row by row."""
+    for source in np.unique(source_of_row[bad & drops.alive]):
         in_source = (source_of_row == source) & drops.alive
         filled = int((in_source & ~empty).sum())
-        bad = in_source & non_numeric
-        if filled and bad.sum() > NON_NUMERIC_COLUMN_SHARE * filled:
-            first = int(np.argmax(bad))
+        bad_in_source = in_source & bad
+        if filled and bad_in_source.sum() > MOSTLY_BAD_COLUMN_SHARE * filled:
+            first = int(np.argmax(bad_in_source))
             raise MetricsInputError(
-                f"{drops.cell(first, column)} is not a number, and neither are "
-                f"{int(bad.sum())} of the {filled} non-empty {column} values in {source}: "
-                "is it the right column?"
+                f"{drops.cell(first, column)} {problem}; so are {int(bad_in_source.sum())} of "
+                f"the {filled} non-empty {column} values in {source}: {hint}"
             )
 
 
@@ -416,18 +425,3 @@ def _refuse_percent_utilisation(util: np.ndarray, drops: _Drops, source_of_row: 
                     f"e.g. {drops.cell(first, 'cpu_util')}. Divide it by 100, or "
                     "pass cpu_util_percent=True (training.fit: --cpu-util-percent)"
                 )
-
-
-def _refuse_milliseconds(
-    out_of_range: np.ndarray, drops: _Drops, source_of_row: np.ndarray
-) -> None:
-    """Unix timestamps in milliseconds would all be out of range: refuse with the fix."""
-    for source in np.unique(source_of_row[out_of_range]):
-        in_source = source_of_row == source
-        if out_of_range[in_source].mean() > 0.5:
-            first = int(np.argmax(out_of_range & in_source))
-            raise MetricsInputError(
-                f"{drops.cell(first, 'timestamp')} is not Unix seconds (1970..2100), "
-                f"and neither are most timestamps in {source}: milliseconds? "
-                "Give Unix seconds or RFC 3339"
-            )
