@@ -22,10 +22,8 @@ def kube() -> Iterator[FakeKube]:
 
 
 @pytest.fixture
-def core(kube: FakeKube) -> Iterator[client.CoreV1Api]:
-    api_client = kube.api_client()
-    yield client.CoreV1Api(api_client)
-    api_client.close()
+def core(kube: FakeKube) -> client.CoreV1Api:
+    return kube.core_v1()
 
 
 def status_of(error: ApiException) -> dict[str, Any]:

@@ -422,6 +422,7 @@ class FakeKube:
         self._requests: list[RecordedRequest] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._clients: list[kubernetes.client.ApiClient] = []
         for name in namespaces:
             self.create("namespaces", {"metadata": {"name": name}})
 
@@ -438,6 +439,8 @@ class FakeKube:
         return self
 
     def stop(self) -> None:
+        for api_client in self._clients:
+            api_client.close()
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
@@ -463,7 +466,14 @@ class FakeKube:
         return kubernetes.client.Configuration(host=self.url)
 
     def api_client(self) -> kubernetes.client.ApiClient:
-        return kubernetes.client.ApiClient(self.configuration())
+        """A new client for this server; closed by `stop()`."""
+        api_client = kubernetes.client.ApiClient(self.configuration())
+        self._clients.append(api_client)
+        return api_client
+
+    def core_v1(self) -> kubernetes.client.CoreV1Api:
+        """The official CoreV1Api pointed at this server."""
+        return kubernetes.client.CoreV1Api(self.api_client())
 
     # ---- test hooks -----------------------------------------------------------------------
 

@@ -1,0 +1,307 @@
+"""ClusterWatcher against the fake API server, through the official client, end to end.
+
+Waits are bounded polling loops on the state (never assertions on how fast it happened).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+from kubernetes import client
+
+from extender.kube import ClusterWatcher, node_info_from_object, pod_bound_at_s
+from extender.scoring import EnergyLevel
+from extender.state import ClusterState
+from tests.support.fake_kube import FakeKube
+
+WAIT_S = 20.0
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for: {what}")
+        time.sleep(0.02)
+
+
+def node(name: str, cpu: str = "8", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "status": {"allocatable": {"cpu": cpu, "memory": "32Gi"}},
+    }
+
+
+def pod(
+    name: str,
+    node_name: str | None,
+    cpu: str = "500m",
+    scheduled_at: datetime | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "app", "image": "x", "resources": {"requests": {"cpu": cpu}}}],
+        },
+    }
+    if scheduled_at is not None:
+        stamp = scheduled_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}],
+        }
+    return body
+
+
+def assumed_cpu(state: ClusterState, node_name: str) -> float:
+    view = state.view(time.time())
+    position = view.node(node_name)
+    return float(view.assumed_cpu[position]) if position >= 0 else float("nan")
+
+
+def energy(state: ClusterState, node_name: str) -> EnergyLevel | None:
+    view = state.view(time.time())
+    position = view.node(node_name)
+    return EnergyLevel(int(view.energy_level[position])) if position >= 0 else None
+
+
+def count_lists(kube: FakeKube) -> int:
+    return sum(1 for r in kube.requests if r.method == "GET" and not r.query.get("watch"))
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as server:
+        yield server
+
+
+@pytest.fixture
+def api(kube: FakeKube) -> client.CoreV1Api:
+    return kube.core_v1()
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    return ClusterState(assumed_window_s=600.0)
+
+
+@pytest.fixture
+def watcher(api: client.CoreV1Api, state: ClusterState) -> Iterator[ClusterWatcher]:
+    # A short server-side watch timeout makes the tests cross several watch restarts too.
+    cluster_watcher = ClusterWatcher(
+        api, state, resync_backoff_s=0.05, max_backoff_s=0.2, watch_timeout_s=2
+    )
+    yield cluster_watcher
+    cluster_watcher.stop()
+
+
+def test_initial_list_fills_the_state(
+    kube: FakeKube, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a", "16", {"energy-status": "low-powered"}))
+    kube.create("nodes", node("node-b", "3500m"))
+    kube.create("pods", pod("web", "node-a", cpu="1500m"))
+    assert not watcher.healthy and watcher.last_sync_at_s is None
+
+    watcher.start()
+    wait_until(lambda: watcher.healthy, "the watcher to sync")
+    wait_until(lambda: sorted(state.node_names()) == ["node-a", "node-b"], "both nodes")
+    view = state.view(time.time())
+    np.testing.assert_allclose(view.allocatable_cpu[view.index_of(["node-a", "node-b"])], [16, 3.5])
+    assert energy(state, "node-a") == EnergyLevel.LOW_POWERED
+    assert energy(state, "node-b") == EnergyLevel.GRID
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(1.5), "the bound pod")
+    assert watcher.last_sync_at_s is not None
+    # The pod list asked the server for bound, non-terminal pods only.
+    pod_lists = [r for r in kube.requests if r.path == "/api/v1/pods"]
+    assert pod_lists[0].query["fieldSelector"] == [
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    ]
+
+
+def test_node_changes_and_deletions_follow(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a", labels={"energy-status": "well-powered"}))
+    kube.create("nodes", node("node-b"))
+    watcher.start()
+    wait_until(lambda: len(state.node_names()) == 2, "the initial nodes")
+
+    api.patch_node("node-a", {"metadata": {"labels": {"energy-status": "powerless"}}})
+    wait_until(lambda: energy(state, "node-a") == EnergyLevel.POWERLESS, "the label change")
+    api.create_node(node("node-c", "2"))
+    wait_until(lambda: "node-c" in state.node_names(), "the new node")
+    api.delete_node("node-b")
+    wait_until(lambda: "node-b" not in state.node_names(), "the deletion")
+    assert sorted(state.node_names()) == ["node-a", "node-c"]
+
+
+def test_bound_pod_adds_assumed_load_until_deleted(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    watcher.start()
+    wait_until(lambda: watcher.healthy, "the watcher to sync")
+
+    # Created pending (no node), then bound as the scheduler's binding would do.
+    api.create_namespaced_pod("default", pod("batch", None, cpu="2"))
+    api.create_namespaced_pod("default", pod("web", "node-a", cpu="250m"))
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(0.25), "the bound pod")
+    api.patch_namespaced_pod("batch", "default", {"spec": {"nodeName": "node-a"}})
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(2.25), "the late binding")
+
+    api.delete_namespaced_pod("web", "default")
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(2.0), "the deleted pod gone")
+    # A finished pod leaves the field selection and arrives as DELETED.
+    api.patch_namespaced_pod("batch", "default", {"status": {"phase": "Succeeded"}})
+    wait_until(lambda: assumed_cpu(state, "node-a") == 0.0, "the finished pod gone")
+    assert state.assumed_pod_count() == 0
+
+
+def test_pods_bound_long_ago_add_nothing(
+    kube: FakeKube, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    long_ago = datetime.fromtimestamp(time.time() - 3600, UTC)
+    kube.create("pods", pod("old", "node-a", cpu="4", scheduled_at=long_ago))
+    kube.create("pods", pod("new", "node-a", cpu="1", scheduled_at=datetime.now(UTC)))
+    watcher.start()
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(1.0), "the recent pod only")
+    kube.create("pods", pod("old-2", "node-a", cpu="4", scheduled_at=long_ago))
+    kube.create("pods", pod("marker", "node-a", cpu="100m"))
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(1.1), "the marker pod")
+
+
+def test_bad_pod_is_skipped_and_counted(
+    kube: FakeKube, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    watcher.start()
+    wait_until(lambda: watcher.healthy, "the watcher to sync")
+    kube.create("pods", pod("bad", "node-a", cpu="lots"))
+    kube.create("pods", pod("good", "node-a", cpu="300m"))
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(0.3), "the good pod")
+    assert watcher.invalid_pods_total == 1
+
+
+def test_dropped_streams_reconnect_and_keep_following(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    watcher.start()
+    wait_until(lambda: watcher.healthy, "the watcher to sync")
+    lists_before = count_lists(kube)
+
+    for round_number in range(3):
+        kube.drop_watches()
+        api.create_node(node(f"node-extra-{round_number}"))
+        api.create_namespaced_pod("default", pod(f"p{round_number}", "node-a", cpu="1"))
+        wait_until(
+            lambda n=round_number: (
+                f"node-extra-{n}" in state.node_names()
+                and assumed_cpu(state, "node-a") == pytest.approx(n + 1)
+            ),
+            f"changes after drop {round_number}",
+        )
+    # Resumed from the last resourceVersion: dropping a stream does not force a relist.
+    assert count_lists(kube) == lists_before
+    resumed = [r for r in kube.requests if r.query.get("watch") and r.query.get("resourceVersion")]
+    assert all(r.query["resourceVersion"][0] != "0" for r in resumed)
+    wait_until(lambda: watcher.healthy, "health back after the drops")
+
+
+def test_410_gone_relists(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    kube.create("nodes", node("node-b"))
+    kube.create("pods", pod("web", "node-a", cpu="1"))
+    watcher.start()
+    wait_until(lambda: watcher.status()["pods"]["relists_total"] == 1, "the first pod list")
+    wait_until(lambda: watcher.status()["nodes"]["relists_total"] == 1, "the first node list")
+
+    # While the watches are cut and the history is gone, the cluster changes: a relist must
+    # pick up the deletion that no watch event will ever report.
+    kube.expire_watches()
+    kube.delete("nodes", "node-b")
+    kube.delete("pods", "web")
+    wait_until(lambda: state.node_names() == ["node-a"], "the relisted nodes")
+    wait_until(lambda: assumed_cpu(state, "node-a") == 0.0, "the relisted pods")
+    assert watcher.status()["nodes"]["relists_total"] >= 2
+    gone = [r for r in kube.requests if r.query.get("watch") and r.path == "/api/v1/nodes"]
+    assert len(gone) >= 2
+
+
+def test_api_errors_for_a_while_then_recovery(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    kube.failing = True
+    watcher.start()
+    wait_until(
+        lambda: (
+            watcher.status()["nodes"]["consecutive_failures"] >= 3
+            and watcher.status()["pods"]["consecutive_failures"] >= 3
+        ),
+        "several failed attempts",
+    )
+    assert not watcher.healthy
+    assert state.node_names() == []
+
+    kube.failing = False
+    wait_until(lambda: watcher.healthy, "recovery")
+    assert state.node_names() == ["node-a"]
+    assert watcher.status()["nodes"]["consecutive_failures"] == 0
+    assert watcher.status()["nodes"]["failures_total"] >= 3
+
+    # Failing again mid-watch: the stream is cut, reconnects fail, then it all comes back.
+    kube.failing = True
+    kube.drop_watches()
+    wait_until(lambda: not watcher.healthy, "the outage to be noticed")
+    api_node = node("node-b")
+    kube.create("nodes", api_node)  # written while the API refuses the watcher
+    kube.failing = False
+    wait_until(lambda: "node-b" in state.node_names(), "the change made during the outage")
+    wait_until(lambda: watcher.healthy, "recovery after the second outage")
+
+
+def test_stop_ends_the_threads(api: client.CoreV1Api, state: ClusterState) -> None:
+    cluster_watcher = ClusterWatcher(api, state, watch_timeout_s=60)
+    cluster_watcher.start()
+    wait_until(lambda: cluster_watcher.healthy, "the watcher to sync")
+    cluster_watcher.stop()
+    assert not any(t.name.startswith("kube-") for t in threading.enumerate())
+
+
+def test_node_info_and_bound_time_conversions() -> None:
+    info = node_info_from_object(
+        {
+            "metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+            "status": {"allocatable": {"cpu": "7900m"}},
+        }
+    )
+    assert (info.name, info.allocatable_cpu, dict(info.labels), dict(info.annotations)) == (
+        "n",
+        7.9,
+        {"a": "b"},
+        {"x": "y"},
+    )
+    assert np.isnan(node_info_from_object({"metadata": {"name": "m"}}).allocatable_cpu)
+    assert np.isnan(
+        node_info_from_object(
+            {"metadata": {"name": "m"}, "status": {"allocatable": {"cpu": "-1"}}}
+        ).allocatable_cpu
+    )
+    scheduled = pod("p", "n", scheduled_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert (
+        pod_bound_at_s(scheduled, now_s=2e9)
+        == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
+    )
+    assert pod_bound_at_s(pod("p", "n"), now_s=123.0) == 123.0
