@@ -94,31 +94,45 @@ class CurveTable:
         return np.fromiter(map(self._index.get, names, repeat(-1)), dtype=np.intp, count=len(names))
 
     def power_w(self, idx: np.ndarray, util: np.ndarray | float) -> np.ndarray:
-        """P(util) per row index by linear interpolation on the grid; NaN where idx is -1."""
+        """P(util) per row index by linear interpolation on the grid.
+
+        NaN where idx is -1 or util is NaN. Beyond u = 1 the curve keeps rising (see module
+        docstring); below 0 it is clamped to P(0).
+        """
         idx = np.asarray(idx, dtype=np.intp)
-        util = np.broadcast_to(np.asarray(util, dtype=np.float64), idx.shape)
-        valid = idx >= 0
+        util = np.asarray(util, dtype=np.float64)
+        shape = np.broadcast_shapes(idx.shape, util.shape)
         if len(self.names) == 0:
-            return np.full(idx.shape, np.nan)
-        rows = np.where(valid, idx, 0)
-        position = np.clip(util, 0.0, 1.0) * _LAST
-        left = np.minimum(position.astype(np.intp), _LAST - 1)
-        frac = position - left
-        grid = self.power_w_grid
-        p_left = grid[rows, left]
-        inside = p_left + frac * (grid[rows, left + 1] - p_left)
-        beyond = grid[rows, _LAST] + self._slope_beyond_w[rows] * (util - 1.0)
-        power = np.where(util > 1.0, beyond, inside)
-        return np.where(valid, power, np.nan)
+            return np.full(shape, np.nan)
+        idx = np.broadcast_to(idx, shape)
+        util = np.broadcast_to(util, shape)
+        missing = (idx < 0) | np.isnan(util)  # NaN out, never an index computed from NaN
+        rows = np.where(missing, 0, idx)
+        position = np.clip(util, 0.0, 1.0) * _LAST  # a new array: safe to write into
+        position[missing] = 0.0
+        left = position.astype(np.intp)
+        np.minimum(left, _LAST - 1, out=left)
+        # Gathering from the flat table is cheaper than 2-D fancy indexing.
+        flat = self.power_w_grid.reshape(-1)
+        at = rows * GRID_POINTS + left
+        p_left = flat.take(at)
+        power = p_left + (position - left) * (flat.take(at + 1) - p_left)
+        over = util > 1.0
+        if over.any():
+            over_rows = rows[over]
+            power[over] = flat.take(over_rows * GRID_POINTS + _LAST) + self._slope_beyond_w[
+                over_rows
+            ] * (util[over] - 1.0)
+        power[missing] = np.nan
+        return power
 
     def power_increase_w(
         self, idx: np.ndarray, util_from: np.ndarray | float, demand: np.ndarray | float
     ) -> np.ndarray:
         """P(util_from + demand) - P(util_from) per row index, watts; NaN where idx is -1."""
         util_from = np.asarray(util_from, dtype=np.float64)
-        return self.power_w(idx, util_from + np.asarray(demand, dtype=np.float64)) - self.power_w(
-            idx, util_from
-        )
+        util_to = util_from + np.asarray(demand, dtype=np.float64)
+        return self.power_w(idx, util_to) - self.power_w(idx, util_from)
 
 
 class CurveBuilder:

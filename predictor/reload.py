@@ -249,7 +249,12 @@ class BundleWatcher:
             if predictor.version == self.current_version:
                 log.info("bundle %s unchanged (same version at %s)", predictor.version, source)
                 return False
-            self.on_swap(predictor)
+            try:
+                self.on_swap(predictor)
+            except Exception as exc:  # e.g. curves cannot be built: the old pair stays in place
+                log.exception("bundle %s: on_swap failed", predictor.version)
+                self._refuse(predictor.version, f"{source}: installing failed: {exc}")
+                return False
             previous, self.current_version = self.current_version, predictor.version
             self.counters.swaps += 1
             log.info("bundle swapped: %s -> %s (from %s)", previous, predictor.version, source)

@@ -204,3 +204,28 @@ def test_nan_predicting_model_leaves_the_node_without_curve(tmp_path: Path) -> N
 def test_empty_table() -> None:
     table = CurveTable.empty("v0", 4)
     assert np.isnan(table.power_w(table.index_of(["x"]), np.array([0.5]))).all()
+
+
+def test_nan_utilisation_gives_nan_not_an_index_error(predictor: CountingPredictor) -> None:
+    table = CurveBuilder().build(predictor, TELEMETRY, None)
+    idx = table.index_of(["lin", "lin"])
+    power = table.power_w(idx, np.array([np.nan, 0.5]))
+    assert np.isnan(power[0]) and np.isfinite(power[1])
+    assert np.isnan(table.power_increase_w(idx, np.array([0.5, 0.5]), np.array([np.nan, 0.1]))[0])
+
+
+def test_flat_ended_curve_still_rises_beyond_one() -> None:
+    # A tree model often saturates before u = 1; an overcommitted node must not look free.
+    flat_end = np.minimum(100.0 + 200.0 * UTIL_GRID, 250.0)  # flat from u = 0.75
+    table = CurveTable(
+        version="v",
+        names=("saturating",),
+        power_w_grid=flat_end[None, :].copy(),
+        util_now=np.array([0.5]),
+        model_kind=("own",),
+        feature_rows=np.zeros((1, 4), dtype=np.float32),
+    )
+    increase = table.power_increase_w(np.array([0, 0]), np.array([0.9, 1.0]), 0.2)
+    assert increase[0] > 0
+    chord_w = 250.0 - 100.0
+    assert increase[1] == pytest.approx(0.2 * chord_w)

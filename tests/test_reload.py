@@ -262,3 +262,16 @@ def test_model_holder_swaps_predictor_and_curves_together(
     state = holder.state
     assert state.predictor is predictors[1]
     assert state.curves.util_now[state.curves.row_of("node-a")] == pytest.approx(0.49)
+
+
+def test_failing_on_swap_is_a_refusal(tmp_path: Path, build: Callable[..., Path]) -> None:
+    source = build(GOOD_V1)
+
+    def on_swap(predictor: Predictor) -> None:
+        raise RuntimeError("curve build exploded")
+
+    watcher = BundleWatcher(source, on_swap)
+    assert not watcher.check_now()
+    assert watcher.current_version is None
+    assert watcher.last_refused.version == Predictor.load(source).version
+    assert "installing failed: curve build exploded" in watcher.last_refused.error
