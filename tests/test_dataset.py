@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training.dataset import (
     CONTRACT_COLUMNS,
@@ -402,3 +404,46 @@ def test_cleaning_is_pure(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(raw, before)
     pd.testing.assert_frame_equal(first.frame, second.frame)
     assert first.dropped == second.dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: whatever comes in, every row read is either kept (and valid) or counted
+
+
+MESSY_NUMBERS = st.sampled_from(["0.5", "0.05", "1.2", "-3", "", "NaN", "abc", "250", "0", "1e9"])
+MESSY_TIMES = st.sampled_from(
+    ["2026-01-05T00:00:00Z", "2026-01-05T01:00:00+01:00", "1767571260", "", "soon", "1e15"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", " a ", ""]),
+            MESSY_TIMES,
+            MESSY_NUMBERS,
+            MESSY_NUMBERS,
+            MESSY_NUMBERS,
+            MESSY_NUMBERS,
+            MESSY_NUMBERS,
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_every_row_is_kept_or_counted(rows: list[tuple[str, ...]]) -> None:
+    raw = pd.DataFrame(rows, columns=list(CONTRACT_COLUMNS))
+    try:
+        cleaned = clean_metrics(raw, source="messy")
+    except MetricsInputError as error:
+        assert str(error).startswith(("messy", "no rows left"))
+        return
+    frame = cleaned.frame
+    assert cleaned.rows_read == len(raw) == len(frame) + sum(cleaned.dropped.values())
+    assert set(cleaned.examples) == set(cleaned.dropped)
+    assert frame["cpu_util"].between(0, 1).all()
+    assert (frame["power_w"] > 0).all() and (frame["power_w"] <= 20_000).all()
+    assert frame[["ambient_temp_c", "cpu1_temp_c"]].notna().all().all()
+    assert not frame.duplicated(["node", "timestamp"]).any()
+    assert set(frame["node"]) <= {"a", "b"}
