@@ -1,0 +1,469 @@
+"""training.publish against the fake Kubernetes API, through the official client.
+
+Bundles are real: ONNX files fitted by scikit-learn and written by predictor.bundle. The fleet
+bundle over 1 MiB reuses one fitted model's bytes for thousands of nodes (each node's file is
+still a valid model with its own manifest entry and sha256); the oversized file is a real ONNX
+graph with a large weight initializer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import kubernetes.client as k8s
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from predictor.bundle import Bundle, read_bundle, write_bundle
+from tests.support.bundles import (
+    DEFAULT_FEATURES,
+    KubeletMount,
+    PowerCurveSpec,
+    corrupt_model_bytes,
+    fit_curve_model,
+    make_bundle,
+)
+from tests.support.fake_kube import MAX_CONFIGMAP_BYTES, FakeKube
+from training import publish
+
+NAMESPACE = "power-aware-scheduler"
+NAME = "power-models"
+LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    with FakeKube(namespaces=("default", NAMESPACE)) as server:
+        yield server
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+                "users": [{"name": "tester", "user": {}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_model() -> bytes:
+    return fit_curve_model(PowerCurveSpec(idle_w=95.0, max_w=310.0, exponent=2))
+
+
+def fleet_bundle(directory: Path, model: bytes, n_nodes: int) -> Bundle:
+    return write_bundle(
+        directory,
+        features=DEFAULT_FEATURES,
+        node_models={f"node-{i:05d}": model for i in range(n_nodes)},
+        node_info={f"node-{i:05d}": {"family": "poly2"} for i in range(n_nodes)},
+        fallback_model=model,
+        fallback_info={},
+        feature_fill={"cpu2_temp_c": "cpu1_temp_c"},
+        extra={},
+    )
+
+
+def large_onnx_model(weight_count: int) -> bytes:
+    """A real ONNX regression (mean of X @ W, in watts) whose weights make it large."""
+    features = len(DEFAULT_FEATURES)
+    columns = weight_count // features
+    weights = np.full((features, columns), 100.0 / features, dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["XW"]),
+            helper.make_node("ReduceMean", ["XW"], ["Y"], axes=[1], keepdims=0),
+        ],
+        "large",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None])],
+        [numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"X": np.ones((2, features), dtype=np.float32)})
+    assert np.allclose(out, 100.0)  # a working model, not a blob
+    return data
+
+
+def bundle_with_large_model(directory: Path, model: bytes, large: bytes) -> Bundle:
+    return write_bundle(
+        directory,
+        features=DEFAULT_FEATURES,
+        node_models={"node-a": model, "node-huge": large},
+        node_info={},
+        fallback_model=None,
+        fallback_info=None,
+        feature_fill={},
+        extra={},
+    )
+
+
+def configmaps(kube: FakeKube) -> dict[str, dict]:
+    return {cm["metadata"]["name"]: cm for cm in kube.objects("configmaps", NAMESPACE)}
+
+
+def decoded_files(configmap: dict) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (configmap.get("binaryData") or {}).items()}
+
+
+def on_disk(bundle: Bundle) -> dict[str, bytes]:
+    entries = [*bundle.nodes.values(), *([bundle.fallback] if bundle.fallback else [])]
+    files = {e.file: (bundle.directory / e.file).read_bytes() for e in entries}
+    return {"manifest.json": (bundle.directory / "manifest.json").read_bytes(), **files}
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = publish.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli_args(bundle_dir: Path, kubeconfig: Path, *extra: str) -> list[str]:
+    return [
+        "--bundle",
+        str(bundle_dir),
+        "--name",
+        NAME,
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--quiet",
+        *extra,
+    ]
+
+
+def configmap_writes(kube: FakeKube) -> list[tuple[str, str]]:
+    """(method, ConfigMap name) of every create/replace/delete, in order."""
+    writes = []
+    for request in kube.requests:
+        if "/configmaps" not in request.path or request.method == "GET":
+            continue
+        if request.method == "POST":
+            writes.append(("POST", request.json()["metadata"]["name"]))
+        else:
+            writes.append((request.method, request.path.rsplit("/", 1)[-1]))
+    return writes
+
+
+# ---------------------------------------------------------------------------------------------
+# Create, update, labels
+
+
+def test_publish_creates_a_configmap_with_the_bundle_and_its_version(
+    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        {"node-a": PowerCurveSpec(100.0, 300.0), "node-b": PowerCurveSpec(80.0, 220.0, 2)},
+        fallback=PowerCurveSpec(90.0, 260.0),
+    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+    code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
+
+    assert code == 0, err
+    stored = configmaps(kube)
+    assert list(stored) == [f"{NAME}-0"]
+    shard = stored[f"{NAME}-0"]
+    assert decoded_files(shard) == on_disk(bundle)
+    labels = shard["metadata"]["labels"]
+    assert labels[publish.VERSION_LABEL] == bundle.version
+    assert labels[publish.BUNDLE_LABEL] == NAME
+    assert labels[publish.SHARD_LABEL] == "0"
+    assert shard["metadata"]["annotations"][publish.VERSION_ANNOTATION] == bundle.version
+    # The printed snippet is the volume that mounts it.
+    volumes = yaml.safe_load(out)["volumes"]
+    assert volumes == [
+        {"name": "models", "projected": {"sources": [{"configMap": {"name": f"{NAME}-0"}}]}}
+    ]
+
+
+def test_publish_again_replaces_the_existing_configmap(
+    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    first = make_bundle(tmp_path / "one", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    assert run_cli(capsys, *cli_args(first.directory, kubeconfig))[0] == 0
+    second = make_bundle(
+        tmp_path / "two",
+        {"node-a": PowerCurveSpec(110.0, 320.0), "node-c": PowerCurveSpec(70.0, 180.0)},
+    )
+    assert second.version != first.version
+    kube.clear_requests()
+
+    code, _, err = run_cli(capsys, *cli_args(second.directory, kubeconfig))
+
+    assert code == 0, err
+    # The create answers 409 AlreadyExists; the publisher then replaces the object.
+    assert configmap_writes(kube) == [("POST", f"{NAME}-0"), ("PUT", f"{NAME}-0")]
+    posted = next(r for r in kube.requests if r.method == "POST")
+    assert posted.json()["metadata"]["name"] == f"{NAME}-0"
+    shard = configmaps(kube)[f"{NAME}-0"]
+    assert decoded_files(shard) == on_disk(second)
+    assert shard["metadata"]["labels"][publish.VERSION_LABEL] == second.version
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "20261122T195500Z-abc1234567",
+        "run 42: fitted on 2026-01-05/2026-01-12 (fleet A)",
+        "x" * 200,
+        "-._leading-and-trailing_.-",
+        "",
+    ],
+)
+def test_label_value_is_always_a_valid_label(version: str) -> None:
+    value = publish.label_value(version)
+    assert len(value) <= 63
+    assert LABEL_VALUE_RE.match(value), value
+    assert value
+
+
+def test_long_versions_with_a_common_prefix_get_distinct_labels() -> None:
+    a = publish.label_value("v" * 80 + "-run-1")
+    b = publish.label_value("v" * 80 + "-run-2")
+    assert a != b
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding a fleet's bundle
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, small_model: bytes) -> Bundle:
+    # ~2.4 MB of model files plus a ~0.4 MB manifest: three to four shards.
+    return fleet_bundle(tmp_path_factory.mktemp("fleet") / "bundle", small_model, 2600)
+
+
+def test_fleet_bundle_is_sharded_under_the_limit_and_mounts_as_one_directory(
+    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = on_disk(fleet)
+    assert sum(len(data) for data in files.values()) > 2 * MAX_CONFIGMAP_BYTES
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+    code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig))
+
+    assert code == 0, err
+    stored = configmaps(kube)
+    names = [f"{NAME}-{i}" for i in range(len(stored))]
+    assert sorted(stored) == sorted(names) and len(names) >= 3
+    # Every shard under 1 MiB, measured as sent (base64 included) and as stored.
+    for request in kube.requests:
+        if request.method == "POST":
+            assert len(request.body) <= MAX_CONFIGMAP_BYTES
+    for shard in stored.values():
+        assert sum(len(d) for d in decoded_files(shard).values()) <= MAX_CONFIGMAP_BYTES
+        assert shard["metadata"]["annotations"][publish.SHARD_COUNT_ANNOTATION] == str(len(names))
+        assert shard["metadata"]["labels"][publish.VERSION_LABEL] == fleet.version
+    assert "manifest.json" in decoded_files(stored[f"{NAME}-0"])
+    # The manifest's shard is written last, so its files are already there when it lands.
+    assert [name for _, name in configmap_writes(kube)][-1] == f"{NAME}-0"
+
+    # The printed volume mounts all shards; projecting them (as kubelet does) into one
+    # directory gives back a bundle that reads and validates as the original.
+    (volume,) = yaml.safe_load(out)["volumes"]
+    mounted_names = [s["configMap"]["name"] for s in volume["projected"]["sources"]]
+    assert mounted_names == names
+    projected: dict[str, bytes] = {}
+    for name in mounted_names:
+        shard_files = decoded_files(stored[name])
+        assert not set(shard_files) & set(projected), "a file in two shards"
+        projected.update(shard_files)
+    assert projected == files
+    mount = KubeletMount(tmp_path / "mounted")
+    mount.project(projected)
+    remounted = read_bundle(mount.directory)
+    assert remounted.version == fleet.version
+    assert set(remounted.nodes) == set(fleet.nodes)
+
+
+def test_a_smaller_publish_removes_stale_shards_after_writing(
+    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    assert run_cli(capsys, *cli_args(fleet.directory, kubeconfig))[0] == 0
+    old_names = set(configmaps(kube))
+    assert len(old_names) >= 3
+    # Bystanders: another bundle's shard, and an unlabelled ConfigMap with a similar name.
+    kube.create(
+        "configmaps",
+        {
+            "metadata": {
+                "name": "other-models-0",
+                "labels": {publish.BUNDLE_LABEL: "other-models"},
+            },
+            "data": {"x": "1"},
+        },
+        NAMESPACE,
+    )
+    kube.create("configmaps", {"metadata": {"name": f"{NAME}-9"}, "data": {"x": "1"}}, NAMESPACE)
+    small = make_bundle(tmp_path / "small", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    kube.clear_requests()
+
+    code, _, err = run_cli(capsys, *cli_args(small.directory, kubeconfig))
+
+    assert code == 0, err
+    assert set(configmaps(kube)) == {f"{NAME}-0", "other-models-0", f"{NAME}-9"}
+    writes = configmap_writes(kube)
+    deletes = [name for method, name in writes if method == "DELETE"]
+    assert set(deletes) == old_names - {f"{NAME}-0"}
+    # Deletion only after the new shard (with its manifest) is written.
+    assert writes.index(("PUT", f"{NAME}-0")) < min(writes.index(("DELETE", n)) for n in deletes)
+    assert decoded_files(configmaps(kube)[f"{NAME}-0"]) == on_disk(small)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dry run and refusals before any API call
+
+
+def test_dry_run_prints_valid_configmaps_and_calls_no_api(
+    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+    code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig, "--dry-run"))
+
+    assert code == 0, err
+    assert kube.requests == []
+    documents = [d for d in yaml.safe_load_all(out) if d is not None]
+    assert len(documents) >= 3
+    projected: dict[str, bytes] = {}
+    for index, document in enumerate(documents):
+        model = k8s.V1ConfigMap.model_validate(document)  # a valid API object
+        assert model.metadata.name == f"{NAME}-{index}"
+        assert model.metadata.namespace == NAMESPACE
+        assert len(json.dumps(document)) <= MAX_CONFIGMAP_BYTES
+        projected.update(decoded_files(document))
+    assert projected == on_disk(fleet)
+    # The volume snippet follows as comments naming every shard.
+    commented = [line for line in out.splitlines() if line.startswith("#")]
+    for index in range(len(documents)):
+        assert any(f"name: {NAME}-{index}" in line for line in commented)
+
+
+def test_a_file_too_large_for_any_configmap_is_refused_before_any_api_call(
+    tmp_path: Path, kube: FakeKube, small_model: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    large = large_onnx_model(weight_count=240_000)  # ~0.96 MB, ~1.28 MB base64
+    bundle = bundle_with_large_model(tmp_path / "bundle", small_model, large)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+    code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
+
+    assert code == 2
+    assert out == ""
+    assert kube.requests == []
+    message = err.strip()
+    assert "\n" not in message
+    assert "node-huge.onnx" in message
+    assert f"{len(large):,} bytes" in message
+    assert f"{MAX_CONFIGMAP_BYTES:,}" in message
+
+
+def test_an_invalid_bundle_is_refused_before_any_api_call(
+    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    corrupt_model_bytes(bundle.directory, "node-a")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+    code, _, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
+
+    assert code == 2
+    assert kube.requests == []
+    assert "sha256" in err and "node-a" in err
+
+
+def test_a_bad_name_is_refused_before_any_api_call(
+    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    args = cli_args(bundle.directory, kubeconfig)
+    args[args.index("--name") + 1] = "Power_Models"
+
+    code, _, err = run_cli(capsys, *args)
+
+    assert code == 2
+    assert kube.requests == []
+    assert "--name 'Power_Models'" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# The server's refusals, reported clearly
+
+
+def test_server_422_for_a_configmap_over_1_mib_is_reported(
+    tmp_path: Path, kube: FakeKube, small_model: bytes
+) -> None:
+    large = large_onnx_model(weight_count=280_000)  # ~1.12 MB decoded: over the server's 1 MiB
+    bundle = bundle_with_large_model(tmp_path / "bundle", small_model, large)
+    # A publisher told to trust a larger limit than the server's own.
+    objects = publish.build_configmaps(bundle, NAME, NAMESPACE, max_bytes=2 * 1024 * 1024)
+    core = k8s.CoreV1Api(kube.api_client())
+
+    with pytest.raises(publish.PublishError) as raised:
+        publish.publish_configmaps(core, objects, namespace=NAMESPACE, bundle_name=NAME)
+
+    message = str(raised.value)
+    assert f"ConfigMap {NAMESPACE}/{NAME}-" in message
+    assert "HTTP 422" in message
+    assert "at most 1048576 bytes" in message  # the server's own words
+    assert configmaps(kube) == {}
+
+
+def test_server_413_for_a_body_over_3_mib_is_reported(
+    tmp_path: Path, kube: FakeKube, small_model: bytes
+) -> None:
+    large = large_onnx_model(weight_count=640_000)  # ~2.6 MB, ~3.4 MB base64
+    bundle = bundle_with_large_model(tmp_path / "bundle", small_model, large)
+    objects = publish.build_configmaps(bundle, NAME, NAMESPACE, max_bytes=8 * 1024 * 1024)
+    core = k8s.CoreV1Api(kube.api_client())
+
+    with pytest.raises(publish.PublishError) as raised:
+        publish.publish_configmaps(core, objects, namespace=NAMESPACE, bundle_name=NAME)
+
+    message = str(raised.value)
+    assert f"ConfigMap {NAMESPACE}/{NAME}-0" in message
+    assert "HTTP 413" in message
+    assert "larger than the API server accepts" in message
+
+
+def test_a_missing_namespace_is_reported_with_the_servers_message(
+    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    args = cli_args(bundle.directory, kubeconfig)
+    args[args.index("--namespace") + 1] = "nowhere"
+
+    code, _, err = run_cli(capsys, *args)
+
+    assert code == 1
+    assert "ConfigMap nowhere/power-models-0" in err
+    assert "HTTP 404" in err and "nowhere" in err
