@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from extender.logs import LOG_FORMATS
+from extender.scoring import DEFAULT_WEIGHTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
@@ -60,8 +61,8 @@ class ExtenderConfig:
     assumed_window_s: float = 120.0
     # The final score is power_weight * power score + energy_weight * energy score, scaled
     # to 0..10.
-    power_weight: float = 1.0
-    energy_weight: float = 1.0
+    power_weight: float = DEFAULT_WEIGHTS.power
+    energy_weight: float = DEFAULT_WEIGHTS.energy
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     bundle_poll_interval_s: float = 2.0
     # How often the background refresher checks for new telemetry or a new bundle.

@@ -21,7 +21,8 @@ LOG_FORMATS = ("json", "text")
 # Attributes every LogRecord carries; anything else on a record came from ``extra=`` and is
 # written as a field of its own.
 _STANDARD_RECORD_KEYS = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "color_message"}
 )
 
 
@@ -35,12 +36,32 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD_RECORD_KEYS and not key.startswith("_"):
-                entry[key] = value
+        entry.update(_extra_fields(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """A readable line for a terminal: time, level, logger, message, then key=value extras."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = _extra_fields(record)
+        if extras:
+            line += "  " + " ".join(f"{key}={value}" for key, value in extras.items())
+        return line
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {
+        key: value
+        for key, value in vars(record).items()
+        if key not in _STANDARD_RECORD_KEYS and not key.startswith("_")
+    }
 
 
 def _rfc3339_utc(epoch_s: float) -> str:
@@ -56,7 +77,7 @@ def configure_logging(level: str = "info", log_format: str = "json") -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -111,7 +111,7 @@ class ServiceMetrics:
     """The registry and the request-path instruments of one app."""
 
     def __init__(self, sample: Callable[[], StateSample]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         self.requests = Counter(
             f"{PREFIX}_requests",
             "HTTP requests answered, by verb (endpoint) and status code",

@@ -1,0 +1,135 @@
+"""``python -m extender``: start the power-aware kube-scheduler extender.
+
+With no flags: the shipped bundle (``models/default``) on the built-in demo cluster, on
+http://127.0.0.1:8888. ``--help`` lists every flag. Startup logs one line per step (config,
+cluster, bundle, background threads, listening) and a curl line to paste. Bad input (a
+missing bundle, an unreadable snapshot, conflicting flags) ends with a one-line error and
+exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import sys
+from collections.abc import Sequence
+
+import orjson
+import uvicorn
+
+from extender.app import create_app
+from extender.config import ConfigError, ExtenderConfig, parse_config
+from extender.logs import configure_logging
+from extender.runtime import Runtime, build_live_sources
+from extender.snapshot import SnapshotError
+
+log = logging.getLogger("extender")
+
+EXIT_USAGE = 2
+EXAMPLE_NODE_COUNT = 12
+
+
+class StartupError(Exception):
+    """A one-line reason the service cannot start."""
+
+
+def example_curl(url: str, node_names: Sequence[str], verb: str = "prioritize") -> str:
+    """A curl command scoring a 1-CPU pod on ``node_names`` (a body shaped as kube-scheduler's)."""
+    body = {
+        "Pod": {
+            "metadata": {"name": "demo", "namespace": "default", "uid": "demo-0001"},
+            "spec": {
+                "schedulerName": "power-aware-scheduler",
+                "containers": [
+                    {"name": "app", "image": "nginx", "resources": {"requests": {"cpu": "1"}}}
+                ],
+            },
+        },
+        "Nodes": None,
+        "NodeNames": list(node_names),
+    }
+    return (
+        f"curl -s -X POST {url}/{verb} -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(orjson.dumps(body).decode())}"
+    )
+
+
+def bind_socket(config: ExtenderConfig) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
+        ) from None
+    sock.listen(2048)
+    return sock
+
+
+def prepare(config: ExtenderConfig) -> Runtime:
+    """Build the runtime and load what the mode needs; StartupError on bad input."""
+    runtime = Runtime(config)
+    log.info(
+        "starting",
+        extra={"mode": runtime.mode, "bundle_dir": str(config.bundle_dir)},
+    )
+    try:
+        runtime.load_cluster()
+    except SnapshotError as exc:
+        raise StartupError(str(exc)) from None
+    if runtime.mode == "live":
+        try:
+            runtime.live_sources = build_live_sources(runtime)
+        except Exception as exc:
+            raise StartupError(f"live mode: cannot set up Kubernetes/Prometheus: {exc}") from None
+        log.info("live sources ready", extra={"prometheus": config.prometheus_url})
+    if not runtime.load_bundle():
+        refused = runtime.watcher.last_refused
+        reason = refused.error if refused else f"no bundle at {config.bundle_dir}"
+        if runtime.mode != "live":
+            raise StartupError(f"cannot load the model bundle: {reason}")
+        # In a cluster the ConfigMap may be fixed without a restart: serve, not ready.
+        log.warning("serving without a bundle until a valid one appears (readyz: 503)")
+    return runtime
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"python -m extender: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(config.log_level, config.log_format)
+    try:
+        runtime = prepare(config)
+        sock = bind_socket(config)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        print(f"python -m extender: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    port = sock.getsockname()[1]
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{port}"
+    app = create_app(runtime)
+    runtime.start_background()
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    names = runtime.state.node_names()[:EXAMPLE_NODE_COUNT]
+    log.info("listening", extra={"url": url, "bind": f"{config.host}:{port}"})
+    if names:
+        log.info("try it", extra={"curl": example_curl(url, names)})
+        log.info("why those scores", extra={"curl": example_curl(url, names, "explain")})
+    try:
+        server.run(sockets=[sock])
+    finally:
+        runtime.stop()
+        sock.close()
+        log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""The HTTP face of the extender: kube-scheduler's verbs plus health, status and metrics.
+
+``create_app(runtime)`` builds a FastAPI app whose handlers take the raw request (no model
+validation layer: the body is parsed once, by ``extender.protocol``) and answer with orjson
+bytes. A scoring request reads the body under a size cap, parses it, reads the runtime's
+current model and cluster view (two references, no lock held while scoring, no I/O) and
+scores with ``extender.scoring.assess``.
+
+kube-scheduler must never be left without an answer it can read:
+- unreadable requests (bad JSON, no Pod, a malformed node object) get 400 and a message;
+- a body over ``max_body_bytes`` gets 413 and a message;
+- an unexpected exception is logged and counted and answered with 200 and a neutral answer:
+  the filter passes every candidate, prioritize gives every candidate 0. The extender then
+  costs the pod nothing instead of blocking it.
+
+Each answer carries ``Server-Timing: app;dur=<ms>`` (body read to answer encoded), the same
+time the latency histogram of ``/metrics`` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from extender.demand import pod_cpu_demand_cores
+from extender.protocol import (
+    ExtenderArgs,
+    ProtocolError,
+    filter_result,
+    parse_extender_args,
+    pod_key,
+    prioritize_result,
+)
+from extender.runtime import Runtime
+from extender.scoring import Assessment, assess
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+class BodyTooLargeError(Exception):
+    pass
+
+
+async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
+    """The whole request body, or BodyTooLargeError as soon as it passes ``limit_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise BodyTooLargeError(
+            f"request body of {int(declared)} bytes exceeds the limit of {limit_bytes} bytes "
+            "(--max-body-bytes)"
+        )
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit_bytes:
+            raise BodyTooLargeError(
+                f"request body exceeds the limit of {limit_bytes} bytes (--max-body-bytes)"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(payload: object, status_code: int = 200, duration_s: float | None = None) -> Response:
+    headers = None
+    if duration_s is not None:
+        headers = {"Server-Timing": f"app;dur={duration_s * 1000.0:.3f}"}
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status_code,
+        media_type=JSON,
+        headers=headers,
+    )
+
+
+# ---- answers per verb --------------------------------------------------------------------
+
+
+def _filter_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
+    return filter_result(args, assessment.failed)
+
+
+def _prioritize_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
+    return prioritize_result(assessment.host_scores())
+
+
+def _explain_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
+    model = runtime.model
+    return {
+        "pod": pod_key(args.pod),
+        "demand_cores": assessment.demand_cores,
+        "bundle_version": model.predictor.version if model else None,
+        "curves_built_at_s": model.built_at_s if model else None,
+        "weights": {"power": runtime.weights.power, "energy": runtime.weights.energy},
+        "telemetry_ttl_s": runtime.telemetry_ttl_s,
+        "nodes": assessment.explain(),
+    }
+
+
+def _neutral_filter(args: ExtenderArgs | None) -> object:
+    if args is None:
+        return {"NodeNames": [], "FailedNodes": {}, "Error": "extender internal error"}
+    return filter_result(args, {})
+
+
+def _neutral_prioritize(args: ExtenderArgs | None) -> object:
+    if args is None:
+        return []
+    return prioritize_result((name, 0) for name in args.candidate_names)
+
+
+Answer = Callable[[ExtenderArgs, Assessment, Runtime], object]
+Neutral = Callable[[ExtenderArgs | None], object]
+
+
+def create_app(runtime: Runtime) -> FastAPI:
+    """The FastAPI app serving ``runtime``; starting and stopping the runtime is the caller's."""
+    app = FastAPI(
+        title="power-aware-scheduler extender",
+        description="kube-scheduler extender v1: filter and prioritize by predicted power",
+    )
+    app.state.runtime = runtime
+    metrics = runtime.metrics
+    limit_bytes = runtime.config.max_body_bytes
+
+    def assess_request(args: ExtenderArgs, now_s: float) -> Assessment:
+        try:
+            demand_cores = pod_cpu_demand_cores(args.pod)
+        except ValueError as exc:
+            raise ProtocolError(f"Pod {pod_key(args.pod)}: {exc}") from None
+        model = runtime.model
+        assessment = assess(
+            runtime.state.view(now_s),
+            model.curves if model is not None else None,
+            args.candidates,
+            demand_cores,
+            runtime.weights,
+            now_s=now_s,
+            telemetry_ttl_s=runtime.telemetry_ttl_s,
+        )
+        if assessment.unknown_nodes:
+            metrics.unknown_nodes.inc(assessment.unknown_nodes)
+        runtime.note_unscored(assessment.no_telemetry_nodes + assessment.no_curve_nodes, now_s)
+        return assessment
+
+    async def handle(request: Request, verb: str, answer: Answer, neutral: Neutral) -> Response:
+        started = time.perf_counter()
+        args: ExtenderArgs | None = None
+        try:
+            body = await read_body_capped(request, limit_bytes)
+            args = parse_extender_args(body)
+            assessment = assess_request(args, runtime.clock())
+            payload, code = answer(args, assessment, runtime), 200
+        except BodyTooLargeError as exc:
+            metrics.errors.labels(verb=verb, kind="body_too_large").inc()
+            log.warning("%s: %s", verb, exc)
+            payload, code = {"Error": str(exc)}, 413
+        except ProtocolError as exc:
+            metrics.errors.labels(verb=verb, kind="bad_request").inc()
+            log.warning("%s: unreadable request: %s", verb, exc)
+            payload, code = {"Error": str(exc)}, 400
+        except Exception:
+            metrics.errors.labels(verb=verb, kind="internal").inc()
+            log.exception("%s: internal error; answering neutrally so the pod is not held", verb)
+            payload, code = neutral(args), 200
+        duration_s = time.perf_counter() - started
+        try:
+            response = _json(payload, code, duration_s)
+        except Exception:  # an answer that cannot be encoded must not become a 500 either
+            metrics.errors.labels(verb=verb, kind="internal").inc()
+            log.exception("%s: answer could not be encoded", verb)
+            response = _json(neutral(args), 200, duration_s)
+        metrics.observe_request(verb, response.status_code, duration_s)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request",
+                extra={
+                    "verb": verb,
+                    "code": response.status_code,
+                    "pod": pod_key(args.pod) if args else None,
+                    "nodes": len(args.candidate_names) if args else None,
+                    "duration_ms": round(duration_s * 1000.0, 3),
+                },
+            )
+        return response
+
+    @app.post("/filter")
+    async def filter_verb(request: Request) -> Response:
+        return await handle(request, "filter", _filter_answer, _neutral_filter)
+
+    @app.post("/prioritize")
+    async def prioritize_verb(request: Request) -> Response:
+        if request.query_params.get("explain") in ("1", "true", "yes"):
+            return await handle(request, "explain", _explain_answer, _neutral_prioritize)
+        return await handle(request, "prioritize", _prioritize_answer, _neutral_prioritize)
+
+    @app.post("/explain")
+    async def explain_verb(request: Request) -> Response:
+        return await handle(request, "explain", _explain_answer, _neutral_prioritize)
+
+    def observed(verb: str, build: Callable[[], Response]) -> Response:
+        started = time.perf_counter()
+        try:
+            response = build()
+        except Exception:
+            log.exception("%s failed", verb)
+            metrics.errors.labels(verb=verb, kind="internal").inc()
+            response = _json({"error": f"{verb} failed; see the extender log"}, 503)
+        metrics.observe_request(verb, response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return observed("healthz", lambda: _json({"status": "ok"}))
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        def build() -> Response:
+            readiness = runtime.readiness()
+            body: dict[str, Any] = {"ready": readiness.ready, "reasons": list(readiness.reasons)}
+            return _json(body, 200 if readiness.ready else 503)
+
+        return observed("readyz", build)
+
+    @app.get("/status")
+    async def status() -> Response:
+        return observed("status", lambda: _json(runtime.status()))
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return observed(
+            "metrics", lambda: Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        )
+
+    return app

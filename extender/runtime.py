@@ -1,0 +1,400 @@
+"""The running service's moving parts, wired together; everything off the request path.
+
+``Runtime`` owns the cluster state, the model holder (predictor + curve table in one
+reference), the bundle watcher, the background curve refresher and, in live mode, the
+Kubernetes and Prometheus sources. The request path reads exactly two references per request:
+``holder.state`` (predictor and curves, swapped together) and ``state.view(now)`` (an
+immutable cluster snapshot); it never waits on a background thread, a model call or I/O.
+
+Background work:
+- the bundle watcher (``predictor.reload.BundleWatcher``) polls the bundle directory, validates
+  a new bundle and installs it with freshly tabulated curves;
+- the curve refresher wakes every ``curve_refresh_interval_s`` and, when the telemetry changed
+  since the last table, rebuilds the curve table incrementally (only changed nodes are
+  re-predicted) and swaps it in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from extender.config import ExtenderConfig
+from extender.metrics import ServiceMetrics, StateSample
+from extender.scoring import ScoringWeights
+from extender.snapshot import demo_snapshot, load_into, read_snapshot
+from extender.state import ClusterState
+from predictor.curves import CurveBuilder
+from predictor.model import Predictor
+from predictor.reload import BundleWatcher, ModelHolder, ModelState
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class LiveSource(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    """Freshness of the telemetry of the nodes a node source reported."""
+
+    nodes: int
+    fresh: int
+    max_age_s: float | None
+    median_age_s: float | None
+
+    @property
+    def without_telemetry(self) -> int:
+        return self.nodes - self.fresh
+
+
+class Runtime:
+    """State, model and background threads of one extender process."""
+
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        *,
+        state: ClusterState | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.mode = config.mode
+        self.state = state or ClusterState(assumed_window_s=config.assumed_window_s)
+        self.weights = ScoringWeights(power=config.power_weight, energy=config.energy_weight)
+        # Snapshot telemetry is fixed and never goes stale (contract 3).
+        self.telemetry_ttl_s: float | None = config.telemetry_ttl_s if self.mode == "live" else None
+        self.holder = ModelHolder(self._telemetry_for_curves, CurveBuilder())
+        self.watcher = BundleWatcher(
+            config.bundle_dir,
+            self._on_bundle_swap,
+            poll_interval_s=config.bundle_poll_interval_s,
+        )
+        self.started_at_s = clock()
+        self.live_sources: list[LiveSource] = []
+        self._curves_telemetry_version: int | None = None
+        self._refused_seen = 0
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        self._last_no_telemetry_warning_s = -math.inf
+        self.metrics = ServiceMetrics(self.metrics_sample)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def load_cluster(self) -> int:
+        """Fill the state from the snapshot file or the demo cluster; returns the node count."""
+        if self.mode == "live":
+            return 0
+        if self.config.cluster_file is not None:
+            nodes = read_snapshot(self.config.cluster_file)
+            source = str(self.config.cluster_file)
+        else:
+            nodes = demo_snapshot()
+            source = "built-in demo cluster"
+        load_into(self.state, nodes, observed_at_s=self.clock())
+        with_telemetry = sum(1 for node in nodes if node.telemetry)
+        log.info(
+            "cluster loaded",
+            extra={"source": source, "nodes": len(nodes), "with_telemetry": with_telemetry},
+        )
+        return len(nodes)
+
+    def load_bundle(self) -> bool:
+        """First bundle load, synchronously; True when a bundle is serving."""
+        self.watcher.check_now()
+        self._count_refusals()
+        model = self.holder.state
+        if model is None:
+            refused = self.watcher.last_refused
+            log.error(
+                "no bundle loaded",
+                extra={
+                    "bundle_dir": str(self.config.bundle_dir),
+                    "error": refused.error if refused else "unknown",
+                },
+            )
+            return False
+        return True
+
+    def start_background(self) -> None:
+        """Start the bundle watcher, the curve refresher and (live mode) the sources."""
+        self._stop.clear()
+        self.watcher.start()
+        self._refresher = threading.Thread(
+            target=self._refresh_loop, name="curve-refresher", daemon=True
+        )
+        self._refresher.start()
+        for source in self.live_sources:
+            source.start()
+        log.info(
+            "background started",
+            extra={
+                "bundle_poll_interval_s": self.config.bundle_poll_interval_s,
+                "curve_refresh_interval_s": self.config.curve_refresh_interval_s,
+                "live_sources": [type(s).__name__ for s in self.live_sources],
+            },
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.watcher.stop()
+        for source in self.live_sources:
+            try:
+                source.stop()
+            except Exception:
+                log.exception("stopping %s failed", type(source).__name__)
+        if self._refresher is not None:
+            self._refresher.join(timeout=5)
+            self._refresher = None
+
+    # ---- background ----------------------------------------------------------------------
+
+    def _telemetry_for_curves(self) -> Mapping[str, Mapping[str, float]]:
+        # Called by the holder under its write lock: the version recorded here is exactly the
+        # telemetry the published table was built from.
+        version, snapshot = self.state.telemetry_snapshot()
+        self._curves_telemetry_version = version
+        return {name: values for name, (values, _observed_at_s) in snapshot.items()}
+
+    def _on_bundle_swap(self, predictor: Predictor) -> None:
+        started = time.perf_counter()
+        self.holder.install(predictor)
+        self.metrics.curve_rebuild_duration.observe(time.perf_counter() - started)
+        self.metrics.curve_rebuilds.inc()
+        self.metrics.bundle_reloads.inc()
+        model = self.holder.state
+        log.info(
+            "bundle installed",
+            extra={
+                "bundle_version": predictor.version,
+                "bundle_dir": str(predictor.bundle.directory),
+                "curves": len(model.curves) if model else 0,
+                "build_s": round(time.perf_counter() - started, 4),
+            },
+        )
+
+    def _count_refusals(self) -> None:
+        refusals = self.watcher.counters.refusals
+        if refusals > self._refused_seen:
+            self.metrics.bundle_reload_refusals.inc(refusals - self._refused_seen)
+            self._refused_seen = refusals
+
+    def refresh_curves(self) -> bool:
+        """Rebuild the curve table if the telemetry changed since the last one; True if so."""
+        self._count_refusals()
+        if self.holder.state is None:
+            return False
+        version, _ = self.state.telemetry_snapshot()
+        if version == self._curves_telemetry_version:
+            return False
+        started = time.perf_counter()
+        try:
+            curves = self.holder.refresh()
+        except Exception:
+            self.metrics.curve_rebuild_failures.inc()
+            log.exception("curve rebuild failed; the previous table keeps serving")
+            return False
+        self.metrics.curve_rebuild_duration.observe(time.perf_counter() - started)
+        self.metrics.curve_rebuilds.inc()
+        if curves is not None:
+            log.debug(
+                "curves rebuilt",
+                extra={"computed_rows": curves.computed_rows, "reused_rows": curves.reused_rows},
+            )
+        return True
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.config.curve_refresh_interval_s):
+            try:
+                self.refresh_curves()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("curve refresher: unexpected error")
+
+    # ---- what the request path and the status endpoints read -------------------------------
+
+    @property
+    def model(self) -> ModelState | None:
+        return self.holder.state
+
+    def telemetry_summary(self, now_s: float) -> TelemetrySummary:
+        view = self.state.view(now_s)
+        observed = view.observed_at_s[view.has_node_info]
+        utils = view.cpu_util[view.has_node_info]
+        ages = now_s - observed
+        fresh_mask = np.isfinite(ages) & np.isfinite(utils)
+        if self.telemetry_ttl_s is not None:
+            fresh_mask &= ages <= self.telemetry_ttl_s
+        fresh_ages = ages[np.isfinite(ages)]
+        return TelemetrySummary(
+            nodes=int(observed.size),
+            fresh=int(np.count_nonzero(fresh_mask)),
+            max_age_s=float(fresh_ages.max()) if fresh_ages.size else None,
+            median_age_s=float(np.median(fresh_ages)) if fresh_ages.size else None,
+        )
+
+    def readiness(self, now_s: float | None = None) -> Readiness:
+        now_s = self.clock() if now_s is None else now_s
+        reasons: list[str] = []
+        if self.holder.state is None:
+            refused = self.watcher.last_refused
+            detail = f": {refused.error}" if refused else ""
+            reasons.append(f"no model bundle loaded from {self.config.bundle_dir}{detail}")
+        summary = self.telemetry_summary(now_s)
+        if summary.nodes == 0:
+            reasons.append("no nodes known yet")
+        elif self.mode == "live":
+            share = summary.fresh / summary.nodes
+            if share < self.config.ready_min_fresh_share:
+                reasons.append(
+                    f"only {summary.fresh} of {summary.nodes} nodes have telemetry fresher than "
+                    f"{self.config.telemetry_ttl_s:g} s (need "
+                    f"{self.config.ready_min_fresh_share:.0%})"
+                )
+        return Readiness(ready=not reasons, reasons=tuple(reasons))
+
+    def metrics_sample(self) -> StateSample:
+        now_s = self.clock()
+        self._count_refusals()
+        summary = self.telemetry_summary(now_s)
+        model = self.holder.state
+        return StateSample(
+            nodes=summary.nodes,
+            nodes_without_telemetry=summary.without_telemetry,
+            telemetry_max_age_s=summary.max_age_s,
+            telemetry_median_age_s=summary.median_age_s,
+            bundle_version=model.predictor.version if model else None,
+            bundle_created_at=model.predictor.bundle.created_at if model else None,
+            curve_table_age_s=(now_s - model.built_at_s) if model else None,
+            ready=self.readiness(now_s).ready,
+        )
+
+    def status(self) -> dict[str, Any]:
+        now_s = self.clock()
+        self._count_refusals()
+        model = self.holder.state
+        summary = self.telemetry_summary(now_s)
+        readiness = self.readiness(now_s)
+        bundle: dict[str, Any] | None = None
+        curves: dict[str, Any] | None = None
+        if model is not None:
+            b = model.predictor.bundle
+            bundle = {
+                "version": b.version,
+                "created_at": b.created_at,
+                "directory": str(b.directory),
+                "features": list(b.features),
+                "node_models": len(b.nodes),
+                "fallback": b.fallback is not None,
+            }
+            skipped: dict[str, int] = {}
+            for reason in model.curves.skipped.values():
+                skipped[reason] = skipped.get(reason, 0) + 1
+            curves = {
+                "nodes": len(model.curves),
+                "skipped": skipped,
+                "built_at_s": model.built_at_s,
+                "age_s": now_s - model.built_at_s,
+            }
+        watcher = self.watcher.status()
+        return {
+            "mode": self.mode,
+            "bundle_version": model.predictor.version if model else None,
+            "bundle": bundle,
+            "last_refused": watcher["last_refused"],
+            "bundle_swaps": watcher["bundle_swaps"],
+            "bundle_refusals": watcher["bundle_refusals"],
+            "ready": readiness.ready,
+            "not_ready_reasons": list(readiness.reasons),
+            "nodes": {
+                "known": summary.nodes,
+                "with_fresh_telemetry": summary.fresh,
+                "without_telemetry": summary.without_telemetry,
+                "assumed_pods": self.state.assumed_pod_count(),
+            },
+            "telemetry": {
+                "ttl_s": self.telemetry_ttl_s,
+                "max_age_s": summary.max_age_s,
+                "median_age_s": summary.median_age_s,
+            },
+            "curves": curves,
+            "scoring": {
+                "power_weight": self.weights.power,
+                "energy_weight": self.weights.energy,
+                "assumed_window_s": self.state.assumed_window_s,
+            },
+            "live_sources": [_source_status(s) for s in self.live_sources],
+            "uptime_s": now_s - self.started_at_s,
+        }
+
+    def note_unscored(self, count: int, now_s: float) -> None:
+        """Count candidates answered without a prediction; warn at most once a minute."""
+        if count <= 0:
+            return
+        self.metrics.nodes_scored_without_telemetry.inc(count)
+        if now_s - self._last_no_telemetry_warning_s >= 60.0:
+            self._last_no_telemetry_warning_s = now_s
+            log.warning(
+                "candidates without telemetry or curve get the lowest power score",
+                extra={"nodes_in_request": count},
+            )
+
+
+def _source_status(source: LiveSource) -> dict[str, Any]:
+    status = getattr(source, "status", None)
+    entry: dict[str, Any] = {"source": type(source).__name__}
+    if callable(status):
+        try:
+            entry.update(status())
+        except Exception as exc:
+            entry["error"] = str(exc)
+    return entry
+
+
+def build_live_sources(runtime: Runtime) -> list[LiveSource]:
+    """Kubernetes watches and the Prometheus poller for live mode (thin wiring only)."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    from extender.kube import ClusterWatcher
+
+    configuration = client.Configuration()
+    if runtime.config.in_cluster:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    else:
+        kube_config.load_kube_config(
+            config_file=str(runtime.config.kubeconfig), client_configuration=configuration
+        )
+    api = client.CoreV1Api(client.ApiClient(configuration))
+    sources: list[LiveSource] = [ClusterWatcher(api, runtime.state, clock=runtime.clock)]
+    sources.append(_prometheus_source(runtime))
+    return sources
+
+
+def _prometheus_source(runtime: Runtime) -> LiveSource:
+    from extender import telemetry
+
+    return telemetry.TelemetryPoller(  # type: ignore[attr-defined]
+        runtime.config.prometheus_url,
+        runtime.state,
+        interval_s=runtime.config.refresh_interval_s,
+        timeout_s=runtime.config.prometheus_timeout_s,
+    )
