@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import threading
+from dataclasses import fields
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tests.support.prometheus import (
@@ -17,16 +24,28 @@ from tests.support.prometheus import (
     write_openmetrics,
 )
 from training.collect import (
+    DEFAULT_CPU_QUERY,
     DEFAULT_POWER_QUERY,
     CollectConfig,
+    CollectConfigError,
     CollectError,
     CollectStats,
     PrometheusReader,
+    assign_sensor_columns,
+    chunk_bounds,
     collect_instant,
     collect_metrics,
+    compile_sensor_rules,
+    instance_host,
+    load_collect_config,
+    node_of,
+    parse_duration_s,
+    parse_time,
+    render_query,
 )
 from training.dataset import CONTRACT_COLUMNS
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
 
 
@@ -304,3 +323,351 @@ def test_a_query_prometheus_rejects_names_the_query_and_the_reason(fleet_prometh
     with pytest.raises(CollectError, match=r"HTTP 400.*bad_data") as raised:
         collect_metrics(config, _utc(T0_S), _utc(T0_S + 600), progress=False)
     assert "rate(node_cpu_seconds_total[" in str(raised.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus unreachable, too slow, or answering garbage: CollectError naming the problem
+
+
+@contextlib.contextmanager
+def _serve(status: int, body: bytes, content_type: str, delay: threading.Event | None = None):
+    """A tiny HTTP server on 127.0.0.1 answering every GET the same way; yields its URL.
+
+    With `delay`, each answer waits until the event is set (or 30 s): a hung server.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if delay is not None:
+                delay.wait(30)
+            # The client may have given up already (the timeout test): nothing to report.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        if delay is not None:
+            delay.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _collect_range(config: CollectConfig) -> pd.DataFrame:
+    return collect_metrics(config, _utc(T0_S), _utc(T0_S + 600), progress=False)
+
+
+def _collect_now(config: CollectConfig) -> pd.DataFrame:
+    return collect_instant(config)
+
+
+@pytest.mark.parametrize("collect", [_collect_range, _collect_now])
+def test_unreachable_prometheus_raises_collect_error(collect) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(CollectError, match="cannot connect") as raised:
+        collect(CollectConfig(url=url, timeout_s=2.0))
+    assert url in str(raised.value)
+    assert "node_uname_info" in str(raised.value)  # the query it was sending
+
+
+GARBAGE = [
+    (200, b"<html>Please log in to the proxy</html>", "text/html", "not JSON.*log in"),
+    (
+        200,
+        b'{"status": "success", "data": {"result": {"a": 1}}}',
+        "application/json",
+        "data.result is dict, expected a list",
+    ),
+    (200, b"[1, 2, 3]", "application/json", "wrong shape: a list"),
+    (
+        200,
+        b'{"status": "success", "data": {"result": [{"metric": {}, "values": 5}]}}',
+        "application/json",
+        r"result\[0\]\.value.* not a list of \[time, value\] pairs",
+    ),
+    (
+        200,
+        b'{"status": "success", "data": {"result": [{"metric": {}, "value": [1, "x"]}]}}',
+        "application/json",
+        r"result\[0\] .* non-numeric point",
+    ),
+    (
+        200,
+        b'{"status": "error", "errorType": "timeout", "error": "query timed out"}',
+        "application/json",
+        "status 'error': timeout: query timed out",
+    ),
+    (503, b"upstream unavailable", "text/plain", "HTTP 503.*upstream unavailable"),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "content_type", "problem"), GARBAGE)
+@pytest.mark.parametrize("collect", [_collect_range, _collect_now])
+def test_garbage_answers_raise_collect_error_naming_the_problem(
+    collect, status: int, body: bytes, content_type: str, problem: str
+) -> None:
+    with (
+        _serve(status, body, content_type) as url,
+        pytest.raises(CollectError, match=problem) as raised,
+    ):
+        collect(CollectConfig(url=url, timeout_s=5.0))
+    assert url in str(raised.value)
+
+
+def test_wrong_shape_in_a_range_answer_is_caught_too() -> None:
+    body = b'{"status": "success", "data": {"result": [{"metric": {"instance": "h:1"}}]}}'
+    with _serve(200, body, "application/json") as url:
+        config = CollectConfig(url=url, node_from="label")  # no uname query: straight to ranges
+        with pytest.raises(CollectError, match=r"result\[0\]\.values is not a list") as raised:
+            _collect_range(config)
+    assert "node_cpu_seconds_total" in str(raised.value)
+
+
+@pytest.mark.parametrize("collect", [_collect_range, _collect_now])
+def test_a_hung_prometheus_raises_collect_error_after_the_timeout(collect) -> None:
+    with (
+        _serve(200, b"{}", "application/json", delay=threading.Event()) as url,
+        pytest.raises(CollectError, match=r"no answer within the 0\.3 s timeout"),
+    ):
+        collect(CollectConfig(url=url, timeout_s=0.3))
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parts: sensor names, node mapping, times, chunks, config files
+
+
+def _sensor_columns(names_and_ids: list[tuple[str, str]], config: CollectConfig | None = None):
+    rules = compile_sensor_rules(config or CollectConfig())
+    sensors = [{"name": name, "id": sensor_id} for name, sensor_id in names_and_ids]
+    assignment = assign_sensor_columns(sensors, rules)
+    return {column: names_and_ids[index][0] for index, column in assignment.items()}
+
+
+@pytest.mark.parametrize(
+    ("sensors", "expected"),
+    [
+        (
+            [("Inlet Temp", "1"), ("Temp", "3"), ("Temp", "2"), ("Exhaust Temp", "4")],
+            {"ambient_temp_c": "Inlet Temp", "cpu1_temp_c": "Temp", "cpu2_temp_c": "Temp"},
+        ),
+        (
+            [("CPU1 VRM Temp", "1"), ("CPU1 Temp", "2"), ("P1-DIMMA1 Temp", "3"), ("Ambient", "4")],
+            {"ambient_temp_c": "Ambient", "cpu1_temp_c": "CPU1 Temp"},
+        ),
+        (
+            [("01-Inlet Ambient", "1"), ("02-CPU 1", "2"), ("03-CPU 2", "3"), ("CPU10", "4")],
+            {
+                "ambient_temp_c": "01-Inlet Ambient",
+                "cpu1_temp_c": "02-CPU 1",
+                "cpu2_temp_c": "03-CPU 2",
+            },
+        ),
+        (
+            [("System Board Inlet Temp", "1"), ("Processor 1 Temperature", "2")],
+            {"ambient_temp_c": "System Board Inlet Temp", "cpu1_temp_c": "Processor 1 Temperature"},
+        ),
+    ],
+)
+def test_vendor_sensor_names_map_to_columns(sensors, expected) -> None:
+    assert _sensor_columns(sensors) == expected
+
+
+def test_dell_temp_sensors_follow_numeric_sensor_ids() -> None:
+    rules = compile_sensor_rules(CollectConfig())
+    sensors = [{"name": "Temp", "id": "10"}, {"name": "Temp", "id": "9"}]
+    assert assign_sensor_columns(sensors, rules) == {1: "cpu1_temp_c", 0: "cpu2_temp_c"}
+
+
+def test_instance_hosts_and_node_mapping() -> None:
+    assert instance_host("10.0.0.1:9100") == "10.0.0.1"
+    assert instance_host("[fd00::1]:9290") == "fd00::1"
+    assert instance_host("worker-3") == "worker-3"
+    config = CollectConfig(instance_nodes={"bmc-7.example:9290": "node-7"})
+    host_nodes = {"10.0.0.1": "node-a"}
+    assert node_of({"instance": "10.0.0.1:9290"}, config, host_nodes) == "node-a"
+    assert node_of({"instance": "bmc-7.example:9290"}, config, host_nodes) == "node-7"
+    assert node_of({"instance": "10.0.0.2:9290"}, config, host_nodes) is None
+    by_label = CollectConfig(node_from="label")
+    assert node_of({"instance": "x:1", "node": "node-q"}, by_label, {}) == "node-q"
+    assert node_of({"instance": "x:1"}, by_label, {}) is None
+
+
+def test_times_durations_and_chunks() -> None:
+    now = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+    assert parse_time("now", now=now) == now
+    assert parse_time("-7d", now=now) == datetime(2026, 1, 3, 12, 0, tzinfo=UTC)
+    assert parse_time("now-1h30m", now=now) == datetime(2026, 1, 10, 10, 30, tzinfo=UTC)
+    assert parse_time(str(T0_S)) == datetime(2026, 1, 5, tzinfo=UTC)
+    assert parse_time("2026-01-05T01:00:00+01:00") == datetime(2026, 1, 5, tzinfo=UTC)
+    with pytest.raises(CollectConfigError, match="no UTC offset"):
+        parse_time("2026-01-05T00:00:00")
+    with pytest.raises(CollectConfigError, match="bad time 'yesterday'"):
+        parse_time("yesterday")
+    assert parse_duration_s("1h30m") == 5400
+    assert parse_duration_s("90") == 90
+    with pytest.raises(CollectConfigError, match="bad duration '5 minutes'"):
+        parse_duration_s("5 minutes")
+    assert chunk_bounds(0, 100, 10, 5) == [(0, 40), (50, 90), (100, 100)]
+    points = sum((end - start) // 10 + 1 for start, end in chunk_bounds(0, 100, 10, 5))
+    assert points == 11
+
+
+def test_config_file_overrides_queries_and_some_sensor_columns(tmp_path: Path) -> None:
+    path = tmp_path / "collect.yaml"
+    path.write_text(
+        "node_from: label\n"
+        "power_query: sum by (instance, node) (my_power_watts)\n"
+        "sensor_patterns:\n"
+        "  ambient_temp_c: ['Front Air']\n"
+    )
+    config = load_collect_config(path, url="http://127.0.0.1:1")
+    assert config.node_from == "label"
+    assert config.url == "http://127.0.0.1:1"
+    assert config.power_query == "sum by (instance, node) (my_power_watts)"
+    mapped = _sensor_columns([("Front Air", "1"), ("Inlet Temp", "2"), ("CPU1 Temp", "3")], config)
+    assert mapped == {"ambient_temp_c": "Front Air", "cpu1_temp_c": "CPU1 Temp"}
+
+    path.write_text("nod_from: label\n")
+    with pytest.raises(
+        CollectConfigError, match=r"collect.yaml: unknown setting\(s\) \['nod_from'\]"
+    ):
+        load_collect_config(path)
+    path.write_text("sensor_patterns: {cpu1_temp_c: ['CPU(1']}\n")
+    with pytest.raises(
+        CollectConfigError, match=r"sensor_patterns.cpu1_temp_c: bad regex 'CPU\(1'"
+    ):
+        load_collect_config(path)
+    with pytest.raises(CollectConfigError, match="step_s must be a whole number"):
+        CollectConfig(step_s=0.5)
+
+
+def test_render_query_groups_by_node_label_in_label_mode() -> None:
+    assert render_query(DEFAULT_CPU_QUERY, CollectConfig(cpu_rate_window="5m")) == (
+        '1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[5m]))'
+    )
+    assert "by (instance, node)" in render_query(
+        DEFAULT_CPU_QUERY, CollectConfig(node_from="label")
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI, end to end
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "training.collect", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.prometheus
+def test_cli_writes_parquet_and_csv_that_round_trip(fleet_prometheus, tmp_path: Path) -> None:
+    prom, _ = fleet_prometheus
+    start = "2026-01-05T02:00:00Z"
+    end_s = T0_S + 4 * 3600
+    expected = collect_metrics(
+        CollectConfig(url=prom.url), _utc(T0_S + 2 * 3600), _utc(end_s), progress=False
+    )
+    assert len(expected) == 3 * 121
+    for name in ("fleet.parquet", "fleet.csv"):
+        out = tmp_path / name
+        done = _run_cli(
+            "--prometheus",
+            prom.url,
+            "--start",
+            start,
+            "--end",
+            str(end_s),
+            "--step",
+            "1m",
+            "--out",
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr
+        assert "collected 363 rows for 3 nodes" in done.stderr
+        assert "2 series map to no node" in done.stderr
+        if out.suffix == ".parquet":
+            written = pd.read_parquet(out)
+        else:
+            written = pd.read_csv(out)
+            written["timestamp"] = pd.to_datetime(written["timestamp"], utc=True)
+        pd.testing.assert_frame_equal(written, expected, check_dtype=False, check_index_type=False)
+        assert written["timestamp"].dt.tz is not None
+
+
+def test_cli_bad_input_exits_non_zero_with_one_line(tmp_path: Path) -> None:
+    out = str(tmp_path / "x.parquet")
+    bad_time = _run_cli("--prometheus", "http://127.0.0.1:1", "--start", "last week", "--out", out)
+    assert bad_time.returncode == 2
+    assert bad_time.stderr.strip().splitlines() == [
+        "error: bad time 'last week': use RFC 3339 (2026-01-05T00:00:00Z), Unix seconds, "
+        "'now' or relative like -7d"
+    ]
+    url = f"http://127.0.0.1:{free_port()}"
+    unreachable = _run_cli("--prometheus", url, "--start", "-1h", "--out", out, "--quiet")
+    assert unreachable.returncode == 1
+    lines = unreachable.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: Prometheus at {url}")
+    assert "Traceback" not in unreachable.stderr
+    assert not Path(out).exists()
+
+
+def test_example_config_file_documents_the_defaults() -> None:
+    example = REPO_ROOT / "tests" / "fixtures" / "collect" / "collect-config.example.yaml"
+    loaded = load_collect_config(example)
+    defaults = CollectConfig()
+    for setting in fields(CollectConfig):
+        value, default = getattr(loaded, setting.name), getattr(defaults, setting.name)
+        if setting.name == "sensor_patterns":
+            value = {k: tuple(v) for k, v in value.items()}
+        elif isinstance(default, tuple):
+            value = tuple(value)
+        assert value == default, setting.name
+    assert set(yaml.safe_load(example.read_text())) == {f.name for f in fields(CollectConfig)} - {
+        "url"
+    }
+
+
+@pytest.mark.prometheus
+def test_a_range_without_data_gives_an_empty_table_and_a_cli_error(
+    fleet_prometheus, tmp_path: Path
+) -> None:
+    prom, _ = fleet_prometheus
+    before_s = T0_S - 30 * 86400
+    frame = collect_metrics(
+        _config(prom.url), _utc(before_s), _utc(before_s + 3600), progress=False
+    )
+    assert frame.empty
+    assert list(frame.columns) == list(CONTRACT_COLUMNS)
+    out = tmp_path / "none.csv"
+    done = _run_cli(
+        "--prometheus",
+        prom.url,
+        "--start",
+        str(before_s),
+        "--end",
+        str(before_s + 3600),
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    assert done.returncode == 1
+    assert "has no data for any node" in done.stderr
+    assert not out.exists()

@@ -53,7 +53,7 @@ from urllib3.util.retry import Retry
 from training.dataset import CONTRACT_COLUMNS
 from training.synth import write_table
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("training.collect")  # also when run as __main__
 
 TEMPERATURE_COLUMNS: tuple[str, ...] = ("ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
 PROMETHEUS_MAX_POINTS = 11_000  # Prometheus rejects range queries with more points per series
@@ -559,7 +559,7 @@ class PrometheusReader:
         retry = Retry(
             total=config.retries,
             connect=config.retries,
-            read=0,  # a server too slow once is too slow twice: keep the total time bounded
+            read=False,  # a server too slow once is too slow twice: keep the total time bounded
             status=config.retries,
             backoff_factor=0.2,
             status_forcelist=(502, 503, 504),
@@ -844,10 +844,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TIME_FLAGS = ("--start", "--end")
+
+
+def _attach_relative_times(argv: Sequence[str]) -> list[str]:
+    """`--start -7d` -> `--start=-7d`: argparse would take `-7d` for an unknown flag."""
+    joined: list[str] = []
+    items = list(argv)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        following = items[index + 1] if index + 1 < len(items) else ""
+        if item in _TIME_FLAGS and following.startswith("-") and following[1:2].isdigit():
+            joined.append(f"{item}={following}")
+            index += 2
+            continue
+        joined.append(item)
+        index += 1
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(_attach_relative_times(argv))
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # urllib3 warns on every retry; the final CollectError says what went wrong, once.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     if args.out.suffix.lower() not in (".parquet", ".csv"):
         print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
         return 2
