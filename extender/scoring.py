@@ -227,53 +227,62 @@ def assess(
     if not math.isfinite(demand_cores) or demand_cores < 0:
         raise ValueError(f"demand_cores must be finite and >= 0, got {demand_cores!r}")
     count = len(candidates)
-    names = tuple(c if isinstance(c, str) else c.name for c in candidates)
+    by_name = not count or isinstance(candidates[0], str)
+    names = tuple(candidates) if by_name else tuple(node.name for node in candidates)
     positions = view.index_of(names)
-    in_view = positions >= 0
-    safe = np.where(in_view, positions, 0)
+    gather = _Gather(positions, view_size=len(view.names))
 
-    if count and not isinstance(candidates[0], str):
+    if by_name:
+        known = gather(view.has_node_info, False)
+        allocatable = gather(view.allocatable_cpu, np.nan)
+        energy = gather(view.energy_level, EnergyLevel.UNKNOWN)
+        max_power = gather(view.max_power_w, np.nan)
+    else:
         nodes: Sequence[NodeInfo] = candidates  # type: ignore[assignment]
         known = np.ones(count, dtype=bool)
         allocatable = np.fromiter((n.allocatable_cpu for n in nodes), np.float64, count)
         energy = np.fromiter((energy_level_of(n.labels) for n in nodes), np.int8, count)
         max_power = np.fromiter((max_power_of(n.annotations) for n in nodes), np.float64, count)
-    else:
-        known = in_view & view.has_node_info[safe] if count else np.zeros(0, dtype=bool)
-        allocatable = np.where(known, view.allocatable_cpu[safe], np.nan)
-        energy = np.where(known, view.energy_level[safe], np.int8(EnergyLevel.UNKNOWN))
-        energy = energy.astype(np.int8, copy=False)
-        max_power = np.where(known, view.max_power_w[safe], np.nan)
+    util = gather(view.cpu_util, np.nan)
+    observed_at_s = gather(view.observed_at_s, -np.inf)
+    assumed_cores = gather(view.assumed_cpu, 0.0)
 
-    util = np.where(in_view, view.cpu_util[safe], np.nan)
-    observed_at_s = np.where(in_view, view.observed_at_s[safe], -np.inf)
-    assumed_cores = np.where(in_view, view.assumed_cpu[safe], 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         telemetry_age_s = now_s - observed_at_s
-        capacity_ok = np.isfinite(allocatable) & (allocatable > 0)
-        fresh = np.isfinite(util) & np.isfinite(observed_at_s)
-        if telemetry_ttl_s is not None:
-            fresh &= telemetry_age_s <= telemetry_ttl_s
-        has_telemetry = known & fresh & capacity_ok
-        u = np.clip(util, 0.0, 1.0)
-        a = np.where(capacity_ok, assumed_cores / allocatable, np.nan)
-        d = np.where(capacity_ok, demand_cores / allocatable, np.nan)
+        # NaN compares False, so these also reject missing allocatable CPU and utilisation.
+        has_telemetry = known & (allocatable > 0) & (allocatable < np.inf) & (util >= 0)
+        if telemetry_ttl_s is None:
+            has_telemetry &= observed_at_s > -np.inf
+        else:
+            has_telemetry &= telemetry_age_s <= telemetry_ttl_s
+        u = np.where(has_telemetry, np.minimum(util, 1.0), np.nan)
+        a = assumed_cores / allocatable
+        d = demand_cores / allocatable
 
+    # Only nodes in the view can have telemetry, so their curve rows are all that matter.
     if curves is not None and count:
-        curve_idx = np.asarray(curves.index_of(names), dtype=np.intp)
+        curve_idx = gather(view.curve_rows(curves), -1)
     else:
         curve_idx = np.full(count, -1, dtype=np.intp)
     has_curve = curve_idx >= 0
 
-    power_before = np.full(count, np.nan)
-    increase = np.full(count, np.nan)
     rows = np.flatnonzero(has_telemetry & has_curve)
-    if rows.size and curves is not None:
+    if curves is None or rows.size == 0:
+        power_before = np.full(count, np.nan)
+        power_after = power_before.copy()
+    elif rows.size == count:
+        util_from = u + a
+        power_before = curves.power_w(curve_idx, util_from)
+        power_after = curves.power_w(curve_idx, util_from + d)
+    else:
+        power_before = np.full(count, np.nan)
+        power_after = power_before.copy()
         util_from = u[rows] + a[rows]
         power_before[rows] = curves.power_w(curve_idx[rows], util_from)
-        increase[rows] = curves.power_increase_w(curve_idx[rows], util_from, d[rows])
-    power_after = power_before + increase
-    scorable = np.isfinite(power_before) & np.isfinite(increase)
+        power_after[rows] = curves.power_w(curve_idx[rows], util_from + d[rows])
+    # P(u + a + d) - P(u + a), as CurveTable.power_increase_w computes it, without a third lookup.
+    increase = power_after - power_before
+    scorable = np.isfinite(increase)
 
     power_score = _power_scores(increase, scorable)
     energy_score = ENERGY_SCORES[energy]
@@ -296,7 +305,7 @@ def assess(
     return Assessment(
         names=names,
         known=known,
-        u=np.where(has_telemetry, u, np.nan),
+        u=u,
         a=a,
         d=d,
         telemetry_age_s=telemetry_age_s,
@@ -339,3 +348,20 @@ def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
 def _finite_or_none(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+class _Gather:
+    """Reads view arrays at the candidates' positions; `missing` where a name is not in the view."""
+
+    def __init__(self, positions: np.ndarray, view_size: int) -> None:
+        self.positions = positions
+        self.in_view = positions >= 0
+        self.all_in_view = bool(self.in_view.all())
+        self.view_size = view_size
+
+    def __call__(self, array: np.ndarray, missing: float | bool | int) -> np.ndarray:
+        if self.all_in_view:
+            return array[self.positions]
+        if self.view_size == 0:
+            return np.full(self.positions.shape, missing, dtype=array.dtype)
+        return np.where(self.in_view, array[self.positions], missing).astype(array.dtype)

@@ -19,11 +19,12 @@ import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import MappingProxyType
 
 import numpy as np
 
-from extender.scoring import EnergyLevel, energy_level_of, max_power_of
+from extender.scoring import EnergyLevel, PowerCurves, energy_level_of, max_power_of
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,30 @@ class NodeInfo:
 class _Telemetry:
     values: Mapping[str, float]
     observed_at_s: float
+    cpu_util: float  # values["cpu_util"], NaN when absent: read for every node on each rebuild
+
+
+def _telemetry_entry(values: Mapping[str, float], observed_at_s: float) -> _Telemetry:
+    frozen = MappingProxyType(dict(values))
+    return _Telemetry(frozen, float(observed_at_s), float(frozen.get(CPU_UTIL_FEATURE, math.nan)))
+
+
+@dataclass(frozen=True)
+class _NodeArrays:
+    """The part of a view that changes only with the node set (and telemetry-only names)."""
+
+    names: tuple[str, ...]
+    positions: Mapping[str, int]
+    has_node_info: np.ndarray
+    allocatable_cpu: np.ndarray
+    energy_level: np.ndarray
+    max_power_w: np.ndarray
+
+
+@dataclass(frozen=True)
+class _TelemetryArrays:
+    cpu_util: np.ndarray
+    observed_at_s: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -78,10 +103,26 @@ class ClusterView:
     cpu_util: np.ndarray
     observed_at_s: np.ndarray
 
+    # One (curve table, rows) pair: the request path maps names to view positions once, and
+    # view positions to curve rows through this array instead of a second lookup per name.
+    _curve_rows: list = field(default_factory=lambda: [None, None], repr=False)
+
+    def curve_rows(self, curves: PowerCurves) -> np.ndarray:
+        """Row of each view node in `curves` (-1 = no curve), cached for the latest table."""
+        table, rows = self._curve_rows
+        if table is curves:
+            return rows
+        rows = np.asarray(curves.index_of(self.names), dtype=np.intp)
+        rows.flags.writeable = False
+        # A race here only computes the same array twice.
+        self._curve_rows[:] = [curves, rows]
+        return rows
+
     def index_of(self, names: Sequence[str]) -> np.ndarray:
         """Positions of `names` in this view's arrays; -1 for a name the view does not know."""
-        get = self.positions.get
-        return np.fromiter((get(name, -1) for name in names), dtype=np.intp, count=len(names))
+        return np.fromiter(
+            map(self.positions.get, names, repeat(-1)), dtype=np.intp, count=len(names)
+        )
 
     def node(self, name: str) -> int:
         """Position of one node, -1 when unknown."""
@@ -101,9 +142,15 @@ class ClusterState:
         # Insertion order is binding order (a re-bound pod is moved to the end), so expired
         # bindings are at the front and purging stops at the first live one.
         self._bindings: dict[str, _Binding] = {}
+        # _version: anything changed; _layout_version: the node set, a node's info or the set of
+        # telemetry-only names changed; _telemetry_version: any telemetry changed. A rebuild
+        # reuses the arrays whose versions did not move.
         self._version = 0
+        self._layout_version = 0
         self._telemetry_version = 0
         self._view: ClusterView | None = None
+        self._node_arrays: tuple[int, _NodeArrays] | None = None
+        self._telemetry_arrays: tuple[int, int, _TelemetryArrays] | None = None
 
     @property
     def assumed_window_s(self) -> float:
@@ -115,8 +162,11 @@ class ClusterState:
         """Make `nodes` the whole node set (initial list, resync, snapshot file)."""
         new_nodes = {node.name: _checked(node) for node in nodes}
         with self._lock:
+            if new_nodes == self._nodes:
+                return
             self._nodes = new_nodes
             self._version += 1
+            self._layout_version += 1
 
     def upsert_node(self, node: NodeInfo) -> None:
         node = _checked(node)
@@ -125,6 +175,7 @@ class ClusterState:
                 return
             self._nodes[node.name] = node
             self._version += 1
+            self._layout_version += 1
 
     def remove_node(self, name: str) -> None:
         """Forget a deleted node and its telemetry (autoscaled fleets would otherwise grow)."""
@@ -134,18 +185,32 @@ class ClusterState:
             if removed_node is None and removed_telemetry is None:
                 return
             self._version += 1
+            self._layout_version += 1
             if removed_telemetry is not None:
                 self._telemetry_version += 1
 
     def set_telemetry(self, node: str, values: Mapping[str, float], observed_at_s: float) -> None:
         """Record the latest telemetry of `node` (feature name -> value) observed at a time."""
-        entry = _Telemetry(MappingProxyType(dict(values)), float(observed_at_s))
+        self.set_telemetry_many([(node, values, observed_at_s)])
+
+    def set_telemetry_many(
+        self, readings: Iterable[tuple[str, Mapping[str, float], float]]
+    ) -> None:
+        """`set_telemetry` for a whole poll round under one lock (added to the contract)."""
+        entries = [(node, _telemetry_entry(values, at_s)) for node, values, at_s in readings]
         with self._lock:
-            if self._telemetry.get(node) == entry:
-                return
-            self._telemetry[node] = entry
-            self._version += 1
-            self._telemetry_version += 1
+            changed = False
+            for node, entry in entries:
+                previous = self._telemetry.get(node)
+                if previous == entry:
+                    continue
+                if previous is None and node not in self._nodes:
+                    self._layout_version += 1  # a new telemetry-only name
+                self._telemetry[node] = entry
+                changed = True
+            if changed:
+                self._version += 1
+                self._telemetry_version += 1
 
     def pod_bound(self, node: str, pod_uid: str, cpu_cores: float, bound_at_s: float) -> None:
         """A pod was bound to `node`: assume its CPU there until the window passes.
@@ -216,18 +281,34 @@ class ClusterState:
             del self._bindings[uid]
 
     def _build_view_locked(self, now_s: float) -> ClusterView:
-        window_s = self._assumed_window_s
-        self._purge_expired_locked(now_s)
+        nodes = self._current_node_arrays_locked()
+        telemetry = self._current_telemetry_arrays_locked(nodes)
+        assumed, valid_until_s = self._assumed_cores_locked(nodes.positions, now_s)
+        return ClusterView(
+            version=self._version,
+            built_at_s=now_s,
+            valid_until_s=valid_until_s,
+            names=nodes.names,
+            positions=nodes.positions,
+            has_node_info=nodes.has_node_info,
+            allocatable_cpu=nodes.allocatable_cpu,
+            assumed_cpu=assumed,
+            energy_level=nodes.energy_level,
+            max_power_w=nodes.max_power_w,
+            cpu_util=telemetry.cpu_util,
+            observed_at_s=telemetry.observed_at_s,
+        )
+
+    def _current_node_arrays_locked(self) -> _NodeArrays:
+        if self._node_arrays is not None and self._node_arrays[0] == self._layout_version:
+            return self._node_arrays[1]
         # Telemetry-only nodes are included so that request node objects (nodeCacheCapable
         # false) find their telemetry even when no node source runs.
         telemetry_only = [name for name in self._telemetry if name not in self._nodes]
         names = (*self._nodes, *telemetry_only)
-        positions = {name: i for i, name in enumerate(names)}
         count = len(names)
-        known_count = len(self._nodes)
-
         has_node_info = np.zeros(count, dtype=bool)
-        has_node_info[:known_count] = True
+        has_node_info[: len(self._nodes)] = True
         allocatable = np.full(count, np.nan, dtype=np.float64)
         energy = np.full(count, EnergyLevel.UNKNOWN, dtype=np.int8)
         max_power = np.full(count, np.nan, dtype=np.float64)
@@ -235,18 +316,43 @@ class ClusterState:
             allocatable[i] = node.allocatable_cpu
             energy[i] = energy_level_of(node.labels)
             max_power[i] = max_power_of(node.annotations)
-        util = np.full(count, np.nan, dtype=np.float64)
-        observed = np.full(count, -np.inf, dtype=np.float64)
-        for i, name in enumerate(names):
-            entry = self._telemetry.get(name)
-            if entry is not None:
-                util[i] = entry.values.get(CPU_UTIL_FEATURE, math.nan)
-                observed[i] = entry.observed_at_s
+        arrays = _NodeArrays(
+            names=names,
+            positions=MappingProxyType({name: i for i, name in enumerate(names)}),
+            has_node_info=_frozen(has_node_info),
+            allocatable_cpu=_frozen(allocatable),
+            energy_level=_frozen(energy),
+            max_power_w=_frozen(max_power),
+        )
+        self._node_arrays = (self._layout_version, arrays)
+        return arrays
 
-        assumed = np.zeros(count, dtype=np.float64)
+    def _current_telemetry_arrays_locked(self, nodes: _NodeArrays) -> _TelemetryArrays:
+        key = (self._layout_version, self._telemetry_version)
+        if self._telemetry_arrays is not None and self._telemetry_arrays[:2] == key:
+            return self._telemetry_arrays[2]
+        count = len(nodes.names)
+        entries = list(map(self._telemetry.get, nodes.names))
+        util = np.fromiter(
+            (math.nan if e is None else e.cpu_util for e in entries), np.float64, count
+        )
+        observed = np.fromiter(
+            (-math.inf if e is None else e.observed_at_s for e in entries), np.float64, count
+        )
+        arrays = _TelemetryArrays(cpu_util=_frozen(util), observed_at_s=_frozen(observed))
+        self._telemetry_arrays = (*key, arrays)
+        return arrays
+
+    def _assumed_cores_locked(
+        self, positions: Mapping[str, int], now_s: float
+    ) -> tuple[np.ndarray, float]:
+        """Assumed cores per view node as of `now_s`, and when the first binding expires."""
+        window_s = self._assumed_window_s
+        self._purge_expired_locked(now_s)
+        assumed = np.zeros(len(positions), dtype=np.float64)
         valid_until_s = math.inf
-        # Bindings may arrive out of order, so the purge above can leave some expired ones
-        # behind the first live one: the expiry test here is per binding.
+        # Bindings may arrive out of order, so the purge can leave some expired ones behind
+        # the first live one: the expiry test here is per binding.
         for binding in self._bindings.values():
             expires_at_s = binding.bound_at_s + window_s
             if expires_at_s <= now_s:
@@ -256,23 +362,12 @@ class ClusterState:
                 continue
             assumed[position] += binding.cpu_cores
             valid_until_s = min(valid_until_s, expires_at_s)
+        return _frozen(assumed), valid_until_s
 
-        for array in (has_node_info, allocatable, energy, max_power, util, observed, assumed):
-            array.flags.writeable = False
-        return ClusterView(
-            version=self._version,
-            built_at_s=now_s,
-            valid_until_s=valid_until_s,
-            names=names,
-            positions=MappingProxyType(positions),
-            has_node_info=has_node_info,
-            allocatable_cpu=allocatable,
-            assumed_cpu=assumed,
-            energy_level=energy,
-            max_power_w=max_power,
-            cpu_util=util,
-            observed_at_s=observed,
-        )
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _checked(node: NodeInfo) -> NodeInfo:

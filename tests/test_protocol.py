@@ -19,6 +19,7 @@ from extender.protocol import (
     parse_extender_args,
     pod_key,
     prioritize_result,
+    prioritize_result_arrays,
 )
 from extender.state import NodeInfo
 
@@ -190,3 +191,19 @@ def test_args_built_directly_derive_their_candidate_names() -> None:
         "FailedNodes": {"y": "no"},
         "Error": "",
     }
+
+
+def test_prioritize_from_arrays_matches_and_checks() -> None:
+    hosts = ["node-a", "node-b", "node-c"]
+    scores = np.array([10, 0, 7], dtype=np.int64)
+    assert prioritize_result_arrays(hosts, scores) == prioritize_result(
+        [("node-a", 10), ("node-b", 0), ("node-c", 7)]
+    )
+    assert encode(prioritize_result_arrays(hosts, scores)).count(b".") == 0
+    assert prioritize_result_arrays([], np.array([], dtype=np.int64)) == []
+    with pytest.raises(TypeError, match="dtype float64"):
+        prioritize_result_arrays(hosts, np.array([10.0, 0.0, 7.0]))
+    with pytest.raises(ValueError, match=r"0\.\.10, got -1\.\.7"):
+        prioritize_result_arrays(hosts, np.array([-1, 0, 7]))
+    with pytest.raises(ValueError, match="3 hosts but 2 scores"):
+        prioritize_result_arrays(hosts, np.array([1, 2]))

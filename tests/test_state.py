@@ -228,3 +228,53 @@ def test_concurrent_writers_and_readers_see_consistent_views() -> None:
     final = state.view(T0 + 10_000)
     assert final.assumed_cpu.sum() == pytest.approx(4 * per_writer * 0.25)
     assert np.all(final.assumed_cpu == final.assumed_cpu[0])
+
+
+def test_a_poll_round_is_one_change_and_reuses_the_node_arrays() -> None:
+    state = cluster()
+    state.set_telemetry("node-a", {"cpu_util": 0.1}, T0)
+    before = state.view(T0)
+    version, _ = state.telemetry_snapshot()
+    state.set_telemetry_many(
+        [
+            ("node-a", {"cpu_util": 0.2}, T0 + 15),
+            ("node-b", {"cpu_util": 0.6}, T0 + 15),
+        ]
+    )
+    after = state.view(T0 + 16)
+    assert after is not before
+    assert after.cpu_util.tolist()[:2] == [0.2, 0.6]
+    assert state.telemetry_snapshot()[0] == version + 1
+    # Telemetry changed, the node set did not: the node arrays are the same objects.
+    assert after.allocatable_cpu is before.allocatable_cpu
+    assert after.names is before.names
+    # A node change rebuilds them.
+    state.upsert_node(NodeInfo("node-a", 12.0, {}, {}))
+    changed = state.view(T0 + 17)
+    assert changed.allocatable_cpu is not before.allocatable_cpu
+    assert changed.allocatable_cpu[0] == 12.0
+    assert changed.cpu_util[0] == 0.2
+
+
+class CountingCurves:
+    """Just enough of a curve table to count the name lookups."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.lookups = 0
+
+    def index_of(self, names):
+        self.lookups += 1
+        return np.array([self.names.index(n) if n in self.names else -1 for n in names])
+
+
+def test_curve_rows_are_looked_up_once_per_view_and_table() -> None:
+    state = cluster()
+    view = state.view(T0)
+    table = CountingCurves(["node-c", "node-a"])
+    assert view.curve_rows(table).tolist() == [1, -1, 0]
+    assert view.curve_rows(table).tolist() == [1, -1, 0]
+    assert table.lookups == 1
+    other = CountingCurves(["node-b"])
+    assert view.curve_rows(other).tolist() == [-1, 0, -1]
+    assert other.lookups == 1
