@@ -181,7 +181,8 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
     # part of the fall is credited to the CPU temperature, which follows load
     assert check["max_drop_w"] > 20
 
-    settings = FitSettings(min_rows=100)
+    # every family that can dip does dip here; rfmono cannot (checked below)
+    settings = FitSettings(min_rows=100, families=("poly3", "poly5", "poly5t2", "gbr"))
     chosen, _, candidates, _ = choose_model(
         rows.take(slice(0, 480)), rows.take(slice(480, None)), settings
     )
@@ -191,6 +192,10 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
     outcome = fit_node(rows, settings)
     assert outcome.onnx is None
     assert outcome.fallback_reason == "no family passed the monotonicity check"
+
+    forest = fit_family(FAMILIES["rfmono"], rows.features, rows.power_w, seed=0)
+    forest_check = monotonic_verdict(forest, np.median(rows.features, axis=0), tolerance_w=0.0)
+    assert forest_check["verdict"] == "pass"  # constrained trees never fall along utilisation
 
 
 def test_a_dipping_best_family_gives_way_to_the_next() -> None:
