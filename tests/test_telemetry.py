@@ -1,0 +1,298 @@
+"""TelemetryPoller against a real Prometheus scraping tiny exporters served by the test.
+
+Two exporters stand in for two nodes: each serves node_exporter-like CPU counters and
+ipmi_exporter-like BMC readings. Node A is found through `node_uname_info` (node_from: uname),
+node B through an explicit instance mapping and has one CPU socket. Waits are bounded polling
+loops on observable state, never assertions on speed.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from extender.state import ClusterState
+from extender.telemetry import TelemetryPoller
+from tests.support.prometheus import PrometheusServer, require_prometheus, start_prometheus
+from training.collect import CollectConfig
+
+WAIT_S = 60.0
+CPUS = 2
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for: {what}")
+        time.sleep(0.1)
+
+
+@dataclass(eq=False)  # identity hash: the registry keys collectors by object
+class FakeHost(Collector):
+    """Exposes what node_exporter and ipmi_exporter would for one host; values settable."""
+
+    cpu_util: float
+    temperatures_c: dict[str, float]
+    power_w: float
+    nodename: str | None = None
+    _idle_s: float = 0.0
+    _busy_s: float = 0.0
+    _last_s: float = field(default_factory=time.time)
+
+    def collect(self) -> Iterator[Metric]:
+        # The CPU counters advance with wall time at the current utilisation, so
+        # 1 - rate(idle) is exactly `cpu_util` once the rate window holds two scrapes.
+        now_s = time.time()
+        elapsed_s, self._last_s = now_s - self._last_s, now_s
+        self._idle_s += elapsed_s * (1 - self.cpu_util)
+        self._busy_s += elapsed_s * self.cpu_util
+        cpu = CounterMetricFamily(
+            "node_cpu_seconds_total", "Seconds the CPUs spent in each mode.", labels=["cpu", "mode"]
+        )
+        for index in range(CPUS):
+            cpu.add_metric([str(index), "idle"], self._idle_s)
+            cpu.add_metric([str(index), "user"], self._busy_s)
+        yield cpu
+        if self.nodename is not None:
+            uname = GaugeMetricFamily(
+                "node_uname_info", "Labeled system information.", labels=["nodename", "sysname"]
+            )
+            uname.add_metric([self.nodename, "Linux"], 1.0)
+            yield uname
+        temperature = GaugeMetricFamily(
+            "ipmi_temperature_celsius",
+            "Temperature reading in degree Celsius.",
+            labels=["id", "name"],
+        )
+        for index, (name, value) in enumerate(self.temperatures_c.items()):
+            temperature.add_metric([str(index + 1), name], value)
+        yield temperature
+        yield GaugeMetricFamily(
+            "ipmi_dcmi_power_consumption_watts",
+            "Current power consumption in Watts.",
+            value=self.power_w,
+        )
+
+
+@dataclass
+class Exporter:
+    host: FakeHost
+    target: str
+    stop: Callable[[], None]
+
+
+def serve(host: FakeHost) -> Exporter:
+    registry = CollectorRegistry()
+    registry.register(host)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return Exporter(host, f"127.0.0.1:{server.server_port}", stop)
+
+
+@pytest.fixture
+def exporters() -> Iterator[tuple[Exporter, Exporter]]:
+    node_a = serve(
+        FakeHost(
+            cpu_util=0.25,
+            temperatures_c={"Inlet Temp": 22.0, "CPU1 Temp": 55.0, "CPU2 Temp": 53.0},
+            power_w=310.0,
+            nodename="node-a",
+        )
+    )
+    node_b = serve(
+        FakeHost(cpu_util=0.6, temperatures_c={"Ambient": 24.0, "CPU1 Temp": 61.0}, power_w=150.0)
+    )
+    yield node_a, node_b
+    node_a.stop()
+    node_b.stop()
+
+
+def collect_config(prom_url: str, node_b_target: str) -> CollectConfig:
+    return CollectConfig(
+        url=prom_url,
+        cpu_rate_window="5s",  # five 1 s scrapes: follows a change within seconds
+        instance_nodes={node_b_target: "node-b"},
+    )
+
+
+def telemetry(state: ClusterState) -> dict[str, tuple[dict[str, float], float]]:
+    _, snapshot = state.telemetry_snapshot()
+    return {
+        node: (dict(values), observed_at_s) for node, (values, observed_at_s) in snapshot.items()
+    }
+
+
+def restart(prom: PrometheusServer) -> PrometheusServer:
+    """Start the same server again: same port, same data directory, same configuration."""
+    prom.stop()
+    with prom.log_path.open("a") as log:
+        process = subprocess.Popen(
+            prom.process.args, stdout=subprocess.DEVNULL, stderr=log, cwd=prom.data_dir.parent
+        )
+    restarted = PrometheusServer(process, prom.url, prom.data_dir, prom.log_path)
+
+    def answers() -> bool:
+        try:
+            restarted.query("up")
+            return True
+        except OSError:
+            return False
+
+    wait_until(answers, f"Prometheus to answer again at {prom.url}")
+    return restarted
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_poller_writes_telemetry_and_survives_an_outage(
+    tmp_path: Path, exporters: tuple[Exporter, Exporter]
+) -> None:
+    require_prometheus()
+    node_a, node_b = exporters
+    prom = start_prometheus(tmp_path, scrape_targets=[node_a.target, node_b.target])
+    poller: TelemetryPoller | None = None
+    try:
+        # A rate is only exact once its whole window is covered by scrapes (Prometheus does
+        # not extrapolate far past the samples): wait for enough history from both targets.
+        for target in (node_a.target, node_b.target):
+            prom.wait_for(
+                f'count_over_time(node_cpu_seconds_total{{instance="{target}",mode="idle",'
+                f'cpu="0"}}[10s]) >= 8'
+            )
+        state = ClusterState()
+        poller = TelemetryPoller(
+            collect_config(prom.url, node_b.target), state, interval_s=0.5, timeout_s=4.0
+        )
+
+        # One poll, by hand: every node and feature the exporters serve.
+        wait_until(poller.poll_once, "a first successful poll")
+        wait_until(lambda: len(telemetry(state)) == 2, "both nodes in one poll")
+        values_a, observed_a = telemetry(state)["node-a"]
+        values_b, _ = telemetry(state)["node-b"]
+        assert values_a == pytest.approx(
+            {
+                "cpu_util": 0.25,
+                "ambient_temp_c": 22.0,
+                "cpu1_temp_c": 55.0,
+                "cpu2_temp_c": 53.0,
+                "power_w": 310.0,
+            },
+            abs=0.02,
+        )
+        # One socket: no cpu2 value at all (feature_fill decides later), not a NaN.
+        assert values_b == pytest.approx(
+            {"cpu_util": 0.6, "ambient_temp_c": 24.0, "cpu1_temp_c": 61.0, "power_w": 150.0},
+            abs=0.02,
+        )
+        # Prometheus's evaluation time: a Unix time close to the test's clock.
+        assert abs(observed_a - time.time()) < 120
+        assert poller.consecutive_failures == 0 and poller.last_success_at_s is not None
+        assert poller.nodes_last_poll == 2
+
+        # In the background it follows the exporters.
+        poller.start()
+        node_a.host.power_w = 420.0
+        node_b.host.cpu_util = 0.9
+        wait_until(
+            lambda: (
+                telemetry(state)["node-a"][0]["power_w"] == 420.0
+                and telemetry(state)["node-b"][0]["cpu_util"] == pytest.approx(0.9, abs=0.02)
+            ),
+            "the new readings",
+        )
+
+        # Prometheus goes away: failures are counted, the last values stay as they were.
+        prom.stop()
+        wait_until(lambda: poller.consecutive_failures >= 2, "failed polls to be counted")
+        kept = telemetry(state)
+        last_success_s = poller.last_success_at_s
+        wait_until(lambda: poller.consecutive_failures >= 4, "more failed polls")
+        assert telemetry(state) == kept
+        assert poller.last_success_at_s == last_success_s
+        assert poller.failures_total >= 4
+        assert "cannot connect" in (poller.last_error or "")
+
+        # Back again: it recovers by itself and reads fresh values.
+        node_a.host.power_w = 390.0
+        prom = restart(prom)
+        wait_until(lambda: poller.consecutive_failures == 0, "recovery")
+        wait_until(lambda: telemetry(state)["node-a"][0]["power_w"] == 390.0, "fresh values")
+        assert telemetry(state)["node-a"][1] > kept["node-a"][1]
+        assert poller.last_error is None
+    finally:
+        if poller is not None:
+            poller.stop()
+        prom.stop()
+
+
+def test_unreachable_prometheus_fails_cleanly() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    state = ClusterState()
+    poller = TelemetryPoller(
+        CollectConfig(url=f"http://127.0.0.1:{closed_port}"), state, interval_s=1.0, timeout_s=2.0
+    )
+    assert poller.poll_once() is False
+    assert poller.poll_once() is False
+    assert (poller.consecutive_failures, poller.failures_total, poller.polls_total) == (2, 2, 2)
+    assert poller.last_success_at_s is None
+    assert f"127.0.0.1:{closed_port}" in (poller.last_error or "")
+    assert telemetry(state) == {}
+
+
+def test_a_silent_server_cannot_hold_a_poll() -> None:
+    # Accepts connections but never answers: only the timeout can end the poll.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        poller = TelemetryPoller(CollectConfig(url=url), ClusterState(), timeout_s=1.0)
+        results: list[bool] = []
+        polling = threading.Thread(target=lambda: results.append(poller.poll_once()))
+        polling.start()
+        polling.join(timeout=60)
+        assert not polling.is_alive(), "a poll must be bounded by its timeout"
+    assert results == [False]
+    assert "timeout" in (poller.last_error or "")
+
+
+def test_background_thread_keeps_polling_through_failures() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    poller = TelemetryPoller(
+        CollectConfig(url=f"http://127.0.0.1:{closed_port}"),
+        ClusterState(),
+        interval_s=0.05,
+        timeout_s=1.0,
+    )
+    poller.start()
+    try:
+        wait_until(lambda: poller.failures_total >= 3, "several failed polls in the thread")
+    finally:
+        poller.stop()
+    assert poller.status()["consecutive_failures"] == poller.failures_total
+
+
+def test_rejects_nonsense_settings() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        TelemetryPoller(CollectConfig(), ClusterState(), interval_s=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        TelemetryPoller(CollectConfig(), ClusterState(), timeout_s=float("nan"))
