@@ -444,29 +444,37 @@ class CollectStats:
     sensors: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> column -> name
     duplicates: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
+    unmapped_instance_names: set[str] = field(default_factory=set)
+
+    def note_unmapped(self, metric: str, labels: Mapping[str, str], instance_label: str) -> None:
+        self.unmapped_series[metric].add(tuple(sorted(labels.items())))
+        self.unmapped_instance_names.add(labels.get(instance_label, "(no instance label)"))
+
     def unmapped_counts(self) -> dict[str, int]:
         return {metric: len(found) for metric, found in self.unmapped_series.items()}
 
     def unmapped_instances(self) -> list[str]:
-        return sorted(
-            {
-                dict(labels).get("instance", "?")
-                for found in self.unmapped_series.values()
-                for labels in found
-            }
-        )
+        return sorted(self.unmapped_instance_names)
 
 
-def _long_rows(
-    node: str, column: str, series: Series
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    count = len(series.timestamps_s)
-    return (
-        np.full(count, node, dtype=object),
-        series.timestamps_s,
-        np.full(count, column, dtype=object),
-        series.values,
-    )
+def _node_columns(columns: Mapping[str, Sequence[Series]]) -> tuple[np.ndarray, dict]:
+    """One node's sample times (sorted union) and each column's values on them.
+
+    Several series for one column are averaged point by point (NaN points skipped).
+    """
+    times_s = np.unique(np.concatenate([s.timestamps_s for ss in columns.values() for s in ss]))
+    values: dict[str, np.ndarray] = {}
+    for column, series_list in columns.items():
+        sums = np.zeros(len(times_s))
+        counts = np.zeros(len(times_s))
+        for series in series_list:
+            known = ~np.isnan(series.values)
+            index = np.searchsorted(times_s, series.timestamps_s[known])
+            sums += np.bincount(index, weights=series.values[known], minlength=len(times_s))
+            counts += np.bincount(index, minlength=len(times_s))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values[column] = np.where(counts > 0, sums / counts, np.nan)
+    return times_s, values
 
 
 def build_table(
@@ -482,66 +490,58 @@ def build_table(
     `stats.duplicates`; series that map to no node are noted in `stats.unmapped_series`.
     """
     rules = rules or compile_sensor_rules(config)
-    pieces: list[tuple[np.ndarray, ...]] = []
     per_node: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
     for metric, series_list in answers.items():
         for series in series_list:
             node = node_of(series.labels, config, host_nodes)
             if node is None:
-                stats.unmapped_series[metric].add(tuple(sorted(series.labels.items())))
+                stats.note_unmapped(metric, series.labels, config.instance_label)
                 continue
             per_node[node][metric].append(series)
 
-    for node, by_metric in per_node.items():
-        columns: dict[str, list[Series]] = defaultdict(list)
-        for metric in ("cpu_util", "power_w"):
-            columns[metric].extend(by_metric.get(metric, []))
+    node_frames = []
+    for node in sorted(per_node):
+        by_metric = per_node[node]
+        columns: dict[str, list[Series]] = {
+            metric: list(by_metric[metric])
+            for metric in ("cpu_util", "power_w")
+            if by_metric[metric]
+        }
         sensors = by_metric.get("temperature", [])
         assignment = assign_sensor_columns([s.labels for s in sensors], rules)
         chosen = stats.sensors.setdefault(node, {})
-        for index, column in assignment.items():
-            columns[column].append(sensors[index])
+        for index, column in sorted(assignment.items()):
+            columns.setdefault(column, []).append(sensors[index])
             chosen.setdefault(column, sensors[index].labels.get(rules.name_label, ""))
+        if not columns:
+            continue
         for column, series_list in columns.items():
-            if len({tuple(sorted(s.labels.items())) for s in series_list}) > 1:
+            if len(series_list) > 1:
                 stats.duplicates[node].add(column)
-            pieces.extend(_long_rows(node, column, s) for s in series_list)
-
-    if not pieces:
+        times_s, values = _node_columns(columns)
+        node_frames.append(_contract_frame(np.full(len(times_s), node), times_s, values))
+    if not node_frames:
         return empty_table()
-    nodes, timestamps_s, column_names, values = (
-        np.concatenate(part) for part in zip(*pieces, strict=True)
-    )
-    long = pd.DataFrame(
-        {"node": nodes, "timestamp_s": timestamps_s, "column": column_names, "value": values}
-    )
-    wide = (
-        long.groupby(["node", "timestamp_s", "column"], sort=False)["value"]
-        .mean()
-        .unstack("column")
-    )
-    wide = wide.reset_index()
-    return _contract_frame(wide["node"], wide["timestamp_s"], wide)
+    return pd.concat(node_frames, ignore_index=True)
 
 
 def _contract_frame(
-    nodes: pd.Series, timestamps_s: pd.Series, values: pd.DataFrame
+    nodes: np.ndarray, timestamps_s: np.ndarray, values: Mapping[str, np.ndarray]
 ) -> pd.DataFrame:
     frame = pd.DataFrame(
         {
-            "node": nodes.astype("str").to_numpy(),
-            "timestamp": pd.to_datetime(timestamps_s.to_numpy(dtype=float), unit="s", utc=True),
+            "node": pd.array(nodes, dtype="str"),
+            "timestamp": pd.to_datetime(np.asarray(timestamps_s, dtype=float), unit="s", utc=True),
         }
     )
     for column in CONTRACT_COLUMNS[2:]:
-        frame[column] = values[column].to_numpy(dtype=float) if column in values else np.nan
-    frame["node"] = frame["node"].astype("str")
-    return frame.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
+        frame[column] = values[column] if column in values else np.full(len(frame), np.nan)
+    return frame
 
 
 def empty_table() -> pd.DataFrame:
     """A contract-1 table with no rows (the right columns and dtypes)."""
-    return _contract_frame(pd.Series([], dtype="str"), pd.Series([], dtype=float), pd.DataFrame())
+    return _contract_frame(np.array([], dtype=object), np.array([], dtype=float), {})
 
 
 # --------------------------------------------------------------------------------------------
