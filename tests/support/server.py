@@ -18,11 +18,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+
+from extender.app import create_app
+from extender.config import ExtenderConfig
+from extender.runtime import Runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
@@ -114,3 +118,29 @@ def run_extender(
                 process.kill()
                 process.wait()
         reader.join(timeout=2)
+
+
+@contextlib.contextmanager
+def extender_service(
+    bundle_dir: Path, cluster_file: Path | None = None, **settings: object
+) -> Iterator[tuple[str, Runtime]]:
+    """The whole service (runtime + app) in this process under uvicorn; yields (url, runtime).
+
+    ``settings`` are ``ExtenderConfig`` fields (e.g. ``max_body_bytes=4096``).
+    """
+    config = ExtenderConfig(bundle_dir=bundle_dir, cluster_file=cluster_file, port=0, **settings)
+    runtime = Runtime(config.validate())
+    runtime.load_cluster()
+    runtime.load_bundle()
+    runtime.start_background()
+    try:
+        with serve_app(create_app(runtime)) as url:
+            yield url, runtime
+    finally:
+        runtime.stop()
+
+
+def write_snapshot(path: Path, nodes: Sequence[Mapping[str, object]]) -> Path:
+    """Write a contract-3 cluster snapshot file; returns its path."""
+    path.write_text(json.dumps({"nodes": list(nodes)}, indent=1))
+    return path

@@ -1,0 +1,276 @@
+"""The extender v1 protocol through a real uvicorn server, with kube-scheduler's own bodies.
+
+The bodies are the ones a real kube-scheduler v1.28 sent (``tests/fixtures``), for node-a,
+node-b and node-c; the cluster is a snapshot file and the bundle holds real ONNX models fitted
+on known curves, so the expected order of the power increases is computed from the curves.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.server import extender_service, write_snapshot
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kube-scheduler-v1.28"
+ALLOCATABLE_CPU = 8.0  # what the captured Node objects say (status.allocatable.cpu "8")
+TEMP_C = 50.0  # the curves' reference temperature: the temperature term is 0
+
+CURVES = {
+    "node-a": PowerCurveSpec(idle_w=100.0, max_w=300.0, exponent=1),
+    "node-b": PowerCurveSpec(idle_w=90.0, max_w=350.0, exponent=2),
+    "node-c": PowerCurveSpec(idle_w=120.0, max_w=400.0, exponent=3),
+    "node-d": PowerCurveSpec(idle_w=80.0, max_w=200.0, exponent=1),
+    "node-e": PowerCurveSpec(idle_w=80.0, max_w=200.0, exponent=1),
+}
+UTIL = {"node-a": 0.5, "node-b": 0.2, "node-c": 0.8, "node-e": 0.1}  # node-d: no telemetry
+
+
+def _node(name: str, labels: dict[str, str] | None = None) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "name": name,
+        "allocatable_cpu": ALLOCATABLE_CPU,
+        "labels": labels or {},
+    }
+    if name in UTIL:
+        entry["telemetry"] = {
+            "cpu_util": UTIL[name],
+            "ambient_temp_c": 22.0,
+            "cpu1_temp_c": TEMP_C,
+            "cpu2_temp_c": TEMP_C,
+        }
+    return entry
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("protocol")
+    bundle = make_bundle(root / "bundle", CURVES)
+    nodes = [_node(n) for n in ("node-a", "node-b", "node-c", "node-d")]
+    nodes.append(_node("node-e", {"energy-status": "powerless"}))
+    snapshot = write_snapshot(root / "cluster.json", nodes)
+    limit = 64 * 1024
+    with (
+        extender_service(bundle.directory, snapshot, max_body_bytes=limit) as (url, runtime),
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
+        yield client, runtime, bundle
+
+
+def body(mode: str, verb: str) -> bytes:
+    return (FIXTURES / mode / f"{verb}-request.json").read_bytes()
+
+
+def pod_demand_cores() -> float:
+    pod = json.loads(body("cache-capable", "prioritize"))["Pod"]
+    return float(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"].rstrip("m")) / 1000
+
+
+def expected_increase_w(node: str) -> float:
+    spec, u = CURVES[node], UTIL[node]
+    d = pod_demand_cores() / ALLOCATABLE_CPU
+    return float(spec.power_w(u + d, TEMP_C) - spec.power_w(u, TEMP_C))
+
+
+def assert_integer_scores(raw: bytes) -> list[dict]:
+    # Go's int decoding refuses 7.0: every Score must be an integer literal in the bytes.
+    scores = re.findall(rb'"Score":([^,}]*)', raw)
+    assert scores, raw
+    for literal in scores:
+        assert re.fullmatch(rb"(10|[0-9])", literal), f"Score literal {literal!r} in {raw!r}"
+    answer = json.loads(raw)
+    assert isinstance(answer, list)
+    for entry in answer:
+        assert set(entry) == {"Host", "Score"}
+        assert type(entry["Score"]) is int and 0 <= entry["Score"] <= 10
+    return answer
+
+
+def test_fixture_pod_demand_is_what_the_curves_are_checked_with() -> None:
+    assert pod_demand_cores() == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("mode", ["cache-capable", "nocache"])
+def test_prioritize_ranks_by_predicted_increase(service, mode: str) -> None:
+    client, _, _ = service
+    response = client.post("/prioritize", content=body(mode, "prioritize"))
+    assert response.status_code == 200
+    answer = assert_integer_scores(response.content)
+    scores = {entry["Host"]: entry["Score"] for entry in answer}
+    assert list(scores) == ["node-a", "node-b", "node-c"]  # request order, every candidate
+    increases = {name: expected_increase_w(name) for name in scores}
+    best = min(increases, key=increases.get)
+    worst = max(increases, key=increases.get)
+    assert best == "node-b"  # the test is only meaningful if the curves disagree with u
+    assert scores[best] == 10 and scores[best] == max(scores.values())
+    assert scores[worst] < scores[best]
+    by_increase = sorted(scores, key=increases.get)
+    assert [scores[n] for n in by_increase] == sorted(scores.values(), reverse=True)
+
+
+def test_explain_reports_the_curves_increase(service) -> None:
+    client, _, bundle = service
+    response = client.post("/explain", content=body("cache-capable", "prioritize"))
+    assert response.status_code == 200
+    report = response.json()
+    assert report["bundle_version"] == bundle.version
+    assert report["demand_cores"] == pytest.approx(0.1)
+    rows = {row["node"]: row for row in report["nodes"]}
+    for name in ("node-a", "node-b", "node-c"):
+        row = rows[name]
+        assert row["u"] == pytest.approx(UTIL[name])
+        assert row["a"] == 0.0
+        assert row["d"] == pytest.approx(0.1 / ALLOCATABLE_CPU)
+        assert row["increase_w"] == pytest.approx(expected_increase_w(name), rel=0.02)
+        before = CURVES[name].power_w(UTIL[name], TEMP_C)
+        assert row["power_before_w"] == pytest.approx(before, rel=1e-3)
+        assert row["power_after_w"] == pytest.approx(
+            row["power_before_w"] + row["increase_w"], rel=1e-12
+        )
+        assert row["energy_level"] == "grid"
+    same = client.post("/prioritize?explain=1", content=body("cache-capable", "prioritize"))
+    assert [r["score"] for r in same.json()["nodes"]] == [r["score"] for r in report["nodes"]]
+
+
+def test_filter_names_echoes_passing_and_fails_powerless(service) -> None:
+    client, _, _ = service
+    request = json.loads(body("cache-capable", "filter"))
+    request["NodeNames"] = ["node-a", "node-e", "node-b", "node-d"]
+    response = client.post("/filter", content=json.dumps(request))
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["NodeNames"] == ["node-a", "node-b", "node-d"]  # node-d: no telemetry, passes
+    assert set(answer["FailedNodes"]) == {"node-e"}
+    assert "powerless" in answer["FailedNodes"]["node-e"]
+    assert answer["Error"] == ""
+    assert "Nodes" not in answer or answer["Nodes"] is None
+
+
+def test_filter_nodes_echoes_the_node_objects(service) -> None:
+    client, _, _ = service
+    request = json.loads(body("nocache", "filter"))
+    powerless = copy.deepcopy(request["Nodes"]["items"][0])
+    powerless["metadata"]["name"] = "node-e"
+    powerless["metadata"]["labels"]["energy-status"] = "powerless"
+    request["Nodes"]["items"].insert(1, powerless)
+    response = client.post("/filter", content=json.dumps(request))
+    assert response.status_code == 200
+    answer = response.json()
+    passing = [n for n in request["Nodes"]["items"] if n["metadata"]["name"] != "node-e"]
+    assert answer["Nodes"]["items"] == passing  # the objects, unchanged, in request order
+    assert list(answer["FailedNodes"]) == ["node-e"]
+    assert answer["Error"] == ""
+
+
+def test_nodes_mode_uses_the_request_labels(service) -> None:
+    # The snapshot says node-c is unlabelled; the request object says powerless: with
+    # nodeCacheCapable false the node objects are used as they come.
+    client, _, _ = service
+    request = json.loads(body("nocache", "filter"))
+    request["Nodes"]["items"][2]["metadata"]["labels"]["energy-status"] = "powerless"
+    answer = client.post("/filter", content=json.dumps(request)).json()
+    assert list(answer["FailedNodes"]) == ["node-c"]
+
+
+def test_node_without_telemetry_never_scores_best(service) -> None:
+    client, _, _ = service
+    request = json.loads(body("cache-capable", "prioritize"))
+    request["NodeNames"] = ["node-d", "node-a", "node-b"]
+    answer = assert_integer_scores(client.post("/prioritize", content=json.dumps(request)).content)
+    scores = {e["Host"]: e["Score"] for e in answer}
+    assert scores["node-d"] < scores["node-b"]
+    assert scores["node-d"] == min(scores.values())
+    explain = client.post("/explain", content=json.dumps(request)).json()
+    row = next(r for r in explain["nodes"] if r["node"] == "node-d")
+    assert row["power_score"] == 0.0 and row["increase_w"] is None
+    assert "telemetry" in row["note"]
+
+
+def test_unknown_nodes_score_zero_and_pass(service) -> None:
+    client, _, _ = service
+    request = json.loads(body("cache-capable", "prioritize"))
+    request["NodeNames"] = ["node-a", "no-such-node"]
+    answer = assert_integer_scores(client.post("/prioritize", content=json.dumps(request)).content)
+    assert answer == [
+        {"Host": "node-a", "Score": answer[0]["Score"]},
+        {"Host": "no-such-node", "Score": 0},
+    ]
+    filtered = client.post("/filter", content=json.dumps(request)).json()
+    assert filtered["NodeNames"] == ["node-a", "no-such-node"]
+
+
+def test_empty_and_null_node_lists(service) -> None:
+    client, _, _ = service
+    request = json.loads(body("cache-capable", "prioritize"))
+    request["NodeNames"] = []
+    assert client.post("/prioritize", content=json.dumps(request)).json() == []
+    empty = client.post("/filter", content=json.dumps(request)).json()
+    assert empty["NodeNames"] == [] and empty["FailedNodes"] == {} and empty["Error"] == ""
+    request["NodeNames"] = None
+    request["Nodes"] = None
+    both_null = client.post("/filter", content=json.dumps(request))
+    assert both_null.status_code == 200
+    assert not both_null.json().get("NodeNames")  # nothing passes
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "not readable JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"Nodes": null, "NodeNames": ["node-a"]}', "Pod"),
+        (b'{"Pod": null, "Nodes": null, "NodeNames": ["node-a"]}', "Pod"),
+        (b'{"Pod": {}, "Nodes": null, "NodeNames": "node-a"}', "NodeNames"),
+        (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}, "NodeNames": null}', "name"),
+        (
+            b'{"Pod": {"spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}},'
+            b' "NodeNames": ["node-a"]}',
+            "cpu",
+        ),
+        (b"", "JSON"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_unreadable_requests_get_400_with_a_reason(service, verb, raw, message) -> None:
+    client, _, _ = service
+    response = client.post(f"/{verb}", content=raw)
+    assert response.status_code == 400
+    assert message in response.json()["Error"]
+    # ...and the server keeps serving.
+    assert client.post(f"/{verb}", content=body("cache-capable", verb)).status_code == 200
+
+
+def test_oversized_body_gets_413_and_the_server_keeps_serving(service) -> None:
+    client, runtime, _ = service
+    limit = runtime.config.max_body_bytes
+    request = json.loads(body("cache-capable", "prioritize"))
+    request["NodeNames"] = [f"node-{i:06d}" for i in range(limit // 8)]
+    raw = json.dumps(request).encode()
+    assert len(raw) > limit
+    response = client.post("/prioritize", content=raw)
+    assert response.status_code == 413
+    assert "exceeds the limit" in response.json()["Error"]
+
+    def chunks():  # no Content-Length: the cap must hold while streaming
+        for start in range(0, len(raw), 4096):
+            yield raw[start : start + 4096]
+
+    streamed = client.post("/filter", content=chunks())
+    assert streamed.status_code == 413
+    assert client.post("/prioritize", content=body("nocache", "prioritize")).status_code == 200
+    assert client.get("/healthz").status_code == 200
+
+
+def test_errors_are_counted_by_verb_and_kind(service) -> None:
+    client, runtime, _ = service
+    name = "power_aware_extender_request_errors_total"
+    labels = {"verb": "filter", "kind": "bad_request"}
+    before = runtime.metrics.registry.get_sample_value(name, labels) or 0.0
+    client.post("/filter", content=b"{")
+    assert runtime.metrics.registry.get_sample_value(name, labels) == before + 1
