@@ -288,7 +288,8 @@ def assess(
     energy_score = ENERGY_SCORES[energy]
     total_weight = weights.power + weights.energy
     mixed = (weights.power * power_score + weights.energy * energy_score) / total_weight
-    score = np.clip(np.floor(mixed + 0.5), 0, MAX_SCORE).astype(np.int64)
+    # Round half up; the epsilon keeps 6.5 computed as 6.4999999999 from rounding down.
+    score = np.clip(np.floor(mixed + (0.5 + 1e-9)), 0, MAX_SCORE).astype(np.int64)
     score[~known] = 0
 
     failed: dict[str, str] = {}

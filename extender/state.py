@@ -259,6 +259,11 @@ class ClusterState:
                 name: (entry.values, entry.observed_at_s) for name, entry in self._telemetry.items()
             }
 
+    def telemetry_version(self) -> int:
+        """What `telemetry_snapshot` would return as version, without copying (contract addition)."""
+        with self._lock:
+            return self._telemetry_version
+
     def node_names(self) -> list[str]:
         with self._lock:
             return list(self._nodes)

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.protocol import encode, prioritize_result
 from extender.scoring import (
@@ -381,3 +383,41 @@ def test_bad_weights_and_demand_are_refused() -> None:
     state = make_state({"flat": {}})
     with pytest.raises(ValueError, match="demand_cores"):
         assess(state.view(NOW_S), None, ["flat"], math.nan, now_s=NOW_S, telemetry_ttl_s=None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slopes=st.lists(
+        st.floats(min_value=1.0, max_value=2000.0, allow_nan=False), min_size=1, max_size=12
+    ),
+    demand_cores=st.floats(min_value=0.001, max_value=64.0),
+    missing=st.integers(min_value=0, max_value=11),
+)
+def test_score_invariants(slopes: list[float], demand_cores: float, missing: int) -> None:
+    names = [f"n{i}" for i in range(len(slopes))]
+    nodes = {name: {"cpu": 16.0} for name in names}
+    if missing < len(names):
+        nodes[names[missing]]["telemetry"] = False
+    state = make_state(nodes)
+    result = assess(
+        state.view(NOW_S),
+        grid_table(dict(zip(names, slopes, strict=True))),
+        names,
+        demand_cores,
+        now_s=NOW_S,
+        telemetry_ttl_s=TTL_S,
+    )
+    scores = [score for _, score in result.host_scores()]
+    assert all(type(score) is int and 0 <= score <= 10 for score in scores)
+    scorable = np.flatnonzero(result.scorable)
+    if scorable.size:
+        best = scorable[np.argmin(result.increase_w[scorable])]
+        assert result.power_score[best] == 10.0
+        assert scores[best] == max(scores)
+        # Lower increase never scores lower (same energy level everywhere).
+        order = scorable[np.argsort(result.increase_w[scorable], kind="stable")]
+        ranked = [scores[i] for i in order]
+        assert ranked == sorted(ranked, reverse=True)
+    if missing < len(names):
+        assert result.power_score[missing] == 0.0
+        assert scores[missing] == min(scores)

@@ -278,3 +278,10 @@ def test_curve_rows_are_looked_up_once_per_view_and_table() -> None:
     other = CountingCurves(["node-b"])
     assert view.curve_rows(other).tolist() == [-1, 0, -1]
     assert other.lookups == 1
+
+
+def test_telemetry_version_matches_the_snapshot() -> None:
+    state = cluster()
+    assert state.telemetry_version() == state.telemetry_snapshot()[0]
+    state.set_telemetry("node-a", {"cpu_util": 0.4}, T0)
+    assert state.telemetry_version() == state.telemetry_snapshot()[0] == 1
