@@ -47,8 +47,11 @@ class ProbeGrid:
     """Where every model must predict plausible, finite, non-decreasing watts."""
 
     utils: tuple[float, ...] = tuple(float(u) for u in np.linspace(0.0, 1.0, 11))
-    ambient_temps_c: tuple[float, ...] = (18.0, 25.0, 35.0)
-    cpu_temps_c: tuple[float, ...] = (40.0, 60.0, 80.0)  # at u = 0.5; thermal slopes move them
+    ambient_temps_c: tuple[float, ...] = (18.0, 24.0, 30.0)
+    # CPU temperature above ambient at u = 0.5 (thermal slopes move it along u). Relative to
+    # ambient because that is how servers behave: a probe at 18 C ambient with a 65 C CPU at
+    # half load asks a model about air it never breathed, and polynomials answer nonsense there.
+    cpu_above_ambient_c: tuple[float, ...] = (25.0, 32.0, 40.0)
     min_power_w: float = 0.0  # exclusive
     max_power_w: float = 20_000.0  # exclusive
     drop_tolerance_w: float = 2.0  # a step may fall by this much (trees and BMC noise)...
@@ -56,10 +59,17 @@ class ProbeGrid:
 
 
 def validate_predictor(predictor: Predictor, probe: ProbeGrid | None = None) -> None:
-    """Raise ``BundleError`` unless every model is plausible on the probe grid."""
+    """Raise ``BundleError`` unless every model is plausible on the probe grid.
+
+    Each distinct model runs once on all probe curves (every ambient x CPU temperature
+    combination, u swept over ``probe.utils``). ``ambient*`` features take the ambient
+    temperature, other ``*_temp_c`` features the CPU temperature moved along the node's thermal
+    slope; any other feature is probed at 0.
+    """
     probe = probe or ProbeGrid()
     features = predictor.features
     utils = np.asarray(probe.utils, dtype=np.float64)
+    conditions = [(a, a + d) for a in probe.ambient_temps_c for d in probe.cpu_above_ambient_c]
     served: dict[str, str] = {}  # model key -> a node it serves (for thermal and messages)
     for node in predictor.bundle.nodes:
         served.setdefault(predictor.model_key(node), node)  # type: ignore[arg-type]
@@ -69,22 +79,24 @@ def validate_predictor(predictor: Predictor, probe: ProbeGrid | None = None) -> 
     for key, node in served.items():
         entry = predictor.bundle.fallback if node == FALLBACK_NODE else predictor.entry(node)
         slopes = thermal_slopes(entry) if entry is not None else {}
-        for ambient_c in probe.ambient_temps_c:
-            for cpu_c in probe.cpu_temps_c:
-                rows = np.zeros((len(utils), len(features)), dtype=np.float32)
-                for column, name in enumerate(features):
-                    if name == UTIL_FEATURE:
-                        rows[:, column] = utils
-                    elif name.startswith("ambient"):
-                        rows[:, column] = ambient_c
-                    elif name.endswith("_temp_c"):
-                        rows[:, column] = cpu_c + slopes.get(name, 0.0) * (utils - 0.5)
-                watts = predictor.run_model_w(key, rows)
-                where = (
-                    f"{predictor.bundle.directory / key}: node {node!r} model at "
-                    f"ambient {ambient_c:g} C, cpu {cpu_c:g} C"
-                )
-                _check_curve(watts, utils, probe, where)
+        rows = np.zeros((len(conditions), len(utils), len(features)), dtype=np.float32)
+        for n, (ambient_c, cpu_c) in enumerate(conditions):
+            for column, name in enumerate(features):
+                if name == UTIL_FEATURE:
+                    rows[n, :, column] = utils
+                elif name.startswith("ambient"):
+                    rows[n, :, column] = ambient_c
+                elif name.endswith("_temp_c"):
+                    rows[n, :, column] = cpu_c + slopes.get(name, 0.0) * (utils - 0.5)
+        watts = predictor.run_model_w(key, rows.reshape(-1, len(features)))
+        for (ambient_c, cpu_c), curve_w in zip(
+            conditions, watts.reshape(len(conditions), len(utils)), strict=True
+        ):
+            where = (
+                f"{predictor.bundle.directory / key}: node {node!r} model at "
+                f"ambient {ambient_c:g} C, cpu {cpu_c:g} C at u=0.5"
+            )
+            _check_curve(curve_w, utils, probe, where)
 
 
 def _check_curve(watts: np.ndarray, utils: np.ndarray, probe: ProbeGrid, where: str) -> None:

@@ -107,7 +107,8 @@ BAD_CASES = {
         {"node-a": PowerCurveSpec(100.0, 300.0, nan_output=True)},
         FLEET,
         None,
-        r"node 'node-a' model at ambient 18 C, cpu 40 C: predicts a non-finite value at u=0",
+        r"node 'node-a' model at ambient 18 C, cpu 43 C at u=0\.5: "
+        r"predicts a non-finite value at u=0",
     ),
     "decreasing model": (
         {"node-a": PowerCurveSpec(300.0, 100.0)},
@@ -275,3 +276,33 @@ def test_failing_on_swap_is_a_refusal(tmp_path: Path, build: Callable[..., Path]
     assert watcher.current_version is None
     assert watcher.last_refused.version == Predictor.load(source).version
     assert "installing failed: curve build exploded" in watcher.last_refused.error
+
+
+@pytest.mark.slow
+def test_a_bundle_trained_by_training_fit_is_accepted(tmp_path: Path) -> None:
+    """The probe grid must not refuse what our own training produces from sane data.
+
+    Smooth families only: they are the ones whose P(u) stays monotone when the CPU temperature
+    moves along the thermal slope (a fleet-wide tree fallback keyed on temperature may not,
+    and is then rightly refused).
+    """
+    from training.dataset import clean_metrics
+    from training.fit import FitSettings, fit_fleet
+    from training.synth import synth_fleet
+
+    raw = synth_fleet(n_nodes=6, hours=24, step_s=60, seed=11)
+    settings = FitSettings(families=("poly3", "poly5", "poly5t2"))
+    fit_fleet(
+        clean_metrics(raw, source="synth"),
+        tmp_path / "trained",
+        settings=settings,
+        jobs=1,
+        progress=False,
+    )
+    mount = KubeletMount(tmp_path / "models")
+    mount.project_bundle(tmp_path / "trained")
+    recorder = Recorder()
+    watcher = BundleWatcher(mount.directory, recorder)
+    assert watcher.check_now(), watcher.last_refused
+    assert recorder.current.bundle.fallback is not None
+    assert len(recorder.current.bundle.nodes) >= 1
