@@ -260,7 +260,7 @@ class ClusterState:
             }
 
     def telemetry_version(self) -> int:
-        """What `telemetry_snapshot` would return as version, without copying (contract addition)."""
+        """The telemetry version alone, without copying the snapshot (contract addition)."""
         with self._lock:
             return self._telemetry_version
 
