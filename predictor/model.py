@@ -14,6 +14,7 @@ in the background and requests interpolate in those tables.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -127,11 +128,9 @@ class Predictor:
         row = np.empty(len(self.features), dtype=np.float32)
         for position, name in enumerate(self.features):
             value = telemetry.get(name)
-            row[position] = (
-                value
-                if isinstance(value, int | float) and math.isfinite(value)
-                else np.float32("nan")
-            )
+            # numbers.Real covers numpy scalars too (np.float32 is not a float subclass).
+            usable = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            row[position] = value if usable and math.isfinite(value) else np.float32("nan")
         for target, source in self._fill:
             if np.isnan(row[target]):
                 row[target] = row[source]

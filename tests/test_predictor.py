@@ -72,11 +72,18 @@ def test_feature_row_order_and_fill(predictor: Predictor) -> None:
     np.testing.assert_array_equal(predictor.feature_row(two_sockets)[3], np.float32(58.0))
     nan_cpu2 = {**one_socket, "cpu2_temp_c": float("nan")}
     assert predictor.feature_row(nan_cpu2)[3] == np.float32(61.5)
+    numpy_values = {name: np.float32(value) for name, value in two_sockets.items()}
+    np.testing.assert_array_equal(
+        predictor.feature_row(numpy_values), predictor.feature_row(two_sockets)
+    )
 
 
 def test_feature_row_missing_feature_is_none(predictor: Predictor) -> None:
     assert predictor.feature_row({"cpu_util": 0.3, "cpu1_temp_c": 50.0}) is None  # no ambient
     assert predictor.feature_row({"cpu_util": 0.3, "ambient_temp_c": 20.0}) is None  # no cpu1
+    no_value = {"cpu_util": None, "ambient_temp_c": 20.0, "cpu1_temp_c": 50.0}
+    assert predictor.feature_row(no_value) is None
+    assert predictor.feature_row({**no_value, "cpu_util": "0.3"}) is None  # not a number
     assert (
         predictor.feature_row(
             {"cpu_util": float("inf"), "ambient_temp_c": 20.0, "cpu1_temp_c": 50.0}
