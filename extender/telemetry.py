@@ -7,13 +7,19 @@ metric, through `training.collect.collect_instant`: the same queries, BMC sensor
 instance-to-node mapping that produced the training data, so a node's features mean the same
 thing at training and at serving time.
 
-Each node with at least one value gets `state.set_telemetry(node, values, observed_at_s)`, where
-`observed_at_s` is the time Prometheus evaluated the query. A poll is bounded in time (the
-per-request timeout is the poll budget split over its queries, no retries: the next poll is the
-retry). When Prometheus cannot be read the last values stay in the state untouched, so they age
-and count as "no telemetry" once older than the TTL the state's readers apply; the failure is
-logged once per streak and counted, and `last_success_at_s` / `consecutive_failures` feed
-`/readyz` and `/metrics`. Nothing raises out of the polling thread.
+Each node with at least one value gets its `(values, observed_at_s)` written, one
+`state.set_telemetry_many` per round, where `observed_at_s` is the time Prometheus evaluated the
+queries. A poll is bounded in time: the per-request timeout is the poll budget split over its
+queries, with no retries (the next poll is the retry). When Prometheus cannot be read, the last
+values stay in the state untouched, so they age and count as "no telemetry" once older than the
+TTL the state's readers apply; the failure is logged once per streak and counted, and
+`last_success_at_s` / `consecutive_failures` feed `/readyz` and `/metrics`. Nothing raises out
+of the polling thread.
+
+A limit to know: an instant query still answers a gauge for Prometheus's lookback (5 minutes by
+default) after its exporter stopped, stamped with the evaluation time. A dead node_exporter
+shows sooner (its CPU rate vanishes after the rate window, and a node without `cpu_util` has no
+usable telemetry); a dead ipmi_exporter's temperatures linger up to the lookback.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ class TelemetryPoller:
 
     def __init__(
         self,
-        config: CollectConfig,
+        config: CollectConfig | str,
         state: ClusterState,
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
@@ -67,6 +73,8 @@ class TelemetryPoller:
         budget_s = min(DEFAULT_POLL_TIMEOUT_S, interval_s) if timeout_s is None else timeout_s
         if not (budget_s > 0 and math.isfinite(budget_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if isinstance(config, str):  # a bare Prometheus URL: the default queries and mapping
+            config = CollectConfig(url=config)
         self.interval_s = float(interval_s)
         self.timeout_s = float(budget_s)
         self._config = dataclasses.replace(
@@ -116,7 +124,7 @@ class TelemetryPoller:
             started = time.monotonic()
             try:
                 frame = collect_instant(self._config, at=datetime.fromtimestamp(self._clock(), UTC))
-                nodes = 0
+                readings = []
                 for row in frame.itertuples(index=False):
                     values = {
                         column: float(getattr(row, column))
@@ -124,8 +132,10 @@ class TelemetryPoller:
                         if math.isfinite(getattr(row, column))
                     }
                     if values:
-                        self._state.set_telemetry(row.node, values, row.timestamp.timestamp())
-                        nodes += 1
+                        readings.append((str(row.node), values, row.timestamp.timestamp()))
+                # One state update per round: the curves are re-tabulated once, not per node.
+                self._state.set_telemetry_many(readings)
+                nodes = len(readings)
             except CollectError as error:
                 self._failed(str(error))
                 return False

@@ -246,9 +246,8 @@ def test_unreachable_prometheus_fails_cleanly() -> None:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
     state = ClusterState()
-    poller = TelemetryPoller(
-        CollectConfig(url=f"http://127.0.0.1:{closed_port}"), state, interval_s=1.0, timeout_s=2.0
-    )
+    # A bare URL stands for the default queries and node mapping.
+    poller = TelemetryPoller(f"http://127.0.0.1:{closed_port}", state, timeout_s=2.0)
     assert poller.poll_once() is False
     assert poller.poll_once() is False
     assert (poller.consecutive_failures, poller.failures_total, poller.polls_total) == (2, 2, 2)
