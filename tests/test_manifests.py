@@ -10,7 +10,9 @@ references.
 
 from __future__ import annotations
 
+import importlib
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -312,17 +314,13 @@ def test_extender_url_reaches_the_service_and_the_container_port() -> None:
 
 
 def _app_route_paths() -> set[str]:
-    """Paths served by the extender app: its module-level FastAPI app or router."""
+    """Paths the extender's FastAPI app serves (built on the demo config, nothing started)."""
     app_module = pytest.importorskip("extender.app")
-    from fastapi import APIRouter, FastAPI
-
-    paths: set[str] = set()
-    for value in vars(app_module).values():
-        if isinstance(value, FastAPI | APIRouter):
-            paths |= {getattr(route, "path", "") for route in value.routes}
-    if not paths:
-        pytest.skip("extender.app has no module-level FastAPI app or APIRouter to inspect")
-    return paths
+    runtime_module = pytest.importorskip("extender.runtime")
+    config_module = pytest.importorskip("extender.config")
+    runtime = runtime_module.Runtime(config_module.parse_config([]))
+    app = app_module.create_app(runtime)
+    return {getattr(route, "path", "") for route in app.routes}
 
 
 def test_extender_verbs_and_probes_are_routes_of_the_app() -> None:
@@ -511,15 +509,48 @@ def test_trainer_may_write_exactly_the_mounted_shards() -> None:
     assert all(rule["resources"] == ["configmaps"] for rule in role["rules"])
 
 
-def test_trainer_publishes_where_the_extender_reads() -> None:
+def _trainer_steps() -> list[list[str]]:
+    """The `python -m MODULE ARGS` commands of the trainer's script, shell-split."""
     cronjob = _find("CronJob", "power-model-trainer", SCHEDULER_NAME)
     (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    script = " ".join(container["args"])
-    publish = re.search(r"python -m training\.publish (.*?)(?:\n|$)", script.replace("\\\n", " "))
-    assert publish, script
-    words = publish.group(1).split()
-    assert words[words.index("--name") + 1] + "-0" == _model_shard_sources()[0]["name"]
-    assert words[words.index("--namespace") + 1] == SCHEDULER_NAME
+    assert container["command"] == ["/bin/sh", "-c"]
+    script = container["args"][0].replace("\\\n", " ")
+    assert script.lstrip().startswith("set -eu"), "a failed step must stop the job"
+    env = {"PROMETHEUS_URL": "http://prometheus.monitoring.svc:9090"}
+    steps = []
+    for line in script.splitlines():
+        words = shlex.split(line.strip())
+        if words[:2] == ["python", "-m"]:
+            steps.append([w.replace("$PROMETHEUS_URL", env["PROMETHEUS_URL"]) for w in words])
+    return steps
+
+
+def test_trainer_steps_parse_with_each_tools_own_parser() -> None:
+    steps = _trainer_steps()
+    assert [step[2] for step in steps] == ["training.collect", "training.fit", "training.publish"]
+    parsed = {}
+    for step in steps:
+        module = importlib.import_module(step[2])
+        parsed[step[2]] = module.build_parser().parse_args(step[3:])
+    # Each step reads what the one before wrote.
+    assert parsed["training.fit"].input == parsed["training.collect"].out
+    assert parsed["training.publish"].bundle == parsed["training.fit"].out
+    mounts = {
+        m["mountPath"]
+        for m in _find("CronJob", "power-model-trainer", SCHEDULER_NAME)["spec"]["jobTemplate"][
+            "spec"
+        ]["template"]["spec"]["containers"][0]["volumeMounts"]
+    }
+    for path in (parsed["training.collect"].out, parsed["training.fit"].out):
+        assert any(str(path).startswith(m + "/") for m in mounts), f"{path} is not writable"
+    publish = parsed["training.publish"]
+    assert publish.in_cluster
+    assert f"{publish.name}-0" == _model_shard_sources()[0]["name"]
+    assert publish.namespace == SCHEDULER_NAME
+    # The shards publish would write are the ones the volume mounts and the Role allows.
+    publish_module = importlib.import_module("training.publish")
+    names = publish_module.shard_names(publish.name, len(_model_shard_sources()))
+    assert names == [s["name"] for s in _model_shard_sources()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,469 @@
+"""The energy adapter against a real Prometheus (backfilled battery series) and the fake API.
+
+The battery history is backfilled with promtool at known times, and each pass evaluates its
+queries at one of those times: the test walks a node through the levels, holds another at the
+75 % boundary, and checks the labels, taints and PATCH requests after every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes import client
+
+from extender import energy_adapter as ea
+from tests.support.fake_kube import FakeKube
+from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
+
+T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
+STEP_S = 60
+HYSTERESIS_PCT = 3.0
+
+# Stored energy per pass (one sample per STEP_S). node-d has two batteries, averaged.
+NODE_A = [90, 80, 60, 30, 10, 20, 50, 90, 90, 90, 90]  # walks through every level
+NODE_B = [76, 74, 73, 76, 77, 72.5, 71.9, 74, 77.9, 78, 79]  # hovers at the 75 % boundary
+NODE_C = [50] * 11  # never changes
+NODE_D_BAT0 = [10, 10, 10] + [30] * 8
+NODE_D_BAT1 = [14, 14, 14] + [34] * 8
+PASSES = len(NODE_A)
+
+EXPECTED = {
+    "node-a": [
+        "well-powered",
+        "well-powered",
+        "vulnerable",
+        "low-powered",
+        "powerless",
+        "low-powered",  # 20 % is past powerless's 15 % boundary by more than 3 points
+        "vulnerable",
+        "well-powered",
+        "well-powered",
+        "well-powered",
+        "well-powered",
+    ],
+    "node-b": [
+        "well-powered",
+        "well-powered",  # 74: within 3 points of 75, stays
+        "well-powered",  # 73
+        "well-powered",
+        "well-powered",
+        "well-powered",  # 72.5
+        "vulnerable",  # 71.9 < 72: leaves
+        "vulnerable",  # 74
+        "vulnerable",  # 77.9 < 78: stays
+        "well-powered",  # 78
+        "well-powered",  # 79: nothing to do in the last pass
+    ],
+    "node-c": ["vulnerable"] * PASSES,
+    "node-d": ["powerless"] * 3 + ["low-powered"] * 8,
+}
+
+INSTANCES = {
+    "node-a": "10.0.0.1:9100",
+    "node-b": "10.0.0.2:9100",
+    "node-c": "10.0.0.3:9100",
+    "node-d": "10.0.0.4:9100",
+    "node-grid": "10.0.0.5:9100",  # on grid power: no battery series
+}
+OTHER_TAINT = {"key": "dedicated", "value": "edge", "effect": "NoSchedule"}
+
+
+def at(pass_index: int) -> float:
+    """Evaluation time of a pass: just after that pass's samples."""
+    return T0_S + pass_index * STEP_S + 1
+
+
+def battery_samples() -> list[tuple[str, dict[str, str], float, float]]:
+    samples = []
+    series = {
+        ("node-a", "BAT0"): NODE_A,
+        ("node-b", "BAT0"): NODE_B,
+        ("node-c", "BAT0"): NODE_C,
+        ("node-d", "BAT0"): NODE_D_BAT0,
+        ("node-d", "BAT1"): NODE_D_BAT1,
+        # An exporter no node_uname_info names: reported as unmapped, never labelled.
+        ("stray", "BAT0"): [5] * PASSES,
+    }
+    for (node, supply), values in series.items():
+        instance = INSTANCES.get(node, "10.9.9.9:9100")
+        for index, value in enumerate(values):
+            labels = {"instance": instance, "job": "node", "power_supply": supply}
+            samples.append(("node_power_supply_capacity", labels, T0_S + index * STEP_S, value))
+    for node, instance in INSTANCES.items():
+        for index in range(PASSES):
+            labels = {"instance": instance, "job": "node", "nodename": node}
+            samples.append(("node_uname_info", labels, T0_S + index * STEP_S, 1.0))
+    return samples
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging() -> Iterator[None]:
+    """main() configures the root logger; put pytest's handlers back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    text = write_openmetrics(battery_samples())
+    with start_prometheus(tmp_path_factory.mktemp("prom"), openmetrics_text=text) as server:
+        yield server
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as server:
+        for name in INSTANCES:
+            node: dict = {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+            if name == "node-a":
+                node["spec"] = {"taints": [OTHER_TAINT]}
+            server.create("nodes", node)
+        yield server
+
+
+def make_adapter(prometheus: PrometheusServer, kube: FakeKube, **overrides: object):
+    settings = ea.AdapterSettings(
+        prometheus_url=prometheus.url,
+        hysteresis_pct=HYSTERESIS_PCT,
+        timeout_s=5.0,
+        **overrides,
+    )
+    return ea.EnergyAdapter(settings, client.CoreV1Api(kube.api_client()))
+
+
+def labels_of(kube: FakeKube) -> dict[str, str | None]:
+    return {
+        node["metadata"]["name"]: (node["metadata"].get("labels") or {}).get(ea.ENERGY_LABEL)
+        for node in kube.objects("nodes")
+    }
+
+
+def taints_of(kube: FakeKube, name: str) -> list[dict]:
+    node = kube.get("nodes", name)
+    assert node is not None
+    return (node.get("spec") or {}).get("taints") or []
+
+
+def patches(kube: FakeKube) -> list[tuple[str, dict, str]]:
+    """(node, patch body, content type) of every PATCH sent."""
+    found = []
+    for request in kube.requests:
+        if request.method == "PATCH":
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            found.append(
+                (request.path.rsplit("/", 1)[-1], request.json(), headers.get("content-type"))
+            )
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: levels and hysteresis
+
+
+@pytest.mark.parametrize(
+    ("pct", "level"),
+    [
+        (0, "powerless"),
+        (14.99, "powerless"),
+        (15, "low-powered"),
+        (39.9, "low-powered"),
+        (40, "vulnerable"),
+        (74.99, "vulnerable"),
+        (75, "well-powered"),
+        (100, "well-powered"),
+    ],
+)
+def test_level_for_follows_the_design_bands(pct: float, level: str) -> None:
+    assert ea.level_for(pct) == level
+
+
+@pytest.mark.parametrize("pct", [-0.1, 100.5, float("nan")])
+def test_level_for_refuses_readings_outside_0_to_100(pct: float) -> None:
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        ea.level_for(pct)
+
+
+percentages = st.floats(min_value=0, max_value=100, allow_nan=False)
+levels = st.sampled_from([None, "charging", *ea.LEVEL_BY_NAME])
+
+
+@given(pct=percentages, current=levels, hysteresis=st.floats(0, 7.4))
+def test_next_level_is_stable_and_never_far_from_the_plain_level(
+    pct: float, current: str | None, hysteresis: float
+) -> None:
+    new = ea.next_level(pct, current, hysteresis)
+    # Applying it again with the same reading changes nothing: no flapping without new data.
+    assert ea.next_level(pct, new, hysteresis) == new
+    band = ea.LEVEL_BY_NAME[new]
+    assert band.low_pct - hysteresis <= pct <= max(100.0, band.high_pct + hysteresis)
+    if new != ea.level_for(pct):
+        assert new == current  # only hysteresis may keep a level the reading has left
+
+
+@given(boundary=st.sampled_from([15.0, 40.0, 75.0]), wobble=st.lists(st.floats(-2.9, 2.9)))
+def test_readings_wobbling_within_the_margin_never_change_the_level(
+    boundary: float, wobble: Sequence[float]
+) -> None:
+    for start in (ea.level_for(boundary - 0.01), ea.level_for(boundary)):
+        level = start
+        for delta in wobble:
+            level = ea.next_level(boundary + delta, level, HYSTERESIS_PCT)
+        assert level == start
+
+
+def test_patch_adds_and_removes_only_our_taint() -> None:
+    node = ea.NodeEnergy("n", "low-powered", (OTHER_TAINT,), "17")
+    to_powerless = ea.plan_node_patch(node, "powerless", taint_powerless=True)
+    assert to_powerless == {
+        "metadata": {"labels": {ea.ENERGY_LABEL: "powerless"}, "resourceVersion": "17"},
+        "spec": {
+            "taints": [
+                OTHER_TAINT,
+                {"key": ea.POWERLESS_TAINT_KEY, "effect": ea.POWERLESS_TAINT_EFFECT},
+            ]
+        },
+    }
+    tainted = ea.NodeEnergy("n", "powerless", tuple(to_powerless["spec"]["taints"]), "18")
+    back = ea.plan_node_patch(tainted, "low-powered", taint_powerless=True)
+    assert back["spec"] == {"taints": [OTHER_TAINT]}
+    assert ea.plan_node_patch(tainted, "powerless", taint_powerless=True) is None
+    # Labels only: the label changes, no taint is added.
+    assert ea.plan_node_patch(node, "powerless", taint_powerless=False) == {
+        "metadata": {"labels": {ea.ENERGY_LABEL: "powerless"}}
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Real Prometheus + fake API
+
+
+def test_labels_follow_the_data_with_hysteresis_and_patch_only_on_change(
+    prometheus: PrometheusServer, kube: FakeKube
+) -> None:
+    adapter = make_adapter(prometheus, kube)
+    seen: dict[str, list[str | None]] = {node: [] for node in EXPECTED}
+    patch_counts: list[dict[str, int]] = []
+    for index in range(PASSES):
+        kube.clear_requests()
+        result = adapter.run_pass(at_s=at(index))
+        labels = labels_of(kube)
+        for node in EXPECTED:
+            seen[node].append(labels[node])
+        counts: dict[str, int] = {}
+        for node, body, content_type in patches(kube):
+            counts[node] = counts.get(node, 0) + 1
+            assert content_type == ea.MERGE_PATCH
+            assert body["metadata"]["labels"][ea.ENERGY_LABEL] == labels[node]
+        patch_counts.append(counts)
+        assert {c.node for c in result.changes} == set(counts)
+        assert labels["node-grid"] is None  # no battery reading: never labelled
+        # node-a is powerless (and tainted) exactly when its label says so; the other
+        # taint it carried from the start is kept throughout.
+        taint_keys = [t["key"] for t in taints_of(kube, "node-a")]
+        assert (ea.POWERLESS_TAINT_KEY in taint_keys) == (labels["node-a"] == "powerless")
+        assert OTHER_TAINT in taints_of(kube, "node-a")
+        taint_keys_d = [t["key"] for t in taints_of(kube, "node-d")]
+        assert (ea.POWERLESS_TAINT_KEY in taint_keys_d) == (labels["node-d"] == "powerless")
+
+    assert seen == EXPECTED
+    # One PATCH per label change, none for a node whose level stayed.
+    for index, counts in enumerate(patch_counts):
+        for node, expected in EXPECTED.items():
+            previous = expected[index - 1] if index else None
+            assert counts.get(node, 0) == (1 if expected[index] != previous else 0), (index, node)
+        assert "node-grid" not in counts
+    assert sum(patch_counts[-1].values()) == 0
+
+
+def test_no_patch_when_nothing_changed_even_after_a_restart(
+    prometheus: PrometheusServer, kube: FakeKube
+) -> None:
+    make_adapter(prometheus, kube).run_pass(at_s=at(6))
+    assert patches(kube)
+    kube.clear_requests()
+    # A new process (no memory but the labels) at the same data: nothing to do.
+    result = make_adapter(prometheus, kube).run_pass(at_s=at(6))
+    assert result.changes == []
+    assert result.nodes_with_reading == 4
+    assert patches(kube) == []
+    # Hysteresis survives the restart too: node-b at 74 % stays vulnerable, as labelled;
+    # only node-a (back to 90 %) changes.
+    make_adapter(prometheus, kube).run_pass(at_s=at(7))
+    assert labels_of(kube)["node-b"] == "vulnerable"
+    assert [node for node, _, _ in patches(kube)] == ["node-a"]
+
+
+def test_dry_run_patches_nothing(prometheus: PrometheusServer, kube: FakeKube) -> None:
+    result = make_adapter(prometheus, kube, dry_run=True).run_pass(at_s=at(4))
+    assert {c.node: c.new_label for c in result.changes}["node-a"] == "powerless"
+    assert patches(kube) == []
+    assert set(labels_of(kube).values()) == {None}
+
+
+def test_a_node_changed_meanwhile_gets_409_and_keeps_its_new_taint(
+    prometheus: PrometheusServer, kube: FakeKube
+) -> None:
+    adapter = make_adapter(prometheus, kube)
+    stale = ea.NodeEnergy.from_object(kube.get("nodes", "node-a"))
+    someone_elses = {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}
+    kube.patch("nodes", "node-a", {"spec": {"taints": [OTHER_TAINT, someone_elses]}})
+    patch = ea.plan_node_patch(stale, "powerless", taint_powerless=True)
+    change = ea.LabelChange("node-a", None, "powerless", 10.0, True)
+
+    assert adapter._apply(stale, patch, change) is False
+
+    assert someone_elses in taints_of(kube, "node-a")
+    # The next pass reads the node afresh and keeps both taints.
+    adapter.run_pass(at_s=at(4))
+    taints = taints_of(kube, "node-a")
+    assert someone_elses in taints and OTHER_TAINT in taints
+    assert any(t["key"] == ea.POWERLESS_TAINT_KEY for t in taints)
+
+
+def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: FakeKube) -> None:
+    settings = ea.AdapterSettings(prometheus_url="http://127.0.0.1:9", timeout_s=2.0)
+    adapter = ea.EnergyAdapter(settings, client.CoreV1Api(kube.api_client()))
+    with pytest.raises(ea.CollectError, match=r"127\.0\.0\.1:9"):
+        adapter.run_pass(at_s=at(0))
+    assert patches(kube) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI and health
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+                "users": [{"name": "tester", "user": {}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+def test_cli_once_labels_the_nodes(
+    tmp_path: Path, prometheus: PrometheusServer, kube: FakeKube
+) -> None:
+    # --once evaluates now, long after the backfilled samples: the query looks back far
+    # enough and brings the node name along itself (--node-from label), as an operator
+    # whose battery series lack a usable instance would configure it.
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    window = f"{10 * 365}d"
+    query = (
+        f"last_over_time(node_power_supply_capacity[{window}]) * on (instance) "
+        f"group_left (nodename) last_over_time(node_uname_info[{window}])"
+    )
+    code = ea.main(
+        [
+            "--prometheus",
+            prometheus.url,
+            "--query",
+            query,
+            "--node-from",
+            "label",
+            "--node-label",
+            "nodename",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--once",
+            "--log-level",
+            "warning",
+        ]
+    )
+    assert code == 0
+    # Each node's last reading: node-a 90, node-b 78, node-c 50, node-d (30+34)/2.
+    assert labels_of(kube) == {
+        "node-a": "well-powered",
+        "node-b": "well-powered",
+        "node-c": "vulnerable",
+        "node-d": "low-powered",
+        "node-grid": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--interval", "soon", "--interval"),
+        ("--hysteresis-pct", "9", "--hysteresis-pct"),
+        ("--timeout", "0", "--timeout"),
+    ],
+)
+def test_cli_bad_settings_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, words: str
+) -> None:
+    code = ea.main(["--prometheus", "http://127.0.0.1:9", flag, value, "--once"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "\n" not in err and words in err
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: FakeKube) -> None:
+    adapter = make_adapter(prometheus, kube)
+    server = ea.serve_health(adapter, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert _get(f"{base}/healthz")[0] == 200
+        assert _get(f"{base}/readyz")[0] == 503  # no pass yet
+        adapter.run_pass(at_s=at(4))
+        assert _get(f"{base}/readyz")[0] == 200
+        status, metrics = _get(f"{base}/metrics")
+        assert status == 200
+        assert 'energy_adapter_label_changes_total{level="powerless"} 1.0' in metrics
+        assert 'energy_adapter_nodes{level="none"} 1.0' in metrics
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_manifest_args_parse_and_taint_matches_the_descheduler_policy() -> None:
+    manifests = Path(__file__).resolve().parent.parent / "manifests"
+    documents = list(yaml.safe_load_all((manifests / "energy-adapter.yaml").read_text()))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "extender.energy_adapter"]
+    args = [a.replace("$(PROMETHEUS_URL)", "http://prom:9090") for a in container["args"]]
+    parsed = ea.build_parser().parse_args(args)
+    settings = ea.settings_from_args(parsed)
+    assert settings.taint_powerless and parsed.in_cluster
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert parsed.listen_port == ports[container["livenessProbe"]["httpGet"]["port"]]
+    policy_map = next(
+        d
+        for d in yaml.safe_load_all((manifests / "descheduler.yaml").read_text())
+        if d["kind"] == "ConfigMap"
+    )
+    policy = yaml.safe_load(policy_map["data"]["policy.yaml"])
+    taint_args = next(
+        c["args"]
+        for c in policy["profiles"][0]["pluginConfig"]
+        if c["name"] == "RemovePodsViolatingNodeTaints"
+    )
+    assert taint_args["includedTaints"] == [ea.POWERLESS_TAINT_KEY]
+    assert ea.POWERLESS_TAINT_EFFECT == "NoSchedule"  # the plugin only acts on NoSchedule
