@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from types import MappingProxyType
 
 import numpy as np
 
@@ -36,11 +37,6 @@ _LAST = GRID_POINTS - 1
 MAX_BATCH_ROWS = 65536  # bounds the memory of one onnxruntime call on the shared fallback
 
 
-def _readonly(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
-
-
 @dataclass(frozen=True)
 class CurveTable:
     """Immutable snapshot of every predictable node's P(u); safe to read from any thread."""
@@ -54,22 +50,27 @@ class CurveTable:
     skipped: Mapping[str, str] = field(default_factory=dict)  # node -> why it has no row
     reused_rows: int = 0  # rows copied from the previous table in the build
     computed_rows: int = 0  # rows computed by model inference in the build
-    _index: dict[str, int] = field(default_factory=dict, repr=False)
-    _slope_beyond_w: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self._index:
-            object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
+        rows = len(self.names)
         grid = self.power_w_grid
-        if self._slope_beyond_w is None:
-            if len(self.names):
-                last = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
-                chord = grid[:, _LAST] - grid[:, 0]
-                slope = np.maximum(last, chord)
-            else:
-                slope = np.empty(0)
-            object.__setattr__(self, "_slope_beyond_w", _readonly(slope))
-        for array in (grid, self.util_now, self.feature_rows):
+        if grid.shape != (rows, GRID_POINTS) or self.util_now.shape != (rows,):
+            raise ValueError(
+                f"curve table of {rows} nodes needs power_w_grid [{rows}, {GRID_POINTS}] and "
+                f"util_now [{rows}], got {grid.shape} and {self.util_now.shape}"
+            )
+        if len(self.model_kind) != rows or len(self.feature_rows) != rows:
+            raise ValueError(f"curve table of {rows} nodes: model_kind/feature_rows lengths differ")
+        object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
+        object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
+        # Beyond u = 1: the last segment's slope, never less than the average slope over 0..1,
+        # so a curve that saturates early (trees often do) still charges for overcommitment.
+        last_slope = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
+        chord_slope = grid[:, _LAST] - grid[:, 0]
+        object.__setattr__(self, "_slope_beyond_w", np.maximum(last_slope, chord_slope))
+        for array in (grid, self.util_now, self.feature_rows, self._slope_beyond_w):
             array.flags.writeable = False
 
     @classmethod
