@@ -6,8 +6,9 @@ object, and exactly one of `NodeNames` (`nodeCacheCapable: true`) or `Nodes` (a 
 `nodeCacheCapable: false`) is set; unset fields arrive as `null`.
 
 Answers:
-- filter: `ExtenderFilterResult {NodeNames | Nodes, FailedNodes, Error}`, echoing the passing
-  candidates exactly as they came (kube-scheduler rejects a name that was not in its request);
+- filter: `ExtenderFilterResult {NodeNames | Nodes, FailedNodes, [FailedAndUnresolvableNodes],
+  Error}`, echoing the passing candidates exactly as they came (kube-scheduler rejects a name
+  that was not in its request);
 - prioritize: a bare `HostPriorityList` `[{"Host": name, "Score": n}]` where `Score` must be an
   integer literal 0..10 (Go refuses `7.0` and then drops all our scores).
 
@@ -17,7 +18,7 @@ Anything unreadable raises `ProtocolError`, which the service answers with 400 a
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -143,11 +144,15 @@ def node_info_from_object(node: Mapping, where: str = "node") -> NodeInfo:
     )
 
 
-def filter_result(args: ExtenderArgs, failed: Mapping[str, str]) -> dict:
+def filter_result(
+    args: ExtenderArgs, failed: Mapping[str, str], unresolvable: Collection[str] = ()
+) -> dict:
     """ExtenderFilterResult: candidates not in `failed` pass, echoed in the request's form.
 
-    Only names from the request appear, in either list; with neither NodeNames nor Nodes in
-    the request there is nothing to pass and the answer is empty.
+    Only names from the request appear, in any list; with neither NodeNames nor Nodes in the
+    request there is nothing to pass and the answer is empty. Failed names also listed in
+    `unresolvable` are repeated in `FailedAndUnresolvableNodes` (which takes precedence in
+    kube-scheduler since v1.21: preemption skips them); the field is left out when empty.
     """
     if failed:
         requested = set(args.candidate_names)
@@ -160,12 +165,20 @@ def filter_result(args: ExtenderArgs, failed: Mapping[str, str]) -> dict:
             for node, name in zip(args.nodes, args.candidate_names, strict=True)
             if name not in failed_nodes
         ]
-        return {"Nodes": {"items": passing_nodes}, "FailedNodes": failed_nodes, "Error": ""}
-    if failed_nodes:
-        passing_names = [name for name in args.candidate_names if name not in failed_nodes]
+        answer: dict = {"Nodes": {"items": passing_nodes}, "FailedNodes": failed_nodes}
     else:
-        passing_names = list(args.candidate_names)
-    return {"NodeNames": passing_names, "FailedNodes": failed_nodes, "Error": ""}
+        if failed_nodes:
+            passing_names = [name for name in args.candidate_names if name not in failed_nodes]
+        else:
+            passing_names = list(args.candidate_names)
+        answer = {"NodeNames": passing_names, "FailedNodes": failed_nodes}
+    unresolvable_nodes = {
+        name: reason for name, reason in failed_nodes.items() if name in unresolvable
+    }
+    if unresolvable_nodes:
+        answer["FailedAndUnresolvableNodes"] = unresolvable_nodes
+    answer["Error"] = ""
+    return answer
 
 
 def prioritize_result(host_scores: Iterable[tuple[str, int]]) -> list[dict]:

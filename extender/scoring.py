@@ -27,7 +27,9 @@ low-powered one unless its power score is lower by more than 3. Names the extend
 score 0 and pass the filter (the watch may just be behind).
 
 The filter fails `powerless` nodes and nodes whose predicted power after placement exceeds
-their `power-aware-scheduler/max-power-w` annotation. Nodes without telemetry pass.
+their `power-aware-scheduler/max-power-w` annotation. Nodes without telemetry pass. Powerless
+nodes are also marked unresolvable, so that the scheduler does not try preemption on them;
+a max-power failure is resolvable (evicting pods lowers the node's power).
 
 Nothing here logs or does I/O: the caller gets counters in the `Assessment` and logs them.
 """
@@ -133,7 +135,9 @@ class Assessment:
 
     Utilisations `u`, `a`, `d` are fractions of allocatable CPU. Power arrays are NaN where the
     node could not be scored (`scorable` False). `failed` maps a node name to the reason it fails
-    the filter. The counters are for the caller to log and export.
+    the filter; `unresolvable` names those of them that evicting pods cannot fix (powerless:
+    preempting pods does not charge a battery), for `FailedAndUnresolvableNodes`. The counters
+    are for the caller to log and export.
     """
 
     names: tuple[str, ...]
@@ -154,6 +158,7 @@ class Assessment:
     energy_score: np.ndarray
     score: np.ndarray
     failed: Mapping[str, str]
+    unresolvable: frozenset[str]
     demand_cores: float
     unknown_nodes: int
     no_telemetry_nodes: int
@@ -293,7 +298,8 @@ def assess(
     score[~known] = 0
 
     failed: dict[str, str] = {}
-    for i in np.flatnonzero(known & (energy == EnergyLevel.POWERLESS)).tolist():
+    powerless = np.flatnonzero(known & (energy == EnergyLevel.POWERLESS)).tolist()
+    for i in powerless:
         failed[names[i]] = "energy-status is powerless (0-15 % stored energy)"
     over = scorable & np.isfinite(max_power) & (power_after > max_power)
     for i in np.flatnonzero(over).tolist():
@@ -322,6 +328,7 @@ def assess(
         energy_score=energy_score,
         score=score,
         failed=failed,
+        unresolvable=frozenset(names[i] for i in powerless),
         demand_cores=float(demand_cores),
         unknown_nodes=int(np.count_nonzero(~known)),
         no_telemetry_nodes=int(np.count_nonzero(known & ~has_telemetry)),
@@ -342,7 +349,8 @@ def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
     if spread <= 1e-9 * max(1.0, abs(highest)):
         scores[scorable] = MAX_SCORE
     else:
-        scores[scorable] = MAX_SCORE * (highest - values) / spread
+        # (highest - lowest) / spread is exactly 1, so the best node gets exactly 10.
+        scores[scorable] = np.clip((highest - values) / spread, 0.0, 1.0) * MAX_SCORE
     return scores
 
 

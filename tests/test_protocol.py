@@ -207,3 +207,22 @@ def test_prioritize_from_arrays_matches_and_checks() -> None:
         prioritize_result_arrays(hosts, np.array([-1, 0, 7]))
     with pytest.raises(ValueError, match="3 hosts but 2 scores"):
         prioritize_result_arrays(hosts, np.array([1, 2]))
+
+
+def test_unresolvable_failures_are_repeated_in_their_own_field() -> None:
+    args = parse_extender_args(sample("cache-capable"))
+    answer = filter_result(
+        args,
+        {"node-a": "powerless", "node-b": "over max power"},
+        unresolvable={"node-a", "node-zz", "node-c"},
+    )
+    assert answer == {
+        "NodeNames": ["node-c"],
+        "FailedNodes": {"node-a": "powerless", "node-b": "over max power"},
+        "FailedAndUnresolvableNodes": {"node-a": "powerless"},
+        "Error": "",
+    }
+    nodes_args = parse_extender_args(sample("nocache"))
+    nodes_answer = filter_result(nodes_args, {"node-b": "powerless"}, unresolvable={"node-b"})
+    assert nodes_answer["FailedAndUnresolvableNodes"] == {"node-b": "powerless"}
+    assert [n["metadata"]["name"] for n in nodes_answer["Nodes"]["items"]] == ["node-a", "node-c"]

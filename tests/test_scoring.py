@@ -166,6 +166,8 @@ def test_powerless_nodes_fail_the_filter(predictor: Predictor) -> None:
     result = run(predictor, state, ["flat", "steep"])
     assert result.failed == {"flat": "energy-status is powerless (0-15 % stored energy)"}
     assert result.passes() == [False, True]
+    # Preempting pods cannot charge a battery: the scheduler should not try.
+    assert result.unresolvable == {"flat"}
 
 
 def test_max_power_annotation_fails_with_both_numbers(predictor: Predictor) -> None:
@@ -178,6 +180,7 @@ def test_max_power_annotation_fails_with_both_numbers(predictor: Predictor) -> N
     )
     result = run(predictor, state, ["steep", "mid"])
     assert list(result.failed) == ["steep"]
+    assert result.unresolvable == frozenset()  # evicting pods would lower its power
     assert result.failed["steep"] == (
         "predicted power after placement 227.5 W exceeds power-aware-scheduler/max-power-w 200 W"
     )
