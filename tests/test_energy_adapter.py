@@ -23,6 +23,9 @@ from extender import energy_adapter as ea
 from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
 
+# FakeKube has no kubeconfig writer; the publisher's tests have the one wrapper.
+from tests.test_publish import write_kubeconfig
+
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
 STEP_S = 60
 HYSTERESIS_PCT = 3.0
@@ -341,22 +344,6 @@ def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: FakeKub
 
 # ---------------------------------------------------------------------------------------------
 # CLI and health
-
-
-def write_kubeconfig(path: Path, server_url: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
-                "users": [{"name": "tester", "user": {}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
 
 
 def test_cli_once_labels_the_nodes(
