@@ -20,6 +20,7 @@ from predictor.bundle import (
     write_bundle,
 )
 from tests.support.bundles import (
+    KubeletMount,
     PowerCurveSpec,
     corrupt_model_bytes,
     edit_manifest,
@@ -223,3 +224,17 @@ def test_no_models(bundle_copy: Path) -> None:
     edit_manifest(bundle_copy, nodes={}, fallback=None)
     with pytest.raises(BundleError, match=r"bundle has no models"):
         read_bundle(bundle_copy)
+
+
+def test_reads_through_kubelet_symlinks(good_bundle: Path, tmp_path: Path) -> None:
+    mount = KubeletMount(tmp_path / "mount")
+    mount.project_bundle(good_bundle)
+    assert (tmp_path / "mount" / "node-a.onnx").is_symlink()
+    bundle = read_bundle(tmp_path / "mount")
+    assert bundle.version == read_bundle(good_bundle).version
+
+
+def test_extra_fields_are_kept(tmp_path: Path) -> None:
+    window = {"start": "2026-01-05T00:00:00Z", "end": "2026-01-06T00:00:00Z"}
+    bundle = make_bundle(tmp_path / "b", CURVES, extra={"training_window": window})
+    assert bundle.manifest["training_window"] == window
