@@ -85,7 +85,7 @@ def _json(payload: object, status_code: int = 200, duration_s: float | None = No
 
 
 def _filter_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
-    return filter_result(args, assessment.failed)
+    return filter_result(args, assessment.failed, assessment.unresolvable)
 
 
 def _prioritize_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:

@@ -148,6 +148,8 @@ def test_filter_names_echoes_passing_and_fails_powerless(service) -> None:
     assert answer["NodeNames"] == ["node-a", "node-b", "node-d"]  # node-d: no telemetry, passes
     assert set(answer["FailedNodes"]) == {"node-e"}
     assert "powerless" in answer["FailedNodes"]["node-e"]
+    # Evicting pods cannot give a node stored energy: preemption should not try it.
+    assert list(answer["FailedAndUnresolvableNodes"]) == ["node-e"]
     assert answer["Error"] == ""
     assert "Nodes" not in answer or answer["Nodes"] is None
 
