@@ -1,7 +1,8 @@
 """Benchmark the predictor: session memory, curve builds, and the request-path lookup.
 
 Prints, for a fleet bundle built here (real scikit-learn models through skl2onnx):
-- resident memory per onnxruntime session (loading a bundle of per-node models),
+- resident memory per onnxruntime session (loading a bundle of per-node models) and the
+  time the model swap's probe-grid validation takes,
 - full and incremental ``CurveBuilder.build`` times,
 - ``CurveTable.power_increase_w`` (with ``index_of``) for 100, 500 and 5000 nodes, against the
   naive design measured in the same run: one onnxruntime call per node per request.
@@ -25,6 +26,7 @@ from tqdm import tqdm
 from predictor.bundle import write_bundle
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
+from predictor.reload import validate_predictor
 from tests.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, PowerCurveSpec, fit_curve_model
 
 log = logging.getLogger("bench.curves")
@@ -102,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             f"load: {sessions} sessions in {load_s:.2f} s, "
             f"{load_s / sessions * 1e3:.2f} ms and {per_session_kib:.0f} KiB RSS per session"
         )
+
+        start = time.perf_counter()
+        validate_predictor(predictor)
+        print(f"validate (probe grid, every model): {time.perf_counter() - start:.2f} s")
 
         rng = np.random.default_rng(2)
         names = [f"node-{i:05d}" for i in range(args.nodes)]
