@@ -108,7 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = prepare(config)
         sock = bind_socket(config)
     except StartupError as exc:
-        log.error("cannot start: %s", exc)
         print(f"python -m extender: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     port = sock.getsockname()[1]
@@ -118,10 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runtime.start_background()
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
     names = runtime.state.node_names()[:EXAMPLE_NODE_COUNT]
-    log.info("listening", extra={"url": url, "bind": f"{config.host}:{port}"})
     if names:
         log.info("try it", extra={"curl": example_curl(url, names)})
         log.info("why those scores", extra={"curl": example_curl(url, names, "explain")})
+    # Last startup line: the socket already accepts connections (they queue until uvicorn
+    # runs), so whoever waits for this line can send requests right away.
+    log.info("listening", extra={"url": url, "bind": f"{config.host}:{port}"})
     try:
         server.run(sockets=[sock])
     finally:

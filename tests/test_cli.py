@@ -1,0 +1,157 @@
+"""``python -m extender`` as an operator runs it: a subprocess on a port the OS picks."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.server import REPO_ROOT, run_extender
+
+DEMO_NODES = [f"node-{i:02d}" for i in range(1, 13)]
+SHIPPED_BUNDLE = REPO_ROOT / "models" / "default"
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    curves = {
+        name: PowerCurveSpec(idle_w=70.0 + 8 * i, max_w=220.0 + 20 * i, exponent=1 + i % 3)
+        for i, name in enumerate(DEMO_NODES)
+    }
+    return make_bundle(tmp_path_factory.mktemp("cli") / "bundle", curves).directory
+
+
+def logged_curl_body(log_lines: list[str]) -> tuple[str, bytes]:
+    """The URL and body of the curl line the service logs for newcomers."""
+    entry = next(json.loads(line) for line in log_lines if '"try it"' in line)
+    words = shlex.split(entry["curl"])
+    return words[words.index("POST") + 1], words[words.index("-d") + 1].encode()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "extender", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def assert_demo_served(url: str, log_lines: list[str]) -> None:
+    post_url, body = logged_curl_body(log_lines)
+    assert post_url == f"{url}/prioritize"
+    with httpx.Client(timeout=10) as client:
+        answer = client.post(post_url, content=body)
+        assert answer.status_code == 200
+        scores = answer.json()
+        assert [entry["Host"] for entry in scores] == DEMO_NODES
+        assert all(type(entry["Score"]) is int and 0 <= entry["Score"] <= 10 for entry in scores)
+        assert len({entry["Score"] for entry in scores}) > 1  # the demo nodes differ
+        filtered = client.post(f"{url}/filter", content=body).json()
+        assert "node-06" in filtered["FailedNodes"]  # the demo's powerless node
+        assert client.get(f"{url}/readyz").status_code == 200
+
+
+def test_serves_the_demo_cluster(demo_bundle: Path) -> None:
+    with run_extender(["--bundle", str(demo_bundle)]) as service:
+        assert_demo_served(service.url, service.log_lines)
+        status = httpx.get(f"{service.url}/status", timeout=10).json()
+        assert status["mode"] == "demo"
+        assert status["nodes"]["known"] == 12
+    steps = [json.loads(line).get("msg") for line in service.log_lines if line.startswith("{")]
+    for step in ("starting", "cluster loaded", "bundle installed", "listening", "try it"):
+        assert step in steps
+
+
+@pytest.mark.skipif(not SHIPPED_BUNDLE.is_dir(), reason="models/default not shipped yet")
+def test_no_arguments_serve_the_shipped_bundle_on_the_demo_cluster() -> None:
+    with run_extender([]) as service:
+        assert_demo_served(service.url, service.log_lines)
+        manifest = json.loads((SHIPPED_BUNDLE / "manifest.json").read_text())
+        status = httpx.get(f"{service.url}/status", timeout=10).json()
+        assert status["bundle_version"] == manifest["version"]
+
+
+def test_yaml_snapshot_and_environment_settings(demo_bundle: Path, tmp_path: Path) -> None:
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {
+                        "name": "node-01",
+                        "allocatable_cpu": "16",
+                        "labels": {"energy-status": "vulnerable"},
+                        "telemetry": {"cpu_util": 0.3, "ambient_temp_c": 21, "cpu1_temp_c": 50},
+                    },
+                    {"name": "node-02", "allocatable_cpu": 8},
+                ]
+            }
+        )
+    )
+    env = {"PAS_ENERGY_WEIGHT": "0", "PAS_ASSUMED_WINDOW": "30"}
+    with run_extender(["--bundle", str(demo_bundle), "--cluster", str(snapshot)], env) as service:
+        status = httpx.get(f"{service.url}/status", timeout=10).json()
+    assert status["mode"] == "snapshot"
+    assert status["nodes"] == {
+        "known": 2,
+        "with_fresh_telemetry": 1,
+        "without_telemetry": 1,
+        "assumed_pods": 0,
+    }
+    assert status["scoring"]["energy_weight"] == 0.0
+    assert status["scoring"]["assumed_window_s"] == 30.0
+
+
+def test_help_explains_every_flag() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in ("--bundle", "--cluster", "--port", "--host", "--prometheus", "--kubeconfig"):
+        assert flag in result.stdout
+    assert "PAS_" in result.stdout and "SECONDS" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("make_args", "message"),
+    [
+        (lambda tmp, bundle: ["--bundle", str(tmp / "nowhere")], "nowhere"),
+        (
+            lambda tmp, bundle: ["--bundle", str(bundle), "--cluster", str(tmp / "bad.json")],
+            "node-x",
+        ),
+        (
+            lambda tmp, bundle: ["--bundle", str(bundle), "--cluster", str(tmp / "gone.json")],
+            "gone.json",
+        ),
+        (lambda tmp, bundle: ["--kubeconfig", str(tmp / "kc")], "--prometheus"),
+        (
+            lambda tmp, bundle: [
+                "--telemetry-ttl",
+                "-1",
+                "--prometheus",
+                "http://x",
+                "--in-cluster",
+            ],
+            "--telemetry-ttl",
+        ),
+    ],
+)
+def test_bad_input_is_a_one_line_error(
+    demo_bundle: Path, tmp_path: Path, make_args, message
+) -> None:
+    bad = {"nodes": [{"name": "node-x", "allocatable_cpu": "lots", "telemetry": {}}]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result = run_cli(*make_args(tmp_path, demo_bundle), "--port", "0")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m extender: error:")
+    assert message in last
