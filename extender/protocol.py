@@ -21,6 +21,7 @@ import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import NoReturn
 
 import numpy as np
 import orjson
@@ -90,6 +91,7 @@ def parse_extender_args(body: bytes | bytearray | memoryview | str) -> ExtenderA
 
     node_names: list[str] | None = None
     nodes: list[dict] | None = None
+    node_infos: list[NodeInfo] | None = None
     if raw_names is not None:
         if not isinstance(raw_names, list):
             raise ProtocolError(f"NodeNames must be a list of strings, got {_json_type(raw_names)}")
@@ -111,7 +113,8 @@ def parse_extender_args(body: bytes | bytearray | memoryview | str) -> ExtenderA
         if not isinstance(items, list):
             raise ProtocolError(f"Nodes.items must be a list, got {_json_type(items)}")
         nodes = items
-        names = [_node_name(node, f"Nodes.items[{i}]") for i, node in enumerate(items)]
+        node_infos = _node_infos(items)
+        names = [info.name for info in node_infos]
     else:
         names = []
     return ExtenderArgs(
@@ -119,29 +122,55 @@ def parse_extender_args(body: bytes | bytearray | memoryview | str) -> ExtenderA
         node_names=node_names,
         nodes=nodes,
         candidate_names=list(names),
-        node_infos=_node_infos(nodes) if nodes is not None else None,
+        node_infos=node_infos,
     )
 
 
 def node_info_from_object(node: Mapping, where: str = "node") -> NodeInfo:
     """NodeInfo from a full Kubernetes Node object (allocatable CPU, labels, annotations)."""
+    info = _readable_node_info(node)
+    if info is None:
+        _raise_bad_node(node, where)
+    return info
+
+
+def _readable_node_info(node: object) -> NodeInfo | None:
+    """The NodeInfo, or None when anything is off; builds no message (runs for every node)."""
+    try:
+        metadata = node["metadata"]  # type: ignore[index]
+        name = metadata["name"]
+        labels = metadata.get("labels") or {}
+        annotations = metadata.get("annotations") or {}
+        allocatable_cpu = parse_cpu_quantity(node["status"]["allocatable"]["cpu"])  # type: ignore[index]
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    if (
+        isinstance(name, str)
+        and name
+        and isinstance(labels, Mapping)
+        and isinstance(annotations, Mapping)
+    ):
+        return NodeInfo(name, allocatable_cpu, labels, annotations)
+    return None
+
+
+def _raise_bad_node(node: object, where: str) -> NoReturn:
+    """Say precisely what is wrong with a node object that the happy path refused."""
     name = _node_name(node, where)
     where = f"{where} ({name})"
-    metadata = node["metadata"]
-    labels = _optional_object(metadata.get("labels"), f"{where}: metadata.labels")
-    annotations = _optional_object(metadata.get("annotations"), f"{where}: metadata.annotations")
-    status = _optional_object(node.get("status"), f"{where}: status")
+    metadata = node["metadata"]  # type: ignore[index]
+    _optional_object(metadata.get("labels"), f"{where}: metadata.labels")
+    _optional_object(metadata.get("annotations"), f"{where}: metadata.annotations")
+    status = _optional_object(node.get("status"), f"{where}: status")  # type: ignore[union-attr]
     allocatable = _optional_object(status.get("allocatable"), f"{where}: status.allocatable")
     cpu = allocatable.get("cpu")
     if cpu is None:
         raise ProtocolError(f"{where}: status.allocatable.cpu is missing")
     try:
-        allocatable_cpu = parse_cpu_quantity(cpu)
+        parse_cpu_quantity(cpu)
     except ValueError as exc:
         raise ProtocolError(f"{where}: status.allocatable.cpu: {exc}") from None
-    return NodeInfo(
-        name=name, allocatable_cpu=allocatable_cpu, labels=labels, annotations=annotations
-    )
+    raise ProtocolError(f"{where}: not a readable Node object")
 
 
 def filter_result(
@@ -231,8 +260,12 @@ def pod_key(pod: Mapping) -> str:
     return f"{metadata.get('namespace') or '?'}/{metadata.get('name') or '?'}"
 
 
-def _node_infos(nodes: Sequence[dict]) -> list[NodeInfo]:
-    return [node_info_from_object(node, f"Nodes.items[{i}]") for i, node in enumerate(nodes)]
+def _node_infos(nodes: Sequence[object]) -> list[NodeInfo]:
+    infos = list(map(_readable_node_info, nodes))
+    if not all(infos):  # NodeInfo is always truthy; all() stays in C, unlike `None in infos`
+        bad = next(i for i, info in enumerate(infos) if info is None)
+        _raise_bad_node(nodes[bad], f"Nodes.items[{bad}]")
+    return infos  # type: ignore[return-value]
 
 
 def _node_name(node: object, where: str) -> str:

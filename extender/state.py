@@ -86,8 +86,8 @@ class ClusterView:
     `names` holds the nodes a node source reported (`has_node_info` True) followed by nodes known
     only from telemetry (allocatable NaN, energy level UNKNOWN). `cpu_util` is NaN and
     `observed_at_s` is -inf for a node without telemetry; `max_power_w` is NaN for a node without
-    the max-power annotation. `assumed_cpu` (cores) already has expired
-    bindings removed as of `built_at_s`; the view stays valid until `valid_until_s`.
+    the max-power annotation. `assumed_cpu` (cores) already has expired bindings removed as of
+    `built_at_s`; the view stays valid until `valid_until_s`.
     """
 
     version: int
@@ -103,19 +103,19 @@ class ClusterView:
     cpu_util: np.ndarray
     observed_at_s: np.ndarray
 
-    # One (curve table, rows) pair: the request path maps names to view positions once, and
-    # view positions to curve rows through this array instead of a second lookup per name.
-    _curve_rows: list = field(default_factory=lambda: [None, None], repr=False)
+    # Slot 0 holds one (curve table, rows) pair: the request path maps names to view positions
+    # once, and view positions to curve rows through this array, not a second lookup per name.
+    _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
 
     def curve_rows(self, curves: PowerCurves) -> np.ndarray:
         """Row of each view node in `curves` (-1 = no curve), cached for the latest table."""
-        table, rows = self._curve_rows
+        table, rows = self._curve_rows[0]
         if table is curves:
             return rows
         rows = np.asarray(curves.index_of(self.names), dtype=np.intp)
         rows.flags.writeable = False
-        # A race here only computes the same array twice.
-        self._curve_rows[:] = [curves, rows]
+        # One atomic store of a tuple: a concurrent reader sees the old pair or the new one.
+        self._curve_rows[0] = (curves, rows)
         return rows
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:
