@@ -625,3 +625,34 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     for source in sources:
         assert f"!{source}" in ignore or f"!{source}/" in ignore, f"{source} excluded"
+
+
+# ---------------------------------------------------------------------------------------------
+# The operations guide
+
+
+def _guide_commands() -> list[list[str]]:
+    """Every `python -m <our module> ...` command in docs/operations.md's shell blocks."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            if not line.strip().startswith("python -m "):
+                continue
+            words = shlex.split(line.split("|")[0].split("#")[0])
+            if words[2].split(".")[0] in ("training", "extender"):
+                commands.append(words)
+    return commands
+
+
+def test_the_operations_guide_commands_parse() -> None:
+    commands = _guide_commands()
+    modules = {words[2] for words in commands}
+    assert {"training.collect", "training.fit", "training.publish"} <= modules
+    for words in commands:
+        module = importlib.import_module(words[2])
+        module.build_parser().parse_args(words[3:])  # exits (fails the test) on a bad flag
+        if words[2] == "training.publish":
+            args = module.build_parser().parse_args(words[3:])
+            assert f"{args.name}-0" == _model_shard_sources()[0]["name"]
+            assert args.namespace == SCHEDULER_NAME
