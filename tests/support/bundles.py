@@ -28,7 +28,7 @@ from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import PolynomialFeatures
 
-from predictor.bundle import MANIFEST_NAME, Bundle, read_bundle, sha256_hex, write_bundle
+from predictor.bundle import FALLBACK_NODE, MANIFEST_NAME, Bundle, sha256_hex, write_bundle
 
 DEFAULT_FEATURES: tuple[str, ...] = ("cpu_util", "ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
 DEFAULT_FILL: dict[str, str] = {"cpu2_temp_c": "cpu1_temp_c"}
@@ -127,19 +127,29 @@ def make_bundle(
 # Breaking bundles
 
 
+def _load_manifest(directory: Path) -> dict:
+    return json.loads((Path(directory) / MANIFEST_NAME).read_text())
+
+
+def _save_manifest(directory: Path, manifest: dict) -> None:
+    (Path(directory) / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
+def _entry(manifest: dict, node: str) -> dict:
+    return manifest["fallback"] if node == FALLBACK_NODE else manifest["nodes"][node]
+
+
 def edit_manifest(directory: Path, **changes: object) -> dict:
     """Rewrite top-level manifest fields in place (no validation); returns the new manifest."""
-    path = Path(directory) / MANIFEST_NAME
-    manifest = json.loads(path.read_text())
+    manifest = _load_manifest(directory)
     manifest.update(changes)
-    path.write_text(json.dumps(manifest, indent=2))
+    _save_manifest(directory, manifest)
     return manifest
 
 
 def model_file(directory: Path, node: str) -> Path:
-    manifest = json.loads((Path(directory) / MANIFEST_NAME).read_text())
-    entry = manifest["fallback"] if node == "(fallback)" else manifest["nodes"][node]
-    return Path(directory) / entry["model"]
+    """The node's model file (``FALLBACK_NODE`` for the fallback)."""
+    return Path(directory) / _entry(_load_manifest(directory), node)["model"]
 
 
 def corrupt_model_bytes(directory: Path, node: str) -> None:
@@ -155,21 +165,13 @@ def truncate_model(directory: Path, node: str, *, keep_fraction: float = 0.5) ->
     path = model_file(directory, node)
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep_fraction)])
-    manifest_path = Path(directory) / MANIFEST_NAME
-    manifest = json.loads(manifest_path.read_text())
-    entry = manifest["fallback"] if node == "(fallback)" else manifest["nodes"][node]
-    entry["sha256"] = sha256_hex(path.read_bytes())
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-
-
-def bundle_files(directory: Path) -> dict[str, bytes]:
-    """The files of a bundle as a ConfigMap would carry them (name -> bytes)."""
-    read_bundle(directory)  # only copy what is at least a readable bundle layout
-    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file()}
+    manifest = _load_manifest(directory)
+    _entry(manifest, node)["sha256"] = sha256_hex(path.read_bytes())
+    _save_manifest(directory, manifest)
 
 
 def raw_files(directory: Path) -> dict[str, bytes]:
-    """The files of a directory, unvalidated (for projecting broken bundles)."""
+    """A directory's files as a ConfigMap carries them (name -> bytes), valid bundle or not."""
     return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file()}
 
 
