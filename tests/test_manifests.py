@@ -624,6 +624,7 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     assert "models" in sources
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     for source in sources:
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
         assert f"!{source}" in ignore or f"!{source}/" in ignore, f"{source} excluded"
 
 
