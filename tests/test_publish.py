@@ -466,3 +466,16 @@ def test_a_missing_namespace_is_reported_with_the_servers_message(
     assert code == 1
     assert "ConfigMap nowhere/power-models-0" in err
     assert "HTTP 404" in err and "nowhere" in err
+
+
+def test_a_missing_kubeconfig_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    missing = tmp_path / "no-such-kubeconfig"
+
+    code, out, err = run_cli(capsys, *cli_args(bundle.directory, missing))
+
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1 and str(missing) in err
