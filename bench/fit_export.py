@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from training.dataset import clean_metrics
-from training.fit import FitSettings, default_report_dir, fit_fleet
+from training.fit import FitSettings, default_report_dir, fit_fleet, setup_logging
 from training.synth import synth_fleet
 
 log = logging.getLogger("bench.fit_export")
@@ -44,10 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or logs")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.quiet)
     # the table goes to the log; this bench prints its own summary
     logging.getLogger("training.report").setLevel(logging.WARNING)
     jobs = args.jobs or os.cpu_count() or 1

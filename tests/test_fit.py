@@ -200,11 +200,17 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
 
 def test_a_dipping_best_family_gives_way_to_the_next() -> None:
     rows = _falling_rows()
-    rising = NodeRows(rows.node, rows.time_s, rows.features, 100 + 150 * rows.features[:, 0])
-    outcome = fit_node(rising, FitSettings(min_rows=100, families=("poly3", "poly5")))
-    assert outcome.family in {"poly3", "poly5"}
+    util = rows.features[:, 0].astype(np.float64)
+    wavy_w = 100 + 150 * util + 30 * np.sin(6 * util)  # falls between u ~0.3 and ~0.8
+    outcome = fit_node(
+        NodeRows(rows.node, rows.time_s, rows.features, wavy_w),
+        FitSettings(min_rows=100, families=("poly5", "sqrt2")),
+    )
+    poly5, sqrt2 = outcome.candidates
+    assert poly5["metrics"]["mae_w"] < sqrt2["metrics"]["mae_w"]  # the better fit...
+    assert poly5["monotonic"] == "fail"  # ...follows the dip, so it is passed over
+    assert outcome.family == "sqrt2"
     assert outcome.monotonic["verdict"] == "pass"
-    assert outcome.metrics["mape_pct"] < 0.1
 
 
 def test_thermal_slope_recovers_a_known_slope() -> None:
@@ -226,3 +232,15 @@ def test_cli_rejects_an_unknown_family_in_one_line(tmp_path) -> None:
     assert "unknown model family spline" in completed.stderr
     assert "Traceback" not in completed.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_trees_are_ruled_out_across_a_gap_in_utilisation() -> None:
+    rows = _falling_rows()
+    util = np.where(rows.features[:, 0] < 0.5, 0.02, 0.95).astype(np.float32)  # idle or busy
+    features = rows.features.copy()
+    features[:, 0] = util
+    gapped = NodeRows(rows.node, rows.time_s, features, 100 + 150 * util.astype(np.float64))
+    outcome = fit_node(gapped, FitSettings(min_rows=100))
+    by_family = {c["family"]: c for c in outcome.candidates}
+    assert "gap of 0.930" in by_family["rfmono"]["skipped"]
+    assert outcome.family in {"sqrt2", "sqrt3", "sqrt3t2"}

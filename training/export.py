@@ -22,6 +22,7 @@ import onnxruntime
 from skl2onnx import to_onnx
 from skl2onnx.common.data_types import FloatTensorType
 
+import training.families  # noqa: F401  (registers the converters of our own transformers)
 from predictor.bundle import Bundle, read_bundle, write_bundle
 
 log = logging.getLogger(__name__)

@@ -93,6 +93,9 @@ FLEXIBLE_MARGIN = 0.10  # a flexible family must cut held-out MAE by 10 % to bea
 # thousand rows they gain little. Capping them keeps a 1000-node fleet with 10k rows per node
 # within minutes on two cores. Smooth families always see every training row.
 FLEXIBLE_MAX_ROWS = 8_000
+# Trees predict a constant across a stretch of utilisation with no rows (a node that is either
+# idle or busy), where a smooth curve interpolates; wider gaps than this rule trees out.
+FLEXIBLE_MAX_UTIL_GAP = 0.05
 FALLBACK_MAX_ROWS = 40_000  # pooled rows the fleet fallback trains on (subsampled per node)
 UTIL_CHECK_GRID = np.linspace(0.0, 1.0, 101)
 FALLBACK_NAME = "(fleet fallback)"
@@ -111,6 +114,7 @@ class FitSettings:
     monotonic_tolerance_w: float = DEFAULT_MONOTONIC_TOLERANCE_W
     fallback_max_rows: int = FALLBACK_MAX_ROWS
     flexible_max_rows: int = FLEXIBLE_MAX_ROWS
+    flexible_max_util_gap: float = FLEXIBLE_MAX_UTIL_GAP
 
 
 @dataclass
@@ -200,6 +204,12 @@ def node_thermal(rows: NodeRows) -> dict[str, float]:
     return thermal
 
 
+def largest_util_gap(util: np.ndarray) -> float:
+    """Widest utilisation interval (within the seen range) that holds no row."""
+    seen = np.unique(np.asarray(util, dtype=np.float64))
+    return float(np.max(np.diff(seen))) if len(seen) > 1 else 0.0
+
+
 def rank_candidates(candidates: Sequence[dict], families: Sequence[Family]) -> list[dict]:
     """Order by held-out MAE; a flexible family must beat the best smooth one by the margin."""
     kind = {family.name: family.kind for family in families}
@@ -228,8 +238,19 @@ def choose_model(
     families = resolve_families(names)
     typical = np.median(train.features, axis=0)
     fitted = {}
-    candidates = []
+    candidates: list[dict] = []
+    skipped: list[dict] = []
+    util_gap = largest_util_gap(train.features[:, FEATURES.index("cpu_util")])
     for family in families:
+        if family.kind == "flexible" and util_gap > settings.flexible_max_util_gap:
+            skipped.append(
+                {
+                    "family": family.name,
+                    "skipped": f"training utilisation has a gap of {util_gap:.3f} with no rows "
+                    f"(> {settings.flexible_max_util_gap}); trees would be flat across it",
+                }
+            )
+            continue
         fit_rows = train
         if family.kind == "flexible" and len(train) > settings.flexible_max_rows:
             rng = np.random.default_rng(settings.seed)
@@ -248,13 +269,15 @@ def choose_model(
                 "check": check,
             }
         )
+    if not candidates:
+        raise FitError(f"{train.node}: no model family applies: {skipped[0]['skipped']}")
     ranked = rank_candidates(candidates, families)
     for candidate in ranked:
         if candidate["monotonic"] == "pass":
             model, predicted_w = fitted[candidate["family"]]
-            return model, candidate, _public(candidates), candidate["check"]
+            return model, candidate, _public(candidates) + skipped, candidate["check"]
     # every family dips somewhere: report the best-ranked one's check
-    return None, None, _public(candidates), ranked[0]["check"]
+    return None, None, _public(candidates) + skipped, ranked[0]["check"]
 
 
 def _public(candidates: list[dict]) -> list[dict]:
@@ -652,6 +675,14 @@ def _collect(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
     return raw, f"{args.prometheus} [{start.isoformat()} .. {end.isoformat()}]"
 
 
+def setup_logging(quiet: bool) -> None:
+    """Log to stderr: INFO normally, warnings and errors only with --quiet."""
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.fit",
@@ -736,10 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.quiet)
     if args.prometheus is not None and (args.start is None or args.end is None):
         parser.error("--prometheus needs --start and --end")
     if args.prometheus is None and (args.start or args.end or args.collect_config or args.step):
