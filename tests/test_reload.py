@@ -306,3 +306,116 @@ def test_a_bundle_trained_by_training_fit_is_accepted(tmp_path: Path) -> None:
     assert watcher.check_now(), watcher.last_refused
     assert recorder.current.bundle.fallback is not None
     assert len(recorder.current.bundle.nodes) >= 1
+
+
+# --- the running service, requests flowing while kubelet swaps bundles underneath ---------
+
+
+def _top_host(answer: list[dict]) -> str:
+    return max(answer, key=lambda entry: entry["Score"])["Host"]
+
+
+@pytest.mark.slow
+def test_service_keeps_answering_through_swaps(tmp_path: Path, build: Callable[..., Path]) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from extender.metrics import PREFIX
+    from tests.support.server import extender_service, write_snapshot
+
+    fixtures = Path(__file__).parent / "fixtures" / "kube-scheduler-v1.28" / "cache-capable"
+    prioritize = (fixtures / "prioritize-request.json").read_bytes()
+    filter_body = (fixtures / "filter-request.json").read_bytes()
+    names = json.loads(prioritize)["NodeNames"]  # node-a, node-b, node-c
+    telemetry = {"cpu_util": 0.4, "ambient_temp_c": 22.0, "cpu1_temp_c": 50.0}
+    snapshot = write_snapshot(
+        tmp_path / "cluster.json",
+        [{"name": n, "allocatable_cpu": 8, "telemetry": telemetry} for n in names],
+    )
+    cheap, dear = PowerCurveSpec(100.0, 150.0), PowerCurveSpec(100.0, 500.0)
+    a_cheapest = build({"node-a": cheap, "node-b": dear, "node-c": dear})
+    b_cheapest = build({"node-a": dear, "node-b": cheap, "node-c": dear})
+    version_of = {path: Predictor.load(path).version for path in (a_cheapest, b_cheapest)}
+    steps: list[tuple[str, Path]] = [
+        ("good", b_cheapest),
+        ("bad", build({"node-a": dear, "node-b": dear, "node-c": cheap}, _bad_sha)),
+        ("bad", build({"node-a": dear, "node-b": dear, "node-c": cheap}, _truncated)),
+        ("bad", build({"node-c": PowerCurveSpec(100.0, 150.0, nan_output=True)})),
+        ("good", a_cheapest),
+        ("good", b_cheapest),
+    ]
+    mount = KubeletMount(tmp_path / "models")
+    mount.project_bundle(a_cheapest)
+
+    with (
+        extender_service(mount.directory, snapshot, bundle_poll_interval_s=0.05) as (url, _rt),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        failures: list[str] = []
+        answered = 0
+        stop = threading.Event()
+
+        def keep_scheduling() -> None:
+            nonlocal answered
+            with httpx.Client(base_url=url, timeout=30) as own:
+                while not stop.is_set():
+                    try:
+                        scores = own.post("/prioritize", content=prioritize)
+                        passing = own.post("/filter", content=filter_body)
+                    except httpx.HTTPError as exc:
+                        failures.append(f"{type(exc).__name__}: {exc}")
+                        return
+                    if scores.status_code != 200 or passing.status_code != 200:
+                        failures.append(f"HTTP {scores.status_code}/{passing.status_code}")
+                        continue
+                    answer = scores.json()
+                    if sorted(e["Host"] for e in answer) != sorted(names) or not all(
+                        type(e["Score"]) is int and 0 <= e["Score"] <= 10 for e in answer
+                    ):
+                        failures.append(f"bad answer {answer}")
+                    if _top_host(answer) not in ("node-a", "node-b"):
+                        failures.append(f"top host from a refused bundle: {answer}")
+                    answered += 1
+
+        scheduler = threading.Thread(target=keep_scheduling)
+        scheduler.start()
+        try:
+            serving = a_cheapest
+            for kind, source in steps:
+                before = answered
+                mount.project_bundle(source)
+                expected = json.loads((source / MANIFEST_NAME).read_text())["version"]
+                for _ in range(1200):  # the watcher polls every 0.05 s; generous bound
+                    status = client.get("/status").json()
+                    refused = status["last_refused"] or {}
+                    if kind == "good" and status["bundle_version"] == expected:
+                        break
+                    if kind == "bad" and refused.get("version") == expected:
+                        break
+                    stop.wait(0.05)
+                else:
+                    pytest.fail(f"the service never took up {kind} bundle {expected}: {status}")
+                if kind == "good":
+                    serving = source
+                assert status["bundle_version"] == version_of[serving]
+                top = _top_host(client.post("/prioritize", content=prioritize).json())
+                assert top == ("node-a" if serving == a_cheapest else "node-b")
+                # requests kept flowing across the change
+                while answered < before + 3 and scheduler.is_alive():
+                    stop.wait(0.01)
+        finally:
+            stop.set()
+            scheduler.join()
+
+        assert failures == []
+        assert answered >= 3 * len(steps)
+        status = client.get("/status").json()
+        assert status["bundle_version"] == version_of[b_cheapest]
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            for s in family.samples
+        }
+        assert samples[(f"{PREFIX}_bundle_reload_refusals_total", ())] == 3
+        internal = [k for k, v in samples.items() if ("kind", "internal") in k[1] and v > 0]
+        assert internal == []
