@@ -311,3 +311,17 @@ def test_dropped_watch_breaks_the_stream(kube: FakeKube, core: client.CoreV1Api)
     consumer.join(timeout=10)
     assert not consumer.is_alive()
     assert errors, "a cut stream must not look like a clean end"
+
+
+def test_binding_assigns_the_node_once(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": []}})
+    binding = {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "node-a"}}
+    response = core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    assert response.status == 201
+    bound = core.read_namespaced_pod("p", "default")
+    assert bound.spec.node_name == "node-a"
+    assert [c.type for c in bound.status.conditions] == ["PodScheduled"]
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    assert raised.value.status == 409
+    assert "already assigned to node" in status_of(raised.value)["message"]

@@ -150,12 +150,21 @@ def test_bound_pod_adds_assumed_load_until_deleted(
     watcher.start()
     wait_until(lambda: watcher.healthy, "the watcher to sync")
 
-    # Created pending (no node), then bound as the scheduler's binding would do.
+    # Created pending (no node), then bound through the Binding subresource, as kube-scheduler
+    # does. (The client cannot read the Status the server answers as a V1Binding, hence the raw
+    # response.)
     api.create_namespaced_pod("default", pod("batch", None, cpu="2"))
     api.create_namespaced_pod("default", pod("web", "node-a", cpu="250m"))
     wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(0.25), "the bound pod")
-    api.patch_namespaced_pod("batch", "default", {"spec": {"nodeName": "node-a"}})
+    api.create_namespaced_pod_binding(
+        "batch",
+        "default",
+        {"metadata": {"name": "batch"}, "target": {"kind": "Node", "name": "node-a"}},
+        _preload_content=False,
+    )
     wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(2.25), "the late binding")
+    scheduled = api.read_namespaced_pod("batch", "default").status.conditions[0]
+    assert (scheduled.type, scheduled.status) == ("PodScheduled", "True")
 
     api.delete_namespaced_pod("web", "default")
     wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(2.0), "the deleted pod gone")

@@ -19,7 +19,8 @@ key), list pagination (`limit`/`continue`) is ignored, and there is no authentic
 
 Test hooks: every request is recorded (`requests`), faults can be injected (`fail_next`,
 `failing`, `drop_watches`, `expire_watches`), and objects can be changed from Python
-(`create`, `replace`, `patch`, `delete`), which notifies open watches like any API write.
+(`create`, `replace`, `patch`, `delete`, `bind_pod`), which notifies open watches like any
+API write.
 """
 
 from __future__ import annotations
@@ -640,6 +641,47 @@ class FakeKube:
                 updated = {**copy.deepcopy(current), "status": updated.get("status")}
             return self._update(resource, (plural, ns, name), current, updated)
 
+    def bind_pod(self, name: str, node: str, namespace: str | None = None) -> JsonObject:
+        """What kube-scheduler's Binding does: set spec.nodeName and the PodScheduled condition.
+
+        A pod already assigned to a node answers 409 Conflict, as the real registry does.
+        """
+        resource = RESOURCES["pods"]
+        ns = self._ns(resource, namespace)
+        if not node:
+            raise invalid(
+                "Binding", name, [("FieldValueRequired", "target.name", "Required value")]
+            )
+        with self._lock:
+            current = self._objects.get(("pods", ns, name))
+            if current is None:
+                raise not_found("pods", name)
+            assigned = (current.get("spec") or {}).get("nodeName")
+            if assigned:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                    f'already assigned to node "{assigned}"',
+                    {"name": name, "kind": "pods/binding"},
+                )
+            updated = copy.deepcopy(current)
+            updated.setdefault("spec", {})["nodeName"] = node
+            status = updated.setdefault("status", {})
+            conditions = [
+                c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"
+            ]
+            conditions.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": _now_rfc3339(),
+                }
+            )
+            status["conditions"] = conditions
+            return self._update(resource, ("pods", ns, name), current, updated)
+
     def delete(self, plural: str, name: str, namespace: str | None = None) -> JsonObject:
         """Immediate deletion; answers the object (pods, namespaces) or a Success Status."""
         resource = RESOURCES[plural]
@@ -812,11 +854,14 @@ class FakeKube:
         timeout_s: float | None,
         bookmarks: bool,
         send: Callable[[JsonObject], None],
+        generation: int,
     ) -> bool:
-        """Stream events to `send` until timeout, stop or drop. False if the stream was cut."""
+        """Stream events to `send` until timeout, stop or drop. False if the stream was cut.
+
+        `generation` is the watch generation when the request arrived (see `_record`).
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            generation = self._watch_generation
             if start_rv in (None, "", "0"):
                 # "Get state and start at most recent": synthetic ADDED for what exists.
                 initial = [
@@ -885,16 +930,21 @@ class FakeKube:
             )
         return True
 
-    def _record(self, request: RecordedRequest) -> int | None:
-        """Record a request; answer the injected failure status if one is due."""
+    def _record(self, request: RecordedRequest) -> tuple[int | None, int]:
+        """Record a request: (the injected failure status if one is due, the watch generation).
+
+        The generation is taken here so that `drop_watches()` cuts every watch whose request
+        arrived before it, even one whose stream has not started yet.
+        """
         with self._lock:
             self._requests.append(request)
+            generation = self._watch_generation
             if self.failing:
-                return 500
+                return 500, generation
             if self._fail_remaining > 0:
                 self._fail_remaining -= 1
-                return self._fail_status
-            return None
+                return self._fail_status, generation
+            return None, generation
 
 
 # --------------------------------------------------------------------------------------------
@@ -904,6 +954,7 @@ class FakeKube:
 
 class _Handler(BaseHTTPRequestHandler):
     kube: FakeKube
+    _generation = 0  # watch generation when the current request arrived
     protocol_version = "HTTP/1.1"
     server_version = "fake-kube-apiserver"
 
@@ -948,7 +999,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         request = RecordedRequest(method, parsed.path, query, dict(self.headers.items()), body)
-        injected = self.kube._record(request)
+        injected, self._generation = self.kube._record(request)
         try:
             if injected is not None:
                 raise ApiError(
@@ -1017,8 +1068,12 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             return
 
-        if subresource == "eviction" and plural == "pods" and method == "POST":
-            self.kube.delete("pods", name, namespace)
+        if subresource in ("eviction", "binding") and plural == "pods" and method == "POST":
+            if subresource == "eviction":
+                self.kube.delete("pods", name, namespace)
+            else:
+                target = (self._body_object(body, resource).get("target") or {}).get("name")
+                self.kube.bind_pod(name, target or "", namespace)
             self._send_json(
                 201,
                 {
@@ -1102,7 +1157,9 @@ class _Handler(BaseHTTPRequestHandler):
         def send(event: JsonObject) -> None:
             self._write_chunk(json.dumps(event, separators=(",", ":")).encode() + b"\n")
 
-        ended_cleanly = self.kube._watch(flt, start_rv, timeout_s, bookmarks, send)
+        ended_cleanly = self.kube._watch(
+            flt, start_rv, timeout_s, bookmarks, send, self._generation
+        )
         if ended_cleanly:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
