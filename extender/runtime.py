@@ -92,6 +92,7 @@ class Runtime:
         self.started_at_s = clock()
         self.live_sources: list[LiveSource] = []
         self._curves_telemetry_version: int | None = None
+        self._checked_view_version: int | None = None
         self._refused_seen = 0
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
@@ -203,6 +204,12 @@ class Runtime:
         self._count_refusals()
         if self.holder.state is None:
             return False
+        # The view's version changes with any write and is cheap to read (the view is cached);
+        # only then copy the telemetry, which at 5000 nodes holds the GIL for milliseconds.
+        view_version = self.state.view(self.clock()).version
+        if view_version == self._checked_view_version:
+            return False
+        self._checked_view_version = view_version
         version, _ = self.state.telemetry_snapshot()
         if version == self._curves_telemetry_version:
             return False

@@ -34,7 +34,8 @@ STARTUP_TIMEOUT_S = 60.0
 
 def bind_free_socket(host: str = "127.0.0.1") -> socket.socket:
     """A listening TCP socket on a port the OS chose."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP so that asyncio sets TCP_NODELAY (see extender.__main__.bind_socket).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(128)
