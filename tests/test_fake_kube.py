@@ -6,10 +6,12 @@ import base64
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
+from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
 from tests.support.fake_kube import MAX_CONFIGMAP_BYTES, FakeKube
@@ -325,3 +327,16 @@ def test_binding_assigns_the_node_once(core: client.CoreV1Api) -> None:
         core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
     assert raised.value.status == 409
     assert "already assigned to node" in status_of(raised.value)["message"]
+
+
+def test_kubeconfig_points_the_client_at_the_fake(kube: FakeKube, tmp_path: Path) -> None:
+    kube.create("nodes", node("node-a"))
+    configuration = client.Configuration()
+    kube_config.load_kube_config(
+        config_file=str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+        client_configuration=configuration,
+    )
+    with client.ApiClient(configuration) as api_client:
+        names = [n.metadata.name for n in client.CoreV1Api(api_client).list_node().items]
+    assert names == ["node-a"]
+    assert kube.requests[-1].headers["Authorization"] == "Bearer fake-token"

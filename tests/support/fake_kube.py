@@ -40,10 +40,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
+from requests.structures import CaseInsensitiveDict
 
 # kube-apiserver's default --max-request-bytes for resource writes (etcd's limit, doubled).
 MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
@@ -361,7 +363,7 @@ class RecordedRequest:
     method: str
     path: str
     query: dict[str, list[str]]
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # case-insensitive, as HTTP header names are
     body: bytes
 
     def json(self) -> Any:
@@ -471,6 +473,19 @@ class FakeKube:
         api_client = kubernetes.client.ApiClient(self.configuration())
         self._clients.append(api_client)
         return api_client
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file pointing at this server (for `--kubeconfig` in end-to-end tests)."""
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        path.write_text(json.dumps(kubeconfig, indent=2))  # JSON is valid YAML
+        return path
 
     def core_v1(self) -> kubernetes.client.CoreV1Api:
         """The official CoreV1Api pointed at this server."""
@@ -998,7 +1013,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(parsed.query, keep_blank_values=True)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        request = RecordedRequest(method, parsed.path, query, dict(self.headers.items()), body)
+        headers = CaseInsensitiveDict(self.headers.items())
+        request = RecordedRequest(method, parsed.path, query, headers, body)
         injected, self._generation = self.kube._record(request)
         try:
             if injected is not None:
