@@ -244,3 +244,25 @@ def test_trees_are_ruled_out_across_a_gap_in_utilisation() -> None:
     by_family = {c["family"]: c for c in outcome.candidates}
     assert "gap of 0.930" in by_family["rfmono"]["skipped"]
     assert outcome.family in {"sqrt2", "sqrt3", "sqrt3t2"}
+
+
+def test_monotonicity_is_also_checked_with_cpu_temperatures_following_load() -> None:
+    """The predictor raises CPU temperatures along u; a model that gives watts back for a hotter
+    CPU can pass at fixed temperatures and still make P(u) fall on the predictor's curve."""
+    rng = np.random.default_rng(9)
+    n = 800
+    util = rng.uniform(0, 1, n)
+    ambient = 22 + rng.normal(0, 1, n)
+    cpu1 = 50 + rng.normal(0, 8, n)  # uncorrelated with load here, so both effects are identified
+    features = np.column_stack([util, ambient, cpu1, cpu1]).astype(np.float32)
+    power_w = 100 + 100 * util - 3 * (cpu1 - 50)
+    model = fit_family(FAMILIES["sqrt2"], features, power_w, seed=0)
+    typical = np.median(features, axis=0)
+
+    fixed = monotonic_verdict(model, typical, 0.05)
+    assert fixed["verdict"] == "pass" and fixed["max_drop_along_thermal_w"] == 0.0
+    slopes = {"cpu1_temp_c_per_util": 40.0, "cpu2_temp_c_per_util": 40.0}
+    along = monotonic_verdict(model, typical, 0.05, slopes)
+    assert along["max_drop_w"] == fixed["max_drop_w"]
+    assert along["verdict"] == "fail"
+    assert along["max_drop_along_thermal_w"] > 10  # -120 W of temperature against +100 W of load

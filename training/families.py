@@ -22,7 +22,7 @@ along a tabulated P(u) curve (docs/architecture.md, "Thermal slope").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,8 +157,9 @@ def _monotone_forest(seed: int) -> RegressorMixin:
     # Every tree non-decreasing in utilisation => so is their average, at any temperatures.
     # 20 trees of depth <= 6 on half-size bootstrap samples: ~60-80 KiB as ONNX, ~0.1 s to fit
     # on 8k rows, within ~0.1 percentage point of the boosted trees' MAPE on the synthetic fleet.
-    monotonic = [0, 0, 0, 0]
-    monotonic[UTIL_COLUMN] = 1
+    # Also non-decreasing in both CPU temperatures (fans and leakage only add power), so P(u)
+    # cannot dip either when the predictor raises CPU temperatures along u.
+    monotonic = [1, 0, 1, 1]
     return RandomForestRegressor(
         n_estimators=20,
         max_depth=6,
@@ -256,15 +257,26 @@ def fit_family(family: Family, features: np.ndarray, power_w: np.ndarray, seed: 
     return model
 
 
-def max_power_drop_w(model, util_grid: np.ndarray, fixed_features: np.ndarray) -> float:
+def max_power_drop_w(
+    model,
+    util_grid: np.ndarray,
+    fixed_features: np.ndarray,
+    temp_slopes: Mapping[int, float] | None = None,
+) -> float:
     """Largest fall of predicted power as utilisation rises along `util_grid` (0 = never falls).
 
-    `fixed_features` holds the other features (temperatures) kept at one value, e.g. the node's
-    medians. The drop is measured against the running maximum, so a dip anywhere counts, not only
-    between neighbouring grid points.
+    `fixed_features` holds the other features (temperatures) at one value, e.g. the node's
+    medians. With `temp_slopes` (column -> degrees C per unit utilisation) those columns move
+    with utilisation the way the predictor moves them when it tabulates P(u):
+    `t(u) = t + slope * (u - u_typical)`. The drop is measured against the running maximum, so a
+    dip anywhere counts, not only between neighbouring grid points.
     """
-    rows = np.tile(np.asarray(fixed_features, dtype=np.float32), (len(util_grid), 1))
+    fixed = np.asarray(fixed_features, dtype=np.float64)
+    rows = np.tile(fixed, (len(util_grid), 1))
     rows[:, UTIL_COLUMN] = util_grid
+    for column, slope in (temp_slopes or {}).items():
+        rows[:, column] = fixed[column] + slope * (util_grid - fixed[UTIL_COLUMN])
+    rows = rows.astype(np.float32)
     predicted_w = np.asarray(model.predict(rows), dtype=np.float64).ravel()
     return float(np.max(np.maximum.accumulate(predicted_w) - predicted_w))
 

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from predictor.bundle import THERMAL_SUFFIX
 from training.dataset import (
     FEATURES,
     CleanedMetrics,
@@ -177,15 +178,31 @@ def rfc3339(time_s: float) -> str:
     return datetime.fromtimestamp(float(time_s), tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-def monotonic_verdict(model, typical_features: np.ndarray, tolerance_w: float) -> dict:
-    """Does predicted power never fall as utilisation rises 0 -> 1 at these temperatures?"""
+def monotonic_verdict(
+    model,
+    typical_features: np.ndarray,
+    tolerance_w: float,
+    thermal: Mapping[str, float] | None = None,
+) -> dict:
+    """Does predicted power never fall as utilisation rises 0 -> 1?
+
+    Checked at the typical temperatures held fixed and, when the node has thermal slopes, also
+    with the CPU temperatures following utilisation as the predictor tabulates P(u); both must
+    pass.
+    """
     drop_w = max_power_drop_w(model, UTIL_CHECK_GRID, typical_features)
+    slopes = {
+        FEATURES.index(key.removesuffix(THERMAL_SUFFIX)): slope
+        for key, slope in (thermal or {}).items()
+    }
+    along_w = max_power_drop_w(model, UTIL_CHECK_GRID, typical_features, slopes) if slopes else 0.0
     temps = {
         name: round(float(v), 2) for name, v in zip(FEATURES[1:], typical_features[1:], strict=True)
     }
     return {
-        "verdict": "pass" if drop_w <= tolerance_w else "fail",
+        "verdict": "pass" if max(drop_w, along_w) <= tolerance_w else "fail",
         "max_drop_w": round(drop_w, 4),
+        "max_drop_along_thermal_w": round(along_w, 4),
         "tolerance_w": tolerance_w,
         "at_temps_c": temps,
     }
@@ -200,7 +217,7 @@ def node_thermal(rows: NodeRows) -> dict[str, float]:
         temp = rows.features[:, FEATURES.index(name)].astype(np.float64)
         slope = thermal_slope_c_per_util(util, ambient, temp)
         if slope is not None:
-            thermal[f"{name}_per_util"] = round(slope, 3)
+            thermal[f"{name}{THERMAL_SUFFIX}"] = round(slope, 3)
     return thermal
 
 
@@ -228,7 +245,11 @@ def rank_candidates(candidates: Sequence[dict], families: Sequence[Family]) -> l
 
 
 def choose_model(
-    train: NodeRows, test: NodeRows, settings: FitSettings, extra_families: Sequence[str] = ()
+    train: NodeRows,
+    test: NodeRows,
+    settings: FitSettings,
+    extra_families: Sequence[str] = (),
+    thermal: Mapping[str, float] | None = None,
 ) -> tuple[object | None, dict | None, list[dict], dict]:
     """Fit every family, pick the best monotonic one. Returns (model, choice, candidates, check).
 
@@ -258,7 +279,7 @@ def choose_model(
             fit_rows = train.take(np.sort(pick))
         model = fit_family(family, fit_rows.features, fit_rows.power_w, settings.seed)
         predicted_w = model.predict(test.features)
-        check = monotonic_verdict(model, typical, settings.monotonic_tolerance_w)
+        check = monotonic_verdict(model, typical, settings.monotonic_tolerance_w, thermal)
         fitted[family.name] = (model, predicted_w)
         candidates.append(
             {
@@ -315,7 +336,9 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
         "idle_w": round(line.idle_w, 2),
         "max_w": round(line.max_w, 2),
     }
-    model, choice, outcome.candidates, outcome.monotonic = choose_model(train, test, settings)
+    model, choice, outcome.candidates, outcome.monotonic = choose_model(
+        train, test, settings, thermal=outcome.thermal
+    )
     if model is None:
         outcome.fallback_reason = "no family passed the monotonicity check"
         outcome.eval_rows = test
@@ -527,8 +550,9 @@ def fit_fleet(
 def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, object]:
     train, test = pool.merged(pool.train), pool.merged(pool.test)
     log.info("fitting the fleet fallback on %d pooled rows", len(train))
+    thermal = node_thermal(train)
     model, choice, candidates, check = choose_model(
-        train, test, settings, extra_families=(UTIL_ONLY_FAMILY,)
+        train, test, settings, extra_families=(UTIL_ONLY_FAMILY,), thermal=thermal
     )
     if model is None:
         raise FitError(
@@ -536,7 +560,6 @@ def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, obje
             f"rises (largest dip {check['max_drop_w']} W at the fleet's median temperatures)"
         )
     onnx = model_to_onnx(model, train.features.shape[1])
-    thermal = node_thermal(train)
     return (
         {
             "family": choice["family"],
@@ -591,7 +614,10 @@ def _report_entry(outcome: NodeOutcome, fallback_model, settings: FitSettings) -
         entry["metrics"] = error_metrics(rows.power_w, predicted_w)
         entry["family"] = "fleet"
         check = monotonic_verdict(
-            fallback_model, np.median(rows.features, axis=0), settings.monotonic_tolerance_w
+            fallback_model,
+            np.median(rows.features, axis=0),
+            settings.monotonic_tolerance_w,
+            outcome.thermal,
         )
         if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
             check["own_families"] = outcome.monotonic
