@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 PREFIX = "power_aware_extender"
@@ -58,6 +63,7 @@ class StateSample:
     bundle_created_at: str | None = None
     curve_table_age_s: float | None = None
     ready: bool = False
+    bundle_reload_refusals: int = 0
     extra_info: dict[str, str] = field(default_factory=dict)
 
 
@@ -91,6 +97,11 @@ class _StateCollector(Collector):
                 "Time since the power curves in use were tabulated",
                 value=s.curve_table_age_s,
             )
+        yield CounterMetricFamily(
+            f"{PREFIX}_bundle_reload_refusals",
+            "Bundles refused by validation; the previous bundle kept serving",
+            value=s.bundle_reload_refusals,
+        )
         yield GaugeMetricFamily(
             f"{PREFIX}_ready", "1 when /readyz answers 200", value=1.0 if s.ready else 0.0
         )
@@ -145,11 +156,6 @@ class ServiceMetrics:
         self.bundle_reloads = Counter(
             f"{PREFIX}_bundle_reloads",
             "Bundle versions swapped in after validation",
-            registry=self.registry,
-        )
-        self.bundle_reload_refusals = Counter(
-            f"{PREFIX}_bundle_reload_refusals",
-            "Bundles refused by validation; the previous bundle kept serving",
             registry=self.registry,
         )
         self.curve_rebuilds = Counter(

@@ -93,7 +93,6 @@ class Runtime:
         self.live_sources: list[LiveSource] = []
         self._curves_telemetry_version: int | None = None
         self._checked_view_version: int | None = None
-        self._refused_seen = 0
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
         self._last_no_telemetry_warning_s = -math.inf
@@ -122,7 +121,6 @@ class Runtime:
     def load_bundle(self) -> bool:
         """First bundle load, synchronously; True when a bundle is serving."""
         self.watcher.check_now()
-        self._count_refusals()
         model = self.holder.state
         if model is None:
             refused = self.watcher.last_refused
@@ -193,15 +191,8 @@ class Runtime:
             },
         )
 
-    def _count_refusals(self) -> None:
-        refusals = self.watcher.counters.refusals
-        if refusals > self._refused_seen:
-            self.metrics.bundle_reload_refusals.inc(refusals - self._refused_seen)
-            self._refused_seen = refusals
-
     def refresh_curves(self) -> bool:
         """Rebuild the curve table if the telemetry changed since the last one; True if so."""
-        self._count_refusals()
         if self.holder.state is None:
             return False
         # The view's version changes with any write and is cheap to read (the view is cached);
@@ -280,7 +271,6 @@ class Runtime:
 
     def metrics_sample(self) -> StateSample:
         now_s = self.clock()
-        self._count_refusals()
         summary = self.telemetry_summary(now_s)
         model = self.holder.state
         return StateSample(
@@ -292,11 +282,11 @@ class Runtime:
             bundle_created_at=model.predictor.bundle.created_at if model else None,
             curve_table_age_s=(now_s - model.built_at_s) if model else None,
             ready=self.readiness(now_s).ready,
+            bundle_reload_refusals=self.watcher.counters.refusals,
         )
 
     def status(self) -> dict[str, Any]:
         now_s = self.clock()
-        self._count_refusals()
         model = self.holder.state
         summary = self.telemetry_summary(now_s)
         readiness = self.readiness(now_s)
