@@ -10,11 +10,11 @@ thing at training and at serving time.
 Each node with at least one value gets its `(values, observed_at_s)` written, one
 `state.set_telemetry_many` per round, where `observed_at_s` is the time Prometheus evaluated the
 queries. A poll is bounded in time: the per-request timeout is the poll budget split over its
-queries, with no retries (the next poll is the retry). When Prometheus cannot be read, the last
-values stay in the state untouched, so they age and count as "no telemetry" once older than the
-TTL the state's readers apply; the failure is logged once per streak and counted, and
-`last_success_at_s` / `consecutive_failures` feed `/readyz` and `/metrics`. Nothing raises out
-of the polling thread.
+queries (whole seconds, at least one), with no retries (the next poll is the retry). When
+Prometheus cannot be read, the last values stay in the state untouched, so they age and count
+as "no telemetry" once older than the TTL the state's readers apply; the failure is logged once
+per streak and counted, and `last_success_at_s` / `consecutive_failures` feed `/readyz` and
+`/metrics`. Nothing raises out of the polling thread.
 
 A limit to know: an instant query still answers a gauge for Prometheus's lookback (5 minutes by
 default) after its exporter stopped, stamped with the evaluation time. A dead node_exporter
@@ -77,9 +77,10 @@ class TelemetryPoller:
             config = CollectConfig(url=config)
         self.interval_s = float(interval_s)
         self.timeout_s = float(budget_s)
-        self._config = dataclasses.replace(
-            config, timeout_s=budget_s / _queries_per_poll(config), retries=0
-        )
+        # Whole seconds, at least one: Prometheus parses a "1.25s" query timeout as bad_data,
+        # and a finer timeout than a second buys nothing.
+        request_timeout_s = max(1.0, math.floor(budget_s / _queries_per_poll(config)))
+        self._config = dataclasses.replace(config, timeout_s=request_timeout_s, retries=0)
         self._state = state
         self._clock = clock
         self._stop = threading.Event()

@@ -177,7 +177,11 @@ def test_poller_writes_telemetry_and_survives_an_outage(
             )
         state = ClusterState()
         poller = TelemetryPoller(
-            collect_config(prom.url, node_b.target), state, interval_s=0.5, timeout_s=4.0
+            # 5 s over four queries: a budget that does not split into whole seconds.
+            collect_config(prom.url, node_b.target),
+            state,
+            interval_s=0.5,
+            timeout_s=5.0,
         )
 
         # One poll, by hand: every node and feature the exporters serve.
