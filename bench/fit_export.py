@@ -7,8 +7,9 @@ parity -> bundle -> report) and prints:
   workers = core-seconds per node);
 - median / p90 held-out MAPE of our models against the idle-to-max straight line fitted on the
   same training rows (the baseline, measured in the same run), and the ratio between them;
-- the share of nodes whose ONNX passed the parity check, the bundle size and where the report
-  and plot went.
+- the share of nodes whose ONNX passed the parity check, memory (resident before fitting,
+  peak in this process and in the largest worker), the bundle size and where the report and
+  plot went.
 
     python3 -m bench.fit_export [--nodes 50] [--hours 168] [--step 60] [--seed 7] [--jobs 0]
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,14 @@ from training.fit import FitSettings, default_report_dir, fit_fleet, setup_loggi
 from training.synth import synth_fleet
 
 log = logging.getLogger("bench.fit_export")
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         raw, source=f"synth_fleet({args.nodes}, {args.hours}, seed={args.seed})"
     )
     cleaned_at = time.perf_counter()
+    rss_before_fit_mib = rss_mib()
     run = fit_fleet(cleaned, args.out, settings=FitSettings(), jobs=jobs, progress=not args.quiet)
     finished = time.perf_counter()
 
@@ -89,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         f"ONNX parity passed: {summary['parity_pass']} of {summary['parity_checked']} "
         f"({parity_share * 100:.0f} %); monotonic: {summary['monotonic_pass']} of "
         f"{summary['nodes_own_model']}"
+    )
+    peak_parent_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_worker_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(
+        f"memory: {rss_before_fit_mib:.0f} MiB resident before fitting (data), peak "
+        f"{peak_parent_mib:.0f} MiB in this process, {peak_worker_mib:.0f} MiB in the largest "
+        "worker"
     )
     print(f"bundle: {args.out} ({bundle_bytes / 1024:.0f} KiB)")
     print(f"report and plot: {default_report_dir(args.out)}")

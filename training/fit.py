@@ -166,12 +166,24 @@ def heldout_start_index(n_rows: int, test_fraction: float) -> int:
     return n_rows - n_test
 
 
-def apply_feature_fill(frame: pd.DataFrame, fill: Mapping[str, str]) -> pd.DataFrame:
+def fill_features(features: np.ndarray, fill: Mapping[str, str]) -> np.ndarray:
     """Fill each empty target column from its source (e.g. cpu2 from cpu1 on one-socket nodes)."""
-    filled = frame.copy()
     for target, source in fill.items():
-        filled[target] = filled[target].fillna(filled[source])
-    return filled
+        t, src = FEATURES.index(target), FEATURES.index(source)
+        empty = np.isnan(features[:, t])
+        features[empty, t] = features[empty, src]
+    return features
+
+
+def unfillable_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> np.ndarray:
+    """Rows where a feature is still missing after the fill (no telemetry: not usable)."""
+    missing = np.zeros(len(frame), dtype=bool)
+    for feature in FEATURES:
+        gap = frame[feature].isna().to_numpy()
+        if feature in fill:
+            gap = gap & frame[fill[feature]].isna().to_numpy()
+        missing |= gap
+    return missing
 
 
 def rfc3339(time_s: float) -> str:
@@ -354,15 +366,18 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
 # --- streaming over nodes ------------------------------------------------------------------
 
 
-def iter_node_rows(frame: pd.DataFrame) -> Iterator[NodeRows]:
-    """One `NodeRows` per node, sorted by name, rows oldest first, feature fill applied."""
+def iter_node_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> Iterator[NodeRows]:
+    """One `NodeRows` per node, sorted by name, rows oldest first, feature fill applied.
+
+    Per node, so the whole table is never copied just to fill one column.
+    """
     for node, group in frame.groupby("node", sort=True):
         group = group.sort_values("timestamp", kind="stable")
         time_s = (group["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
         yield NodeRows(
             node=str(node),
             time_s=time_s.to_numpy(dtype=np.float64),
-            features=group[list(FEATURES)].to_numpy(dtype=np.float32),
+            features=fill_features(group[list(FEATURES)].to_numpy(np.float32, copy=True), fill),
             power_w=group["power_w"].to_numpy(dtype=np.float64),
         )
 
@@ -458,8 +473,8 @@ def fit_fleet(
         raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
     report_dir = Path(report_dir) if report_dir is not None else default_report_dir(out_dir)
     jobs = jobs or os.cpu_count() or 1
-    frame = apply_feature_fill(cleaned.frame, FEATURE_FILL)
-    unfilled = frame[list(FEATURES)].isna().any(axis=1)
+    frame = cleaned.frame
+    unfilled = unfillable_rows(frame, FEATURE_FILL)
     dropped = dict(cleaned.dropped)
     if unfilled.any():
         dropped["feature_missing_after_fill"] = int(unfilled.sum())
@@ -476,8 +491,10 @@ def fit_fleet(
     )
     pool = FallbackPool(max(20, settings.fallback_max_rows // n_nodes), settings.seed)
     outcomes: dict[str, NodeOutcome] = {}
-    time_s = (frame["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-    window = {"start": rfc3339(time_s.min()), "end": rfc3339(time_s.max())}
+    window = {
+        "start": rfc3339(frame["timestamp"].min().timestamp()),
+        "end": rfc3339(frame["timestamp"].max().timestamp()),
+    }
     rows_used = len(frame)
 
     with HeldoutSeriesStore() as store:
@@ -487,7 +504,7 @@ def fit_fleet(
             unit="node",
             disable=not progress or not sys.stderr.isatty(),
         )
-        for rows, outcome in _stream_outcomes(iter_node_rows(frame), settings, jobs):
+        for rows, outcome in _stream_outcomes(iter_node_rows(frame, FEATURE_FILL), settings, jobs):
             if len(rows) >= max(settings.min_rows, 2):
                 pool.add(rows, settings.test_fraction)
             if outcome.heldout is not None:
