@@ -2,16 +2,21 @@
 
 Two exporters stand in for two nodes: each serves node_exporter-like CPU counters and
 ipmi_exporter-like BMC readings. Node A is found through `node_uname_info` (node_from: uname),
-node B through an explicit instance mapping and has one CPU socket. Waits are bounded polling
-loops on observable state, never assertions on speed.
+node B through an explicit instance mapping and has one CPU socket. The last test runs
+`python -m extender` in live mode against that Prometheus and the fake Kubernetes API. Waits are
+bounded polling loops on observable state, never assertions on speed.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,13 @@ from prometheus_client.registry import Collector
 
 from extender.state import ClusterState
 from extender.telemetry import TelemetryPoller
-from tests.support.prometheus import PrometheusServer, require_prometheus, start_prometheus
+from tests.support.fake_kube import FakeKube
+from tests.support.prometheus import (
+    PrometheusServer,
+    free_port,
+    require_prometheus,
+    start_prometheus,
+)
 from training.collect import CollectConfig
 
 WAIT_S = 60.0
@@ -299,3 +310,94 @@ def test_rejects_nonsense_settings() -> None:
         TelemetryPoller(CollectConfig(), ClusterState(), interval_s=0)
     with pytest.raises(ValueError, match="timeout_s"):
         TelemetryPoller(CollectConfig(), ClusterState(), timeout_s=float("nan"))
+
+
+FILTER_REQUEST = (
+    Path(__file__).parent / "fixtures" / "kube-scheduler-v1.28" / "cache-capable"
+) / "filter-request.json"
+
+
+def _http(url: str, body: dict | None = None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+    except (urllib.error.URLError, ConnectionError):
+        return 0, {}
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_live_mode_end_to_end(tmp_path: Path, exporters: tuple[Exporter, Exporter]) -> None:
+    """`python -m extender --prometheus --kubeconfig`: both live sources feed the answers."""
+    require_prometheus()
+    node_a, _ = exporters
+    prom = start_prometheus(tmp_path, scrape_targets=[node_a.target])
+    process: subprocess.Popen | None = None
+    with FakeKube() as kube:
+        kube.create(
+            "nodes", {"metadata": {"name": "node-a"}, "status": {"allocatable": {"cpu": "8"}}}
+        )
+        kube.create(
+            "nodes", {"metadata": {"name": "node-b"}, "status": {"allocatable": {"cpu": "4"}}}
+        )
+        port = free_port()
+        log_path = tmp_path / "extender.log"
+        try:
+            with log_path.open("w") as log:
+                process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "extender",
+                        "--port",
+                        str(port),
+                        "--prometheus",
+                        prom.url,
+                        "--kubeconfig",
+                        str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+                        "--refresh-interval",
+                        "1",
+                        "--log-format",
+                        "text",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    cwd=Path(__file__).parent.parent,
+                )
+            base = f"http://127.0.0.1:{port}"
+
+            def log_tail() -> str:
+                return "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+
+            # node-a's telemetry (found through node_uname_info) makes half the nodes fresh.
+            wait_until(
+                lambda: _http(f"{base}/readyz")[0] == 200 or process.poll() is not None,
+                "/readyz to answer 200",
+            )
+            assert process.poll() is None, log_tail()
+
+            request = json.loads(FILTER_REQUEST.read_text())
+            request["NodeNames"] = ["node-a", "node-b"]
+            status, answer = _http(f"{base}/filter", request)
+            assert (status, answer["NodeNames"], answer["FailedNodes"]) == (
+                200,
+                ["node-a", "node-b"],
+                {},
+            ), log_tail()
+
+            # A label written through the API reaches the filter through the node watch.
+            kube.patch("nodes", "node-a", {"metadata": {"labels": {"energy-status": "powerless"}}})
+            wait_until(
+                lambda: "node-a" in (_http(f"{base}/filter", request)[1].get("FailedNodes") or {}),
+                "the powerless node to fail the filter",
+            )
+            assert _http(f"{base}/filter", request)[1]["NodeNames"] == ["node-b"]
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
+            prom.stop()
