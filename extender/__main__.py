@@ -29,6 +29,7 @@ log = logging.getLogger("extender")
 
 EXIT_USAGE = 2
 EXAMPLE_NODE_COUNT = 12
+REQUEST_GIL_WAIT_S = 0.001
 
 
 class StartupError(Exception):
@@ -122,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # collector's passes, which would otherwise walk it during requests.
     gc.collect()
     gc.freeze()
+    # A background thread (curve rebuild, bundle validation) holding the GIL makes a request
+    # wait up to the switch interval (default 5 ms): bound that wait to 1 ms.
+    sys.setswitchinterval(REQUEST_GIL_WAIT_S)
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
     names = runtime.state.node_names()[:EXAMPLE_NODE_COUNT]
     if names:

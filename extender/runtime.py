@@ -387,9 +387,10 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
 
 def _prometheus_source(runtime: Runtime) -> LiveSource:
-    from extender import telemetry
+    from extender.telemetry import TelemetryPoller
 
-    return telemetry.TelemetryPoller(  # type: ignore[attr-defined]
+    assert runtime.config.prometheus_url is not None  # live mode, checked by the config
+    return TelemetryPoller(
         runtime.config.prometheus_url,
         runtime.state,
         interval_s=runtime.config.refresh_interval_s,
