@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         type=int,
         default=d.max_body_bytes,
-        help="largest request body accepted, in bytes; larger bodies get 413",
+        help="largest request body accepted, in bytes (32 MiB: ~16k bare Node objects); "
+        "larger bodies get 413",
     )
     model = parser.add_argument_group("model bundle")
     model.add_argument(
@@ -227,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=float,
         default=d.prometheus_timeout_s,
-        help="live mode: timeout of one Prometheus query, in seconds",
+        help="live mode: time budget of one Prometheus poll (all its queries), in seconds",
     )
     cluster.add_argument(
         "--ready-min-fresh-share",
@@ -266,7 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log level; debug adds one line per request",
     )
-    logs.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS)
+    logs.add_argument(
+        "--log-format",
+        default=d.log_format,
+        choices=LOG_FORMATS,
+        help="json: one object per line, for log pipelines; text: readable lines",
+    )
     logs.add_argument("--quiet", action="store_true", help="only warnings and errors")
     _apply_environment(parser, os.environ)
     return parser
