@@ -18,9 +18,20 @@ import pandas as pd
 import pytest
 
 from predictor.bundle import read_bundle
+from tests.support.prometheus import (
+    free_port,
+    require_prometheus,
+    start_prometheus,
+    write_openmetrics,
+)
 from training.dataset import FEATURES
 from training.export import onnx_predict_w
-from training.families import DEFAULT_FAMILIES, FAMILIES, fit_family, thermal_slope_c_per_util
+from training.families import (
+    DEFAULT_FAMILIES,
+    FAMILIES,
+    fit_family,
+    thermal_slope_c_per_util,
+)
 from training.fit import (
     FitSettings,
     NodeRows,
@@ -266,3 +277,80 @@ def test_monotonicity_is_also_checked_with_cpu_temperatures_following_load() -> 
     assert along["max_drop_w"] == fixed["max_drop_w"]
     assert along["verdict"] == "fail"
     assert along["max_drop_along_thermal_w"] > 10  # -120 W of temperature against +100 W of load
+
+
+def _prometheus_samples(nodes: dict[str, float], start_s: int, count: int, step_s: int) -> list:
+    """node_exporter CPU counters, ipmi temperatures and DCMI power for a few nodes whose power
+    follows utilisation (`nodes`: name -> watts at full load)."""
+    rng = np.random.default_rng(8)
+    times_s = start_s + step_s * np.arange(count)
+    samples: list = []
+    for node, max_w in nodes.items():
+        util = np.clip(
+            0.5 + 0.45 * np.sin(np.arange(count) / 7.0) + rng.normal(0, 0.03, count), 0, 1
+        )
+        busy_s = np.concatenate([[0.0], np.cumsum(util[1:] * step_s)])
+        base = {"node": node}
+        cpu_labels = {"instance": f"{node}:9100", "job": "node", **base, "cpu": "0"}
+        for mode, counter in (
+            ("idle", 10_000 + np.arange(count) * step_s - busy_s),
+            ("user", busy_s),
+        ):
+            samples += [
+                ("node_cpu_seconds_total", {**cpu_labels, "mode": mode}, t, v)
+                for t, v in zip(times_s, counter, strict=True)
+            ]
+        uname = {"instance": f"{node}:9100", "job": "node", **base, "nodename": node}
+        samples += [("node_uname_info", uname, t, 1.0) for t in times_s]
+        ipmi = {"instance": f"{node}:9290", "job": "ipmi", **base}
+        for name, sensor_id, temps_c in (
+            ("Inlet Temp", "1", np.round(22 + rng.normal(0, 0.3, count))),
+            ("CPU1 Temp", "2", np.round(45 + 30 * util)),
+        ):
+            samples += [
+                ("ipmi_temperature_celsius", {**ipmi, "name": name, "id": sensor_id}, t, v)
+                for t, v in zip(times_s, temps_c, strict=True)
+            ]
+        # power follows the utilisation of the interval that ends at the sample
+        interval_util = np.concatenate([[util[0]], util[1:]])
+        power_w = np.round(0.4 * max_w + 0.6 * max_w * interval_util)
+        samples += [
+            ("ipmi_dcmi_power_consumption_watts", ipmi, t, v)
+            for t, v in zip(times_s, power_w, strict=True)
+        ]
+    return samples
+
+
+@pytest.mark.prometheus
+def test_collect_then_fit_from_a_real_prometheus(tmp_path) -> None:
+    require_prometheus()
+    start_s, count, step_s = 1_767_571_200, 900, 60  # 2026-01-05, 15 h at 60 s
+    samples = _prometheus_samples({"node-a": 300.0, "node-b": 450.0}, start_s, count, step_s)
+    with start_prometheus(tmp_path / "prom", openmetrics_text=write_openmetrics(samples)) as prom:
+        completed = run_fit_cli(
+            "--prometheus", prom.url,
+            "--start", str(start_s + 300), "--end", str(start_s + (count - 1) * step_s),
+            "--step", "60", "--out", str(tmp_path / "bundle"), "--min-rows", "200",
+        )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    bundle = read_bundle(tmp_path / "bundle")
+    assert set(bundle.nodes) == {"node-a", "node-b"}
+    report = json.loads((tmp_path / "bundle-report" / "report.json").read_text())
+    assert report["input"]["sources"][0].startswith(prom.url)
+    for entry in report["nodes"]:
+        assert entry["model"] == "own"
+        low, high = entry["power_range_w"]
+        assert high > 1.5 * low  # the collected power really followed the load
+        assert entry["metrics"]["mape_pct"] < entry["baseline"]["mape_pct"] + 1.0
+
+
+def test_unreachable_prometheus_is_a_one_line_error(tmp_path) -> None:
+    completed = run_fit_cli(
+        "--prometheus", f"http://127.0.0.1:{free_port()}",
+        "--start", "2026-01-05T00:00:00Z", "--end", "2026-01-05T06:00:00Z",
+        "--out", str(tmp_path / "bundle"),
+    )  # fmt: skip
+    assert completed.returncode == 2
+    assert "error:" in completed.stderr and "127.0.0.1" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert not (tmp_path / "bundle").exists()

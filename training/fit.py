@@ -369,16 +369,24 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
 def iter_node_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> Iterator[NodeRows]:
     """One `NodeRows` per node, sorted by name, rows oldest first, feature fill applied.
 
-    Per node, so the whole table is never copied just to fill one column.
+    The columns are turned into arrays once and each node gets slices of them: no per-node
+    DataFrame copies, no whole-table copy to fill one column (cleaning already sorted the table
+    by node and time; an unsorted table is sorted once).
     """
-    for node, group in frame.groupby("node", sort=True):
-        group = group.sort_values("timestamp", kind="stable")
-        time_s = (group["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    if not frame["node"].is_monotonic_increasing:
+        frame = frame.sort_values(["node", "timestamp"], kind="stable")
+    names = frame["node"].to_numpy()
+    time_s = (frame["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+    features = frame[list(FEATURES)].to_numpy(np.float32)
+    power_w = frame["power_w"].to_numpy(np.float64)
+    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else []
+    for start, end in zip(starts, [*starts[1:], len(names)], strict=True):
+        order = np.argsort(time_s[start:end], kind="stable") + start
         yield NodeRows(
-            node=str(node),
-            time_s=time_s.to_numpy(dtype=np.float64),
-            features=fill_features(group[list(FEATURES)].to_numpy(np.float32, copy=True), fill),
-            power_w=group["power_w"].to_numpy(dtype=np.float64),
+            node=str(names[start]),
+            time_s=time_s[order],
+            features=fill_features(features[order], fill),
+            power_w=power_w[order],
         )
 
 
