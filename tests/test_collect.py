@@ -317,6 +317,18 @@ def test_collect_instant_gives_one_row_per_node_like_the_range(fleet_prometheus)
 
 
 @pytest.mark.prometheus
+def test_a_fractional_timeout_is_sent_in_a_form_prometheus_accepts(fleet_prometheus) -> None:
+    # Prometheus refuses a query timeout of "1.25s" as bad_data; the live poller splits its
+    # budget into such fractions.
+    prom, _ = fleet_prometheus
+    at_s = T0_S + 5 * SEGMENT_S + 900 + 30
+    frame = collect_instant(
+        CollectConfig(url=prom.url, step_s=STEP_S, timeout_s=1.25), at=_utc(at_s)
+    )
+    assert sorted(frame["node"]) == sorted(HOSTS)
+
+
+@pytest.mark.prometheus
 def test_a_query_prometheus_rejects_names_the_query_and_the_reason(fleet_prometheus) -> None:
     prom, _ = fleet_prometheus
     config = _config(prom.url, cpu_query="rate(node_cpu_seconds_total[")

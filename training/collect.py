@@ -591,7 +591,7 @@ class PrometheusReader:
                 start_time=datetime.fromtimestamp(start_s, UTC),
                 end_time=datetime.fromtimestamp(end_s, UTC),
                 step=step,
-                params={"timeout": f"{self.config.timeout_s:g}s"},
+                params={"timeout": self._query_timeout},
             ),
         )
         return parse_result(result, instant=False, where=self._where(query))
@@ -600,10 +600,15 @@ class PrometheusReader:
         result = self._call(
             query,
             lambda: self._client.custom_query(
-                query, params={"time": f"{at_s:.3f}", "timeout": f"{self.config.timeout_s:g}s"}
+                query, params={"time": f"{at_s:.3f}", "timeout": self._query_timeout}
             ),
         )
         return parse_result(result, instant=True, where=self._where(query))
+
+    @property
+    def _query_timeout(self) -> str:
+        # Prometheus durations take whole numbers per unit ("1.25s" is bad_data): send ms.
+        return f"{max(1, round(self.config.timeout_s * 1000))}ms"
 
     def _where(self, query: str) -> str:
         return f"Prometheus at {self.config.url} answering {query!r}"
