@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 from extender.demand import pod_cpu_demand_cores
 from extender.protocol import (
@@ -163,6 +164,10 @@ def create_app(runtime: Runtime) -> FastAPI:
             metrics.errors.labels(verb=verb, kind="body_too_large").inc()
             log.warning("%s: %s", verb, exc)
             payload, code = {"Error": str(exc)}, 413
+        except ClientDisconnect:  # the scheduler gave up (httpTimeout): nobody reads an answer
+            metrics.errors.labels(verb=verb, kind="client_disconnect").inc()
+            log.warning("%s: client disconnected before the body was read", verb)
+            payload, code = {"Error": "client disconnected"}, 400
         except ProtocolError as exc:
             metrics.errors.labels(verb=verb, kind="bad_request").inc()
             log.warning("%s: unreadable request: %s", verb, exc)

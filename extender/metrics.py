@@ -139,7 +139,7 @@ class ServiceMetrics:
         self.errors = Counter(
             f"{PREFIX}_request_errors",
             "Requests that could not be answered normally, by verb and kind "
-            "(bad_request, body_too_large, internal)",
+            "(bad_request, body_too_large, client_disconnect, internal)",
             ["verb", "kind"],
             registry=self.registry,
         )

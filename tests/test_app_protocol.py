@@ -276,3 +276,35 @@ def test_errors_are_counted_by_verb_and_kind(service) -> None:
     before = runtime.metrics.registry.get_sample_value(name, labels) or 0.0
     client.post("/filter", content=b"{")
     assert runtime.metrics.registry.get_sample_value(name, labels) == before + 1
+
+
+def test_an_internal_error_gets_a_neutral_answer_a_log_and_a_count(
+    service, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Fault injection: the cluster view fails as a bug would. kube-scheduler must still get
+    # an answer it can read, one that neither blocks nor steers the pod.
+    client, runtime, _ = service
+
+    def broken_view(now_s: float) -> None:
+        raise RuntimeError("injected fault")
+
+    name = "power_aware_extender_request_errors_total"
+    labels = {"verb": "prioritize", "kind": "internal"}
+    before = runtime.metrics.registry.get_sample_value(name, labels) or 0.0
+    monkeypatch.setattr(runtime.state, "view", broken_view)
+    with caplog.at_level("ERROR", logger="extender.app"):
+        scores = client.post("/prioritize", content=body("cache-capable", "prioritize"))
+        filtered = client.post("/filter", content=body("nocache", "filter"))
+    assert scores.status_code == 200
+    assert scores.json() == [{"Host": n, "Score": 0} for n in ("node-a", "node-b", "node-c")]
+    assert filtered.status_code == 200
+    request_nodes = json.loads(body("nocache", "filter"))["Nodes"]["items"]
+    assert filtered.json()["Nodes"]["items"] == request_nodes
+    assert filtered.json()["Error"] == ""
+    assert any("injected fault" in (r.exc_text or "") for r in caplog.records)
+    monkeypatch.undo()
+    assert runtime.metrics.registry.get_sample_value(name, labels) == before + 1
+    assert client.post("/prioritize", content=body("cache-capable", "prioritize")).json()[1] == {
+        "Host": "node-b",
+        "Score": 10,
+    }
