@@ -60,6 +60,7 @@ from training.export import (
 )
 from training.families import (
     DEFAULT_FAMILIES,
+    FAMILIES,
     UTIL_ONLY_FAMILY,
     Family,
     fit_family,
@@ -108,6 +109,8 @@ class FitError(RuntimeError):
 
 @dataclass(frozen=True)
 class FitSettings:
+    """Every choice a training run makes; the CLI sets the first four, the rest are tuned here."""
+
     families: tuple[str, ...] = DEFAULT_FAMILIES
     test_fraction: float = DEFAULT_TEST_FRACTION
     min_rows: int = DEFAULT_MIN_ROWS
@@ -741,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Fit one power model per node from collected metrics (contract 1), check them, and "
             "write an ONNX model bundle (contract 2) plus a training report beside it."
         ),
+        epilog="model families: "
+        + "; ".join(f"{f.name} ({f.kind}): {f.description}" for f in FAMILIES.values()),
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -807,7 +812,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the input's cpu_util is in percent (0..100), not a fraction: divide by 100",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed for subsampling and boosting (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed for row subsampling and the tree families (default 0)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress bar, warnings and errors only"
