@@ -12,8 +12,9 @@ the newest rows. Two kinds compete:
 * flexible families, for nodes whose power depends on temperatures or utilisation in ways a
   polynomial cannot follow (fans stepping up, turbo limits): a random forest whose trees are
   constrained to be non-decreasing in utilisation and CPU temperatures (`rfmono`, the default:
-  its P(u) can never dip, whatever the temperatures), and plain gradient-boosted depth-3 trees (`gbr`, on request; they
-  are as accurate but often dip by a fraction of a watt along u and take 4x longer to fit).
+  its P(u) can never dip, whatever the temperatures), and plain gradient-boosted depth-3 trees
+  (`gbr`, on request; as accurate, but they often dip by a fraction of a watt along u and take
+  4x longer to fit).
 
 Every estimator here converts with skl2onnx 1.20 (no HistGradientBoosting, no SplineTransformer;
 `UtilTerms` brings its own converter) and takes the manifest's feature columns in order,
