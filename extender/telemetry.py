@@ -77,9 +77,8 @@ class TelemetryPoller:
             config = CollectConfig(url=config)
         self.interval_s = float(interval_s)
         self.timeout_s = float(budget_s)
-        # Whole seconds, at least one: Prometheus parses a "1.25s" query timeout as bad_data,
-        # and a finer timeout than a second buys nothing.
-        request_timeout_s = max(1.0, math.floor(budget_s / _queries_per_poll(config)))
+        # The poll's budget is shared by its queries, which run one after another.
+        request_timeout_s = budget_s / _queries_per_poll(config)
         self._config = dataclasses.replace(config, timeout_s=request_timeout_s, retries=0)
         self._state = state
         self._clock = clock
