@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -40,6 +41,7 @@ from extender.protocol import (
 )
 from extender.runtime import Runtime
 from extender.scoring import Assessment, assess
+from predictor.reload import ModelState
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,14 @@ JSON = "application/json"
 
 class BodyTooLargeError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One request's assessment and the model (predictor + curves) it was computed with."""
+
+    assessment: Assessment
+    model: ModelState | None
 
 
 async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
@@ -85,16 +95,18 @@ def _json(payload: object, status_code: int = 200, duration_s: float | None = No
 # ---- answers per verb --------------------------------------------------------------------
 
 
-def _filter_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
+def _filter_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
+    assessment = scored.assessment
     return filter_result(args, assessment.failed, assessment.unresolvable)
 
 
-def _prioritize_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
-    return prioritize_result(assessment.host_scores())
+def _prioritize_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
+    return prioritize_result(scored.assessment.host_scores())
 
 
-def _explain_answer(args: ExtenderArgs, assessment: Assessment, runtime: Runtime) -> object:
-    model = runtime.model
+def _explain_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
+    # The model the scores were computed with, not runtime.model: a swap may have happened since.
+    model, assessment = scored.model, scored.assessment
     return {
         "pod": pod_key(args.pod),
         "demand_cores": assessment.demand_cores,
@@ -118,7 +130,7 @@ def _neutral_prioritize(args: ExtenderArgs | None) -> object:
     return prioritize_result((name, 0) for name in args.candidate_names)
 
 
-Answer = Callable[[ExtenderArgs, Assessment, Runtime], object]
+Answer = Callable[[ExtenderArgs, Scored, Runtime], object]
 Neutral = Callable[[ExtenderArgs | None], object]
 
 
@@ -132,7 +144,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     metrics = runtime.metrics
     limit_bytes = runtime.config.max_body_bytes
 
-    def assess_request(args: ExtenderArgs, now_s: float) -> Assessment:
+    def assess_request(args: ExtenderArgs, now_s: float) -> Scored:
         try:
             demand_cores = pod_cpu_demand_cores(args.pod)
         except ValueError as exc:
@@ -150,7 +162,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         if assessment.unknown_nodes:
             metrics.unknown_nodes.inc(assessment.unknown_nodes)
         runtime.note_unscored(assessment.no_telemetry_nodes + assessment.no_curve_nodes, now_s)
-        return assessment
+        return Scored(assessment, model)
 
     async def handle(request: Request, verb: str, answer: Answer, neutral: Neutral) -> Response:
         started = time.perf_counter()
@@ -158,8 +170,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         try:
             body = await read_body_capped(request, limit_bytes)
             args = parse_extender_args(body)
-            assessment = assess_request(args, runtime.clock())
-            payload, code = answer(args, assessment, runtime), 200
+            scored = assess_request(args, runtime.clock())
+            payload, code = answer(args, scored, runtime), 200
         except BodyTooLargeError as exc:
             metrics.errors.labels(verb=verb, kind="body_too_large").inc()
             log.warning("%s: %s", verb, exc)
