@@ -186,7 +186,8 @@ def format_table(report: Mapping) -> str:
         f"p90 {_fmt(summary['p90_mape_pct'])} %; idle-to-max line: median "
         f"{_fmt(summary['baseline_median_mape_pct'])} %, p90 "
         f"{_fmt(summary['baseline_p90_mape_pct'])} %",
-        f"monotonic in utilisation at median temperatures: {summary['monotonic_pass']} of "
+        f"never falling along utilisation (median temperatures, and CPU temperatures following "
+        f"load): {summary['monotonic_pass']} of "
         f"{summary['nodes_own_model']} chosen models pass",
         f"ONNX parity (<= {report['parity_tolerance_w']} W): {summary['parity_pass']} of "
         f"{summary['parity_checked']} models pass",
