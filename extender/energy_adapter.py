@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from extender.logs import LOG_FORMATS, configure_logging
+from extender.scoring import ENERGY_LABEL
 from training.collect import (
     CollectConfig,
     CollectConfigError,
@@ -60,7 +61,6 @@ from training.publish import KubeConfigError, kube_api_client
 
 log = logging.getLogger("extender.energy_adapter")
 
-ENERGY_LABEL = "energy-status"
 POWERLESS_TAINT_KEY = "power-aware-scheduler/powerless"
 POWERLESS_TAINT_EFFECT = "NoSchedule"
 DEFAULT_QUERY = "node_power_supply_capacity"

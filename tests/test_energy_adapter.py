@@ -24,7 +24,6 @@ from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
 
 # FakeKube has no kubeconfig writer; the publisher's tests have the one wrapper.
-from tests.test_publish import write_kubeconfig
 
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
 STEP_S = 60
@@ -352,7 +351,7 @@ def test_cli_once_labels_the_nodes(
     # --once evaluates now, long after the backfilled samples: the query looks back far
     # enough and brings the node name along itself (--node-from label), as an operator
     # whose battery series lack a usable instance would configure it.
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     window = f"{10 * 365}d"
     query = (
         f"last_over_time(node_power_supply_capacity[{window}]) * on (instance) "

@@ -48,22 +48,6 @@ def kube() -> FakeKube:
         yield server
 
 
-def write_kubeconfig(path: Path, server_url: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
-                "users": [{"name": "tester", "user": {}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
-
-
 @pytest.fixture(scope="module")
 def small_model() -> bytes:
     return fit_curve_model(PowerCurveSpec(idle_w=95.0, max_w=310.0, exponent=2))
@@ -180,7 +164,7 @@ def test_publish_creates_a_configmap_with_the_bundle_and_its_version(
         {"node-a": PowerCurveSpec(100.0, 300.0), "node-b": PowerCurveSpec(80.0, 220.0, 2)},
         fallback=PowerCurveSpec(90.0, 260.0),
     )
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
 
     code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
@@ -204,7 +188,7 @@ def test_publish_creates_a_configmap_with_the_bundle_and_its_version(
 def test_publish_again_replaces_the_existing_configmap(
     tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     first = make_bundle(tmp_path / "one", {"node-a": PowerCurveSpec(100.0, 300.0)})
     assert run_cli(capsys, *cli_args(first.directory, kubeconfig))[0] == 0
     second = make_bundle(
@@ -264,7 +248,7 @@ def test_fleet_bundle_is_sharded_under_the_limit_and_mounts_as_one_directory(
 ) -> None:
     files = on_disk(fleet)
     assert sum(len(data) for data in files.values()) > 2 * MAX_CONFIGMAP_BYTES
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
 
     code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig))
 
@@ -305,7 +289,7 @@ def test_fleet_bundle_is_sharded_under_the_limit_and_mounts_as_one_directory(
 def test_a_smaller_publish_removes_stale_shards_after_writing(
     tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     assert run_cli(capsys, *cli_args(fleet.directory, kubeconfig))[0] == 0
     old_names = set(configmaps(kube))
     assert len(old_names) >= 3
@@ -344,7 +328,7 @@ def test_a_smaller_publish_removes_stale_shards_after_writing(
 def test_dry_run_prints_valid_configmaps_and_calls_no_api(
     tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
 
     code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig, "--dry-run"))
 
@@ -371,7 +355,7 @@ def test_a_file_too_large_for_any_configmap_is_refused_before_any_api_call(
 ) -> None:
     large = large_onnx_model(weight_count=240_000)  # ~0.96 MB, ~1.28 MB base64
     bundle = bundle_with_large_model(tmp_path / "bundle", small_model, large)
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
 
     code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
@@ -390,7 +374,7 @@ def test_an_invalid_bundle_is_refused_before_any_api_call(
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
     corrupt_model_bytes(bundle.directory, "node-a")
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
 
     code, _, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
@@ -403,7 +387,7 @@ def test_a_bad_name_is_refused_before_any_api_call(
     tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     args = cli_args(bundle.directory, kubeconfig)
     args[args.index("--name") + 1] = "Power_Models"
 
@@ -457,7 +441,7 @@ def test_a_missing_namespace_is_reported_with_the_servers_message(
     tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     args = cli_args(bundle.directory, kubeconfig)
     args[args.index("--namespace") + 1] = "nowhere"
 
