@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint models bench clean
+.PHONY: run test lint models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 	scripts/ensure-prometheus
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest
+
+# Rebuild the shipped default bundle (models/default) from a synthetic 12-node fleet.
+models: $(STAMP)
+	$(BIN)/python -m training.synth --nodes 12 --hours 168 --step 60 --seed 7 \
+		--out out/default-metrics.parquet --quiet
+	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out models/default \
+		--report-dir out/default-report --seed 7 --quiet
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
