@@ -1,0 +1,41 @@
+"""extender.logs: configure_logging can be called again (tests call main() many times)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+
+import pytest
+
+from extender.logs import configure_logging
+
+
+def test_configure_logging_is_idempotent_and_keeps_foreign_handlers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = logging.getLogger()
+    foreign = logging.NullHandler()
+    root.addHandler(foreign)
+    saved_level = root.level
+    try:
+        configure_logging("info", "json")
+        configure_logging("info", "json")
+        ours = [h for h in root.handlers if type(h).__name__ == "_ServiceHandler"]
+        assert len(ours) == 1
+        assert foreign in root.handlers
+        # Writes go to the stderr of the moment, so a swapped and closed stderr is harmless.
+        first = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        logging.getLogger("extender.test").info("hello", extra={"node": "n1"})
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("extender.test").info("again")
+        assert json.loads(second.getvalue())["msg"] == "again"
+    finally:
+        for handler in [h for h in root.handlers if type(h).__name__ == "_ServiceHandler"]:
+            root.removeHandler(handler)
+        root.removeHandler(foreign)
+        root.setLevel(saved_level)
