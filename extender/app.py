@@ -38,6 +38,7 @@ from extender.protocol import (
     parse_extender_args,
     pod_key,
     prioritize_result,
+    prioritize_result_arrays,
 )
 from extender.runtime import Runtime
 from extender.scoring import Assessment, assess
@@ -101,7 +102,7 @@ def _filter_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> obje
 
 
 def _prioritize_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
-    return prioritize_result(scored.assessment.host_scores())
+    return prioritize_result_arrays(scored.assessment.names, scored.assessment.score)
 
 
 def _explain_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
