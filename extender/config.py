@@ -51,6 +51,9 @@ class ExtenderConfig:
     kubeconfig: Path | None = None
     in_cluster: bool = False
     prometheus_url: str | None = None
+    # Live mode: the collect settings training used (queries, sensor names, instance->node
+    # mapping), so a node's features mean the same at serving time; None = the defaults.
+    collect_config: Path | None = None
     # Live telemetry: how often Prometheus is polled and how old a value may be before the
     # node counts as having no telemetry (stale data must never be used forever).
     refresh_interval_s: float = 15.0
@@ -123,6 +126,8 @@ class ExtenderConfig:
                 )
         elif self.kubeconfig is not None or self.in_cluster:
             raise ConfigError("--kubeconfig/--in-cluster need --prometheus URL (live mode)")
+        elif self.collect_config is not None:
+            raise ConfigError("--collect-config needs --prometheus URL (live mode)")
         return self
 
 
@@ -192,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         default=None,
         help="live mode: Prometheus base URL for node telemetry, e.g. http://prometheus:9090",
+    )
+    cluster.add_argument(
+        "--collect-config",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="live mode: the collect settings file training used (YAML/JSON: queries, sensor "
+        "names, instance-to-node mapping; see training.collect); default: built-in queries",
     )
     cluster.add_argument(
         "--kubeconfig",

@@ -196,12 +196,12 @@ class Runtime:
         if self.holder.state is None:
             return False
         # The view's version changes with any write and is cheap to read (the view is cached);
-        # only then copy the telemetry, which at 5000 nodes holds the GIL for milliseconds.
+        # only then ask whether the telemetry itself changed.
         view_version = self.state.view(self.clock()).version
         if view_version == self._checked_view_version:
             return False
         self._checked_view_version = view_version
-        version, _ = self.state.telemetry_snapshot()
+        version = self.state.telemetry_version()
         if version == self._curves_telemetry_version:
             return False
         started = time.perf_counter()
@@ -256,6 +256,8 @@ class Runtime:
             refused = self.watcher.last_refused
             detail = f": {refused.error}" if refused else ""
             reasons.append(f"no model bundle loaded from {self.config.bundle_dir}{detail}")
+        if self.mode == "live":
+            reasons.extend(_watch_not_ready_reasons(self.live_sources, now_s, self.telemetry_ttl_s))
         summary = self.telemetry_summary(now_s)
         if summary.nodes == 0:
             reasons.append("no nodes known yet")
@@ -355,6 +357,33 @@ class Runtime:
             )
 
 
+def _watch_not_ready_reasons(
+    sources: list[LiveSource], now_s: float, stale_after_s: float | None
+) -> list[str]:
+    """Why the Kubernetes watch (any source with ``healthy``/``last_sync_at_s``) is not usable.
+
+    Not ready until the node and pod watches have listed once: before that the node view is
+    empty or partial. A watch that drops and reconnects within ``stale_after_s`` (the telemetry
+    TTL) keeps the service ready, so a routine reconnect does not flap the endpoint; a watch
+    failing for longer means the view may miss nodes and pods, and readiness says so.
+    """
+    reasons: list[str] = []
+    for source in sources:
+        if not hasattr(source, "healthy") or not hasattr(source, "last_sync_at_s"):
+            continue
+        last_sync_at_s = source.last_sync_at_s
+        if last_sync_at_s is None:
+            reasons.append("Kubernetes node/pod watch has not synced yet")
+        elif not source.healthy and stale_after_s is not None:
+            age_s = now_s - last_sync_at_s
+            if age_s > stale_after_s:
+                reasons.append(
+                    f"Kubernetes node/pod watch failing for {age_s:.0f} s "
+                    f"(more than {stale_after_s:g} s)"
+                )
+    return reasons
+
+
 def _source_status(source: LiveSource) -> dict[str, Any]:
     status = getattr(source, "status", None)
     entry: dict[str, Any] = {"source": type(source).__name__}
@@ -388,10 +417,15 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
 def _prometheus_source(runtime: Runtime) -> LiveSource:
     from extender.telemetry import TelemetryPoller
+    from training.collect import load_collect_config
 
-    assert runtime.config.prometheus_url is not None  # live mode, checked by the config
+    config = runtime.config
+    assert config.prometheus_url is not None  # live mode, checked by the config
+    # The flag's URL wins over a url in the file: the file describes the metrics, the flag
+    # where this deployment reaches Prometheus.
+    collect = load_collect_config(config.collect_config, url=config.prometheus_url)
     return TelemetryPoller(
-        runtime.config.prometheus_url,
+        collect,
         runtime.state,
         interval_s=runtime.config.refresh_interval_s,
         timeout_s=runtime.config.prometheus_timeout_s,
