@@ -69,17 +69,44 @@ def _rfc3339_utc(epoch_s: float) -> str:
     return f"{whole}.{int((epoch_s % 1) * 1000):03d}Z"
 
 
+class _ServiceHandler(logging.StreamHandler):
+    """The stderr handler ``configure_logging`` installs; marked so a second call finds it.
+
+    It writes to whatever ``sys.stderr`` is at emit time, not the stream of the moment it was
+    made: a test harness that swaps stderr and closes its replacement must not leave a handler
+    writing to a closed file ("--- Logging error ---").
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure_logging(level: str = "info", log_format: str = "json") -> None:
-    """Send the root logger to stderr in the chosen format; replaces earlier handlers."""
+    """Send the root logger to stderr in the chosen format.
+
+    Idempotent: a second call replaces only the handler an earlier call installed, and leaves
+    handlers others attached (pytest's log capture, an embedding application) in place.
+    """
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _ServiceHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    for old in [h for h in root.handlers if isinstance(h, _ServiceHandler)]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
     root.setLevel(level.upper())
     # uvicorn's access log would write one INFO line per request; our own request log is
     # at DEBUG and carries the timing, so keep uvicorn's quiet unless debugging.
