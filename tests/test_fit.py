@@ -354,3 +354,14 @@ def test_unreachable_prometheus_is_a_one_line_error(tmp_path) -> None:
     assert "error:" in completed.stderr and "127.0.0.1" in completed.stderr
     assert "Traceback" not in completed.stderr
     assert not (tmp_path / "bundle").exists()
+
+
+def test_relative_start_and_end_reach_the_collector_not_argparse(tmp_path) -> None:
+    # `-7d` looks like a flag to argparse; fit joins it to its flag as collect's CLI does.
+    completed = run_fit_cli(
+        "--prometheus", f"http://127.0.0.1:{free_port()}",
+        "--start", "-7d", "--end", "-1h", "--out", str(tmp_path / "bundle"),
+    )  # fmt: skip
+    assert completed.returncode == 2
+    assert "expected one argument" not in completed.stderr
+    assert "127.0.0.1" in completed.stderr and "Traceback" not in completed.stderr

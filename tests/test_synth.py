@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.dataset import CONTRACT_COLUMNS, clean_metrics, load_metrics
-from training.synth import fleet_spec, load_shapes, node_names, synth_fleet, write_table
+from training.dataset import CONTRACT_COLUMNS, clean_metrics, load_metrics, write_metrics
+from training.synth import fleet_spec, load_shapes, node_names, synth_fleet
 
 NODES = 50
 HOURS = 48.0
@@ -165,7 +165,7 @@ def test_output_passes_cleaning_losing_only_sensor_dropouts(fleet: pd.DataFrame)
 def test_written_csv_and_parquet_load_back_identically(tmp_path: Path) -> None:
     fleet = synth_fleet(4, 0.5, 2.5, seed=11)  # half-second timestamps must survive CSV
     for name in ("fleet.csv", "fleet.parquet"):
-        write_table(fleet, tmp_path / name)
+        write_metrics(fleet, tmp_path / name)
     from_csv = load_metrics(tmp_path / "fleet.csv").frame
     from_parquet = load_metrics(tmp_path / "fleet.parquet").frame
     pd.testing.assert_frame_equal(from_csv, from_parquet, check_dtype=False)

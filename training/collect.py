@@ -50,8 +50,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from tqdm import tqdm
 from urllib3.util.retry import Retry
 
-from training.dataset import CONTRACT_COLUMNS
-from training.synth import write_table
+from training.dataset import CONTRACT_COLUMNS, write_metrics
 
 log = logging.getLogger("training.collect")  # also when run as __main__
 
@@ -852,7 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
 _TIME_FLAGS = ("--start", "--end")
 
 
-def _attach_relative_times(argv: Sequence[str]) -> list[str]:
+def attach_relative_times(argv: Sequence[str]) -> list[str]:
     """`--start -7d` -> `--start=-7d`: argparse would take `-7d` for an unknown flag."""
     joined: list[str] = []
     items = list(argv)
@@ -871,7 +870,7 @@ def _attach_relative_times(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(_attach_relative_times(argv))
+    args = build_parser().parse_args(attach_relative_times(argv))
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # urllib3 warns on every retry; the final CollectError says what went wrong, once.
@@ -908,7 +907,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    write_table(frame, args.out)
+    write_metrics(frame, args.out)
     log.info(
         "wrote %d rows for %d nodes to %s (%d unmapped series)",
         len(frame),

@@ -11,6 +11,8 @@ so this step owns the rule "never silently used, never silently lost":
   a `MetricsInputError` that says what and where, and drops bad rows one by one, counting them
   by reason and logging the first example of each.
 - `load_metrics` does both.
+- `write_metrics` writes a contract-1 table (CSV or Parquet), as `training.collect` and
+  `training.synth` produce it.
 
 A row with several problems is counted once, under the first reason in the order the checks
 run (see `clean_metrics`).
@@ -161,6 +163,26 @@ def check_columns(columns: Sequence[str], *, where: str) -> None:
 def load_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> CleanedMetrics:
     """`read_metrics` + `clean_metrics`."""
     return clean_metrics(read_metrics(path), source=str(path), cpu_util_percent=cpu_util_percent)
+
+
+def write_metrics(frame: pd.DataFrame, out: str | Path) -> None:
+    """Write a contract-1 table to Parquet or CSV, chosen by `out`'s extension.
+
+    CSV timestamps are written as RFC 3339 in UTC (with fractions of a second only when some
+    timestamp has them), so `read_metrics` reads back what was written.
+    """
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in METRICS_SUFFIXES:
+        raise ValueError(f"--out must end in .parquet or .csv, got {out.name!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".parquet":
+        frame.to_parquet(out, index=False)
+        return
+    stamps = frame["timestamp"].dt.tz_convert("UTC")
+    has_fraction = bool((stamps != stamps.dt.floor("s")).any())
+    rfc3339 = "%Y-%m-%dT%H:%M:%S.%fZ" if has_fraction else "%Y-%m-%dT%H:%M:%SZ"
+    frame.assign(timestamp=stamps.dt.strftime(rfc3339)).to_csv(out, index=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,6 +43,13 @@ import pandas as pd
 from tqdm import tqdm
 
 from predictor.bundle import THERMAL_SUFFIX
+from training.collect import (
+    CollectError,
+    attach_relative_times,
+    collect_metrics,
+    load_collect_config,
+    parse_time,
+)
 from training.dataset import (
     FEATURES,
     CleanedMetrics,
@@ -715,8 +722,6 @@ def _load_input(args: argparse.Namespace) -> CleanedMetrics:
 
 
 def _collect(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
-    from training.collect import CollectError, collect_metrics, load_collect_config, parse_time
-
     overrides: dict[str, object] = {"url": args.prometheus}
     if args.step is not None:
         overrides["step_s"] = args.step
@@ -825,7 +830,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `--start -7d`: argparse would read `-7d` as a flag; collect's CLI has the same fix.
+    args = parser.parse_args(attach_relative_times(sys.argv[1:] if argv is None else argv))
     setup_logging(args.quiet)
     if args.prometheus is not None and (args.start is None or args.end is None):
         parser.error("--prometheus needs --start and --end")

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training.dataset import CONTRACT_COLUMNS
+from training.dataset import CONTRACT_COLUMNS, write_metrics
 
 log = logging.getLogger("training.synth")
 
@@ -307,21 +307,6 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
     return frame
 
 
-def write_table(frame: pd.DataFrame, out: Path) -> None:
-    """Write Parquet or CSV by extension (CSV timestamps as RFC 3339)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    suffix = out.suffix.lower()
-    if suffix == ".parquet":
-        frame.to_parquet(out, index=False)
-    elif suffix == ".csv":
-        stamps = frame["timestamp"].dt.tz_convert("UTC")
-        has_fraction = bool((stamps != stamps.dt.floor("s")).any())
-        rfc3339 = "%Y-%m-%dT%H:%M:%S.%fZ" if has_fraction else "%Y-%m-%dT%H:%M:%SZ"
-        frame.assign(timestamp=stamps.dt.strftime(rfc3339)).to_csv(out, index=False)
-    else:
-        raise ValueError(f"--out must end in .parquet or .csv, got {out.name!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.synth",
@@ -358,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    write_table(frame, args.out)
+    write_metrics(frame, args.out)
     log.info("wrote %d rows to %s", len(frame), args.out)
     return 0
 
