@@ -383,6 +383,7 @@ def test_service_keeps_answering_through_swaps(tmp_path: Path, build: Callable[.
             serving = a_cheapest
             for kind, source in steps:
                 before = answered
+                refusals_before = client.get("/status").json()["bundle_refusals"]
                 mount.project_bundle(source)
                 expected = json.loads((source / MANIFEST_NAME).read_text())["version"]
                 for _ in range(1200):  # the watcher polls every 0.05 s; generous bound
@@ -390,7 +391,12 @@ def test_service_keeps_answering_through_swaps(tmp_path: Path, build: Callable[.
                     refused = status["last_refused"] or {}
                     if kind == "good" and status["bundle_version"] == expected:
                         break
-                    if kind == "bad" and refused.get("version") == expected:
+                    # Two bad bundles may share a version: wait for this refusal, not the last.
+                    if (
+                        kind == "bad"
+                        and status["bundle_refusals"] > refusals_before
+                        and refused.get("version") == expected
+                    ):
                         break
                     stop.wait(0.05)
                 else:
