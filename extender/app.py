@@ -8,7 +8,8 @@ scores with ``extender.scoring.assess``.
 
 kube-scheduler must never be left without an answer it can read:
 - unreadable requests (bad JSON, no Pod, a malformed node object) get 400 and a message;
-- a body over ``max_body_bytes`` gets 413 and a message;
+- a request over an input limit (``extender.limits``: nesting depth, candidate count) gets 400,
+  a body over ``max_body_bytes`` 413, each with a message naming the limit and the value;
 - an unexpected exception is logged and counted and answered with 200 and a neutral answer:
   the filter passes every candidate, prioritize gives every candidate 0. The extender then
   costs the pod nothing instead of blocking it.
@@ -31,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import ClientDisconnect
 
 from extender.demand import pod_cpu_demand_cores
+from extender.limits import LimitError, body_too_large, check_json_depth, check_node_count
 from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
@@ -49,10 +51,6 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 
 
-class BodyTooLargeError(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class Scored:
     """One request's assessment and the model (predictor + curves) it was computed with."""
@@ -62,21 +60,16 @@ class Scored:
 
 
 async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
-    """The whole request body, or BodyTooLargeError as soon as it passes ``limit_bytes``."""
+    """The whole request body, or a 413 LimitError as soon as it passes ``limit_bytes``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise BodyTooLargeError(
-            f"request body of {int(declared)} bytes exceeds the limit of {limit_bytes} bytes "
-            "(--max-body-bytes)"
-        )
+        raise body_too_large(limit_bytes, int(declared))
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit_bytes:
-            raise BodyTooLargeError(
-                f"request body exceeds the limit of {limit_bytes} bytes (--max-body-bytes)"
-            )
+            raise body_too_large(limit_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -143,7 +136,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     app.state.runtime = runtime
     metrics = runtime.metrics
-    limit_bytes = runtime.config.max_body_bytes
+    limits = runtime.config.limits
 
     def assess_request(args: ExtenderArgs, now_s: float) -> Scored:
         try:
@@ -169,14 +162,16 @@ def create_app(runtime: Runtime) -> FastAPI:
         started = time.perf_counter()
         args: ExtenderArgs | None = None
         try:
-            body = await read_body_capped(request, limit_bytes)
+            body = await read_body_capped(request, limits.max_body_bytes)
+            check_json_depth(body, limits.max_json_depth)
             args = parse_extender_args(body)
+            check_node_count(len(args.candidate_names), limits.max_nodes)
             scored = assess_request(args, runtime.clock())
             payload, code = answer(args, scored, runtime), 200
-        except BodyTooLargeError as exc:
-            metrics.errors.labels(verb=verb, kind="body_too_large").inc()
+        except LimitError as exc:
+            metrics.errors.labels(verb=verb, kind=exc.kind).inc()
             log.warning("%s: %s", verb, exc)
-            payload, code = {"Error": str(exc)}, 413
+            payload, code = {"Error": str(exc)}, exc.status_code
         except ClientDisconnect:  # the scheduler gave up (httpTimeout): nobody reads an answer
             metrics.errors.labels(verb=verb, kind="client_disconnect").inc()
             log.warning("%s: client disconnected before the body was read", verb)

@@ -21,17 +21,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from extender.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_NODES,
+    InputLimits,
+)
 from extender.logs import LOG_FORMATS
 from extender.scoring import DEFAULT_WEIGHTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
 ENV_PREFIX = "PAS_"
-
-# A NodeList entry as kube-scheduler sends it is about 2 KiB for a bare node and 10-20 KiB for
-# a node with a long status.images list; 500 sampled nodes of the heavy kind are ~8 MiB, so
-# 32 MiB leaves room for full lists while still refusing a runaway body.
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 MODES = ("demo", "snapshot", "live")
 
@@ -66,7 +67,10 @@ class ExtenderConfig:
     # to 0..10.
     power_weight: float = DEFAULT_WEIGHTS.power
     energy_weight: float = DEFAULT_WEIGHTS.energy
+    # Input limits (extender.limits explains the defaults: a 5000-node cluster).
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_nodes: int = DEFAULT_MAX_NODES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     bundle_poll_interval_s: float = 2.0
     # How often the background refresher checks for new telemetry or a new bundle.
     curve_refresh_interval_s: float = 1.0
@@ -84,6 +88,14 @@ class ExtenderConfig:
         return "demo"
 
     @property
+    def limits(self) -> InputLimits:
+        return InputLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_nodes=self.max_nodes,
+            max_json_depth=self.max_json_depth,
+        )
+
+    @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
@@ -99,6 +111,8 @@ class ExtenderConfig:
             "--bundle-poll-interval": self.bundle_poll_interval_s,
             "--curve-refresh-interval": self.curve_refresh_interval_s,
             "--max-body-bytes": self.max_body_bytes,
+            "--max-nodes": self.max_nodes,
+            "--max-json-depth": self.max_json_depth,
         }
         for flag, value in positive.items():
             if not value > 0:
@@ -154,8 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         type=int,
         default=d.max_body_bytes,
-        help="largest request body accepted, in bytes (32 MiB: ~16k bare Node objects); "
-        "larger bodies get 413",
+        help="largest request body accepted, in bytes (64 MiB: 5000 Node objects of up to "
+        "13 KiB); larger bodies get 413",
+    )
+    net.add_argument(
+        "--max-nodes",
+        metavar="COUNT",
+        type=int,
+        default=d.max_nodes,
+        help="most candidate nodes (NodeNames or Nodes.items) in one request; more get 400",
+    )
+    net.add_argument(
+        "--max-json-depth",
+        metavar="LEVELS",
+        type=int,
+        default=d.max_json_depth,
+        help="deepest nesting of JSON arrays/objects in a request (real ones: ~12), checked "
+        "before parsing; deeper bodies get 400",
     )
     model = parser.add_argument_group("model bundle")
     model.add_argument(
