@@ -1,0 +1,176 @@
+"""kube-scheduler's default placement for CPU/memory-only pods, reimplemented from upstream.
+
+The energy bench compares the extender against what kube-scheduler does without it, so this
+must be the real default, not a straw man. For pods without affinities, taints, topology
+spread or images, the only default plugins whose verdicts differ between nodes are:
+
+- Filter ``NodeResourcesFit`` (``pkg/scheduler/framework/plugins/noderesources/fit.go``,
+  ``fitsRequest``): a node fails when the pod's *requested* CPU or memory exceeds
+  ``allocatable - sum(requests of pods on the node)``, or when the node already runs
+  ``allowedPodNumber`` (kubelet's ``maxPods``, 110) pods. Zero requests always fit.
+- Score ``NodeResourcesFit`` with the default ``LeastAllocated`` strategy
+  (``least_allocated.go``: ``leastResourceScorer``, ``leastRequestedScore``), resources cpu
+  and memory with weight 1 each: per resource ``(capacity - requested) * 100 / capacity`` in
+  int64 arithmetic (0 when requested > capacity), then the weighted integer mean. "requested"
+  is the node's *non-zero* requests plus the pod's non-zero request
+  (``resource_allocation.go``: ``calculateResourceAllocatableRequest`` reads
+  ``NonZeroRequested`` unless ``useRequested``; ``calculatePodResourceRequest`` uses
+  ``schedutil.GetNonzeroRequestForResource``: a container without a CPU request counts 100m,
+  without a memory request 200 MiB).
+- Score ``NodeResourcesBalancedAllocation`` (``balanced_allocation.go``:
+  ``balancedResourceScorer``, built with ``useRequested: true``, so the *actual* requests
+  plus the pod's): fractions ``requested / allocatable`` capped at 1, for two resources
+  ``std = |f_cpu - f_mem| / 2``, score ``int64((1 - std) * 100)``.
+
+Both score plugins have weight 1 in the default profile
+(``pkg/scheduler/apis/config/v1/default_plugins.go``); neither normalises. The framework
+multiplies each plugin's score by its weight and sums per node; an extender's 0..10 score is
+added as ``score * weight * (MaxNodeScore / MaxExtenderPriority)`` = ``score * weight * 10``
+(``pkg/scheduler/schedule_one.go``: ``prioritizeNodes``). ``selectHost`` takes the highest
+total and breaks ties uniformly at random (reservoir sampling). When only one node is feasible
+``schedulePod`` returns it without scoring (and so never calls the extender's prioritize).
+
+Quantities are kept as Go keeps them: CPU in int64 millicores, memory in int64 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_NODE_SCORE = 100  # framework.MaxNodeScore
+MAX_EXTENDER_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+DEFAULT_MILLI_CPU_REQUEST = 100  # schedutil.DefaultMilliCPURequest
+DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024  # schedutil.DefaultMemoryRequest, bytes
+DEFAULT_MAX_PODS = 110  # kubelet maxPods default -> node allocatable "pods"
+LEAST_ALLOCATED_WEIGHTS = (1, 1)  # scoringStrategy.resources: cpu 1, memory 1
+FIT_PLUGIN_WEIGHT = 1  # NodeResourcesFit in the default profile
+BALANCED_PLUGIN_WEIGHT = 1  # NodeResourcesBalancedAllocation in the default profile
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What the scheduler counts of one pod (one container): requests, 0 = not set."""
+
+    cpu_m: int
+    memory_bytes: int
+
+    @property
+    def nonzero_cpu_m(self) -> int:
+        return self.cpu_m if self.cpu_m > 0 else DEFAULT_MILLI_CPU_REQUEST
+
+    @property
+    def nonzero_memory_bytes(self) -> int:
+        return self.memory_bytes if self.memory_bytes > 0 else DEFAULT_MEMORY_REQUEST
+
+
+class NodeLedger:
+    """Per-node allocatable and the requests of pods bound there (the scheduler's NodeInfo)."""
+
+    def __init__(self, allocatable_cpu_m: np.ndarray, allocatable_memory_bytes: np.ndarray):
+        self.allocatable_cpu_m = np.asarray(allocatable_cpu_m, dtype=np.int64)
+        self.allocatable_memory_bytes = np.asarray(allocatable_memory_bytes, dtype=np.int64)
+        n_nodes = self.allocatable_cpu_m.size
+        self.allowed_pods = np.full(n_nodes, DEFAULT_MAX_PODS, dtype=np.int64)
+        self.requested_cpu_m = np.zeros(n_nodes, dtype=np.int64)
+        self.requested_memory_bytes = np.zeros(n_nodes, dtype=np.int64)
+        self.nonzero_cpu_m = np.zeros(n_nodes, dtype=np.int64)
+        self.nonzero_memory_bytes = np.zeros(n_nodes, dtype=np.int64)
+        self.pod_count = np.zeros(n_nodes, dtype=np.int64)
+
+    def add(self, node: int, pod: PodRequest) -> None:
+        self._change(node, pod, +1)
+
+    def remove(self, node: int, pod: PodRequest) -> None:
+        self._change(node, pod, -1)
+
+    def _change(self, node: int, pod: PodRequest, sign: int) -> None:
+        self.requested_cpu_m[node] += sign * pod.cpu_m
+        self.requested_memory_bytes[node] += sign * pod.memory_bytes
+        self.nonzero_cpu_m[node] += sign * pod.nonzero_cpu_m
+        self.nonzero_memory_bytes[node] += sign * pod.nonzero_memory_bytes
+        self.pod_count[node] += sign
+
+
+def fits(ledger: NodeLedger, pod: PodRequest) -> np.ndarray:
+    """NodeResourcesFit filter: True where the pod fits (fit.go fitsRequest)."""
+    ok = ledger.pod_count + 1 <= ledger.allowed_pods
+    # fitsRequest skips a resource the pod does not request at all.
+    if pod.cpu_m > 0:
+        ok &= pod.cpu_m <= ledger.allocatable_cpu_m - ledger.requested_cpu_m
+    if pod.memory_bytes > 0:
+        ok &= pod.memory_bytes <= ledger.allocatable_memory_bytes - ledger.requested_memory_bytes
+    return ok
+
+
+def least_requested_score(requested: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """least_allocated.go leastRequestedScore, int64 arithmetic."""
+    requested = np.asarray(requested, dtype=np.int64)
+    capacity = np.asarray(capacity, dtype=np.int64)
+    safe = np.where(capacity == 0, 1, capacity)
+    score = ((capacity - requested) * MAX_NODE_SCORE) // safe
+    return np.where((capacity == 0) | (requested > capacity), 0, score)
+
+
+def least_allocated_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+    """NodeResourcesFit score (LeastAllocated, cpu:1 memory:1) of `nodes` (indices), 0..100."""
+    cpu = least_requested_score(
+        ledger.nonzero_cpu_m[nodes] + pod.nonzero_cpu_m, ledger.allocatable_cpu_m[nodes]
+    )
+    memory = least_requested_score(
+        ledger.nonzero_memory_bytes[nodes] + pod.nonzero_memory_bytes,
+        ledger.allocatable_memory_bytes[nodes],
+    )
+    cpu_weight, memory_weight = LEAST_ALLOCATED_WEIGHTS
+    # Go integer division of non-negative int64s is floor division.
+    return (cpu * cpu_weight + memory * memory_weight) // (cpu_weight + memory_weight)
+
+
+def balanced_allocation_scores(
+    ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray
+) -> np.ndarray:
+    """NodeResourcesBalancedAllocation score of `nodes`, 0..100 (useRequested: true)."""
+    cpu_fraction = np.minimum(
+        (ledger.requested_cpu_m[nodes] + pod.cpu_m) / ledger.allocatable_cpu_m[nodes], 1.0
+    )
+    memory_fraction = np.minimum(
+        (ledger.requested_memory_bytes[nodes] + pod.memory_bytes)
+        / ledger.allocatable_memory_bytes[nodes],
+        1.0,
+    )
+    std = np.abs((cpu_fraction - memory_fraction) / 2.0)
+    # int64((1 - std) * 100): Go's conversion truncates toward zero; the value is >= 0.
+    return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+
+
+def default_plugin_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+    """Weighted sum of the default score plugins that differ between nodes, per node."""
+    return FIT_PLUGIN_WEIGHT * least_allocated_scores(
+        ledger, pod, nodes
+    ) + BALANCED_PLUGIN_WEIGHT * balanced_allocation_scores(ledger, pod, nodes)
+
+
+def extender_contribution(extender_scores: np.ndarray, weight: int) -> np.ndarray:
+    """An extender's 0..10 scores as prioritizeNodes adds them: score * weight * 10."""
+    return (
+        np.asarray(extender_scores, dtype=np.int64)
+        * weight
+        * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+    )
+
+
+def select_host(nodes: np.ndarray, totals: np.ndarray, rng: np.random.Generator) -> int:
+    """schedule_one.go selectHost: the highest total, ties broken uniformly at random."""
+    best = np.flatnonzero(totals == totals.max())
+    return int(nodes[best[0]] if best.size == 1 else nodes[rng.choice(best)])
+
+
+def default_schedule(ledger: NodeLedger, pod: PodRequest, rng: np.random.Generator) -> int | None:
+    """The node kube-scheduler's default profile picks for `pod`, or None if none fits."""
+    feasible = np.flatnonzero(fits(ledger, pod))
+    if feasible.size == 0:
+        return None
+    if feasible.size == 1:
+        return int(feasible[0])
+    return select_host(feasible, default_plugin_scores(ledger, pod, feasible), rng)

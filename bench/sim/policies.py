@@ -1,0 +1,242 @@
+"""Placement policies, each deciding one pod at a time as kube-scheduler's cycle does.
+
+- `DefaultPolicy`: kube-scheduler's default profile (`bench.sim.kube_default`).
+- `RandomPolicy`: a uniformly random node among those NodeResourcesFit accepts.
+- `ExtenderPolicy`: kube-scheduler with our extender configured (`nodeCacheCapable: true`):
+  NodeResourcesFit filters, then `POST /filter` with the feasible `NodeNames`, then (when more
+  than one node is left) `POST /prioritize`; the extender's 0..10 scores count
+  `score * weight * 10` beside the default plugins' scores, and `selectHost` picks the best.
+  It also plays the parts of the Pod watch (`ClusterState.pod_bound` / `pod_gone`), the Node
+  watch (`upsert_node` with new `energy-status` labels) and the Prometheus poller
+  (`set_telemetry_many`) against the extender's own `ClusterState`.
+
+Every policy answers a `Decision`: the node (None = no node fits), the chosen node's total
+score and, for the extender, its predicted power increase (from `POST /explain`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+from bench.sim.kube_default import (
+    NodeLedger,
+    PodRequest,
+    default_plugin_scores,
+    default_schedule,
+    extender_contribution,
+    fits,
+    select_host,
+)
+from extender.state import ClusterState, NodeInfo
+
+SCHEDULER_NAME = "power-aware-scheduler"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: int | None
+    score: float = math.nan  # the chosen node's total (plugins + extender) score
+    predicted_increase_w: float = math.nan
+    reason: str = ""  # why no node was chosen
+
+
+class Policy:
+    """A placement policy; the hooks let a policy mirror what the watches would report."""
+
+    name = "policy"
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        raise NotImplementedError
+
+    def bound(self, node: int, uid: str, cpu_cores: float, now_s: float) -> None:
+        """The pod was bound (the Pod watch's event)."""
+
+    def gone(self, uid: str) -> None:
+        """The pod finished (the Pod watch's event)."""
+
+    def telemetry(self, readings: Sequence[tuple[str, Mapping[str, float], float]]) -> None:
+        """A Prometheus poll round: (node, feature values, observed_at_s)."""
+
+    def labels_changed(self, node: int, labels: Mapping[str, str]) -> None:
+        """A node's labels changed (the Node watch's event)."""
+
+
+class DefaultPolicy(Policy):
+    name = "default"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        node = default_schedule(ledger, pod, self.rng)
+        if node is None:
+            return Decision(None, reason="NodeResourcesFit: no node has room")
+        score = default_plugin_scores(ledger, pod, np.array([node]))[0]
+        return Decision(node, score=float(score))
+
+
+class RandomPolicy(Policy):
+    name = "random"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        feasible = np.flatnonzero(fits(ledger, pod))
+        if feasible.size == 0:
+            return Decision(None, reason="NodeResourcesFit: no node has room")
+        return Decision(int(self.rng.choice(feasible)))
+
+
+def pod_object(uid: str, pod: PodRequest) -> dict:
+    """The pod as kube-scheduler serialises it into ExtenderArgs.Pod (trimmed of noise)."""
+    requests = {"cpu": f"{pod.cpu_m}m"}
+    if pod.memory_bytes > 0:
+        requests["memory"] = f"{math.ceil(pod.memory_bytes / MIB)}Mi"
+    return {
+        "metadata": {"name": uid, "namespace": "default", "uid": uid, "labels": {"app": "sim"}},
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/app:1",
+                    "resources": {"requests": requests},
+                }
+            ],
+            "restartPolicy": "Never",
+        },
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+class SimClock:
+    """The simulated time, as the extender's `Runtime(clock=...)` reads it."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class ExtenderPolicy(Policy):
+    """kube-scheduler + our extender over HTTP; feeds the extender's state as the watches do.
+
+    `clock` is the extender runtime's clock: it is moved to each decision's time, so assumed
+    load expires in simulated time. With `hears_labels` False the Node watch's label changes
+    are not passed on (the extender sees every node as grid-powered).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        state: ClusterState,
+        refresh_curves: Callable[[], object],
+        clock: SimClock,
+        node_names: Sequence[str],
+        node_cores: np.ndarray,
+        weight: int,
+        rng: np.random.Generator,
+        *,
+        hears_labels: bool = True,
+        explain: bool = True,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.name = name
+        self.state = state
+        self.clock = clock
+        self.hears_labels = hears_labels
+        self.refresh_curves = refresh_curves
+        self.node_names = list(node_names)
+        self.node_cores = node_cores
+        self.index = {name: i for i, name in enumerate(self.node_names)}
+        self.weight = weight
+        self.rng = rng
+        self.explain = explain
+        # httpTimeout 5 s is kube-scheduler's default for an extender.
+        self.client = httpx.Client(base_url=base_url, timeout=timeout_s)
+        self.requests = 0
+        self.request_s = 0.0
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _post(self, path: str, body: dict) -> object:
+        response = self.client.post(path, json=body)
+        self.requests += 1
+        self.request_s += response.elapsed.total_seconds()
+        if response.status_code != 200:
+            raise RuntimeError(f"extender {path} answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        self.clock.now_s = now_s
+        feasible = np.flatnonzero(fits(ledger, pod))
+        if feasible.size == 0:
+            return Decision(None, reason="NodeResourcesFit: no node has room")
+        pod_json = pod_object(uid, pod)
+        names = [self.node_names[i] for i in feasible]
+        answer = self._post("/filter", {"Pod": pod_json, "Nodes": None, "NodeNames": names})
+        assert isinstance(answer, dict)
+        if answer.get("Error"):
+            raise RuntimeError(f"extender /filter error for {uid}: {answer['Error']}")
+        passing = np.array([self.index[n] for n in answer.get("NodeNames") or []], dtype=np.intp)
+        if passing.size == 0:
+            reasons = sorted(set((answer.get("FailedNodes") or {}).values()))
+            return Decision(None, reason="extender filter: " + "; ".join(reasons))
+        if passing.size == 1:
+            # schedulePod returns the only feasible node without scoring.
+            node = int(passing[0])
+            return Decision(node, predicted_increase_w=self._increase_w(pod_json, node))
+        body = {"Pod": pod_json, "Nodes": None, "NodeNames": [self.node_names[i] for i in passing]}
+        scores_list = self._post("/prioritize", body)
+        assert isinstance(scores_list, list)
+        extender_scores = dict.fromkeys(passing.tolist(), 0)
+        for entry in scores_list:
+            extender_scores[self.index[entry["Host"]]] = int(entry["Score"])
+        totals = default_plugin_scores(ledger, pod, passing) + extender_contribution(
+            np.array([extender_scores[i] for i in passing.tolist()]), self.weight
+        )
+        node = select_host(passing, totals, self.rng)
+        chosen = int(np.flatnonzero(passing == node)[0])
+        return Decision(
+            node,
+            score=float(totals[chosen]),
+            predicted_increase_w=self._increase_w(pod_json, node),
+        )
+
+    def _increase_w(self, pod_json: dict, node: int) -> float:
+        if not self.explain:
+            return math.nan
+        body = {"Pod": pod_json, "Nodes": None, "NodeNames": [self.node_names[node]]}
+        answer = self._post("/explain", body)
+        assert isinstance(answer, dict)
+        value = answer["nodes"][0].get("increase_w")
+        return math.nan if value is None else float(value)
+
+    def bound(self, node: int, uid: str, cpu_cores: float, now_s: float) -> None:
+        self.state.pod_bound(self.node_names[node], uid, cpu_cores, now_s)
+
+    def gone(self, uid: str) -> None:
+        self.state.pod_gone(uid)
+
+    def telemetry(self, readings: Sequence[tuple[str, Mapping[str, float], float]]) -> None:
+        self.clock.now_s = max(self.clock.now_s, *(observed_s for _, _, observed_s in readings))
+        self.state.set_telemetry_many(readings)
+        # In the service the background refresher re-tabulates within curve_refresh_interval_s
+        # (1 s); sim time stands still during a call, so it is done here, synchronously.
+        self.refresh_curves()
+
+    def labels_changed(self, node: int, labels: Mapping[str, str]) -> None:
+        if not self.hears_labels:
+            return
+        name = self.node_names[node]
+        self.state.upsert_node(NodeInfo(name, float(self.node_cores[node]), dict(labels)))

@@ -1,0 +1,245 @@
+"""The energy bench's parts: the default scheduler against hand-computed placements, energy
+accounting, the trace loader, and a tiny power-aware run through a real uvicorn server."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.energy_sim import BenchSettings, extender_policy, main
+from bench.sim.cluster import SimCluster, build_cluster
+from bench.sim.engine import SimSettings, simulate
+from bench.sim.kube_default import (
+    NodeLedger,
+    PodRequest,
+    balanced_allocation_scores,
+    default_plugin_scores,
+    default_schedule,
+    extender_contribution,
+    fits,
+    least_allocated_scores,
+)
+from bench.sim.policies import DefaultPolicy
+from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
+from extender.config import DEFAULT_BUNDLE_DIR
+from training.synth import fleet_spec
+
+GIB = 1024**3
+A, B, C = 0, 1, 2
+
+
+def tiny_ledger() -> NodeLedger:
+    # node a: 4 CPU, 8 GiB; node b: 8 CPU, 8 GiB; node c: 2 CPU, 16 GiB
+    return NodeLedger(np.array([4000, 8000, 2000]), np.array([8 * GIB, 8 * GIB, 16 * GIB]))
+
+
+def test_default_scheduler_matches_hand_computed_placements() -> None:
+    ledger = tiny_ledger()
+    rng = np.random.default_rng(0)
+    all_nodes = np.arange(3)
+
+    # Pod 1: 1 CPU, 1 GiB on an empty cluster.
+    #   LeastAllocated = (cpu + mem) // 2 with each (cap - req) * 100 // cap:
+    #     a: cpu 3000*100//4000 = 75, mem 7*100//8 = 87 -> 81
+    #     b: cpu 7000*100//8000 = 87, mem 87           -> 87
+    #     c: cpu 1000*100//2000 = 50, mem 15*100//16 = 93 -> 71
+    #   BalancedAllocation = int((1 - |f_cpu - f_mem| / 2) * 100):
+    #     a: |0.25 - 0.125|/2 = 0.0625 -> 93;  b: 0 -> 100;  c: |0.5 - 0.0625|/2 -> 78
+    #   totals a 174, b 187, c 149 -> b
+    pod1 = PodRequest(1000, 1 * GIB)
+    assert least_allocated_scores(ledger, pod1, all_nodes).tolist() == [81, 87, 71]
+    assert balanced_allocation_scores(ledger, pod1, all_nodes).tolist() == [93, 100, 78]
+    assert default_plugin_scores(ledger, pod1, all_nodes).tolist() == [174, 187, 149]
+    assert default_schedule(ledger, pod1, rng) == B
+    ledger.add(B, pod1)
+
+    # Pod 2: 3 CPU, 1 GiB. The filter rejects c (3 CPU > 2 allocatable).
+    #   a: LA (25 + 87) // 2 = 56, BA |0.75 - 0.125|/2 = 0.3125 -> 68; total 124
+    #   b: LA cpu 4000*100//8000 = 50, mem 6*100//8 = 75 -> 62, BA |0.5 - 0.25|/2 -> 87; 149
+    pod2 = PodRequest(3000, 1 * GIB)
+    assert fits(ledger, pod2).tolist() == [True, True, False]
+    assert default_plugin_scores(ledger, pod2, np.array([A, B])).tolist() == [124, 149]
+    assert default_schedule(ledger, pod2, rng) == B
+    ledger.add(B, pod2)
+
+    # Pod 3: 2 CPU, 4 GiB; b has 4 CPU and 6 GiB requested.
+    #   a: LA (50 + 50) // 2 = 50, BA 100 -> 150
+    #   b: LA (2000*100//8000 = 25, 2*100//8 = 25) -> 25, BA |0.75 - 0.75| -> 100 -> 125
+    #   c: LA (0, 12*100//16 = 75) -> 37, BA |1.0 - 0.25|/2 = 0.375 -> 62 -> 99
+    #   -> a: spreading wins over b, which already runs pods.
+    pod3 = PodRequest(2000, 4 * GIB)
+    assert default_plugin_scores(ledger, pod3, all_nodes).tolist() == [150, 125, 99]
+    assert default_schedule(ledger, pod3, rng) == A
+    ledger.add(A, pod3)
+
+    # Pod 4: 3 CPU. Free CPU: a 2, b 4, c 2 -> only b fits, chosen without scoring.
+    pod4 = PodRequest(3000, 0)
+    assert fits(ledger, pod4).tolist() == [False, True, False]
+    assert default_schedule(ledger, pod4, rng) == B
+    ledger.add(B, pod4)
+
+    # Pod 5: 3 CPU again: nothing has room left.
+    assert default_schedule(ledger, PodRequest(3000, 0), rng) is None
+
+
+def test_zero_requests_score_as_defaults_but_fit_anywhere() -> None:
+    ledger = tiny_ledger()
+    empty = PodRequest(0, 0)
+    # The filter ignores unrequested resources; LeastAllocated counts 100m and 200 MiB:
+    #   a: cpu 3900*100//4000 = 97, mem (8192-200)*100//8192 = 97 -> 97
+    assert fits(ledger, empty).all()
+    assert least_allocated_scores(ledger, empty, np.array([A])).tolist() == [97]
+    # BalancedAllocation uses the actual (zero) requests: fractions 0 and 0 -> 100.
+    assert balanced_allocation_scores(ledger, empty, np.array([A])).tolist() == [100]
+
+
+def test_extender_scores_count_weight_times_ten() -> None:
+    # prioritizeNodes: score * weight * (MaxNodeScore 100 / MaxExtenderPriority 10)
+    assert extender_contribution(np.array([0, 7, 10]), 5).tolist() == [0, 350, 500]
+
+
+def one_node_cluster(curve_share: np.ndarray, max_power_w: float, cores: float) -> SimCluster:
+    spec = dataclasses.replace(
+        fleet_spec(1, 0),
+        curve_share=curve_share[None, :],
+        curvature_exp=np.ones(1),
+        max_power_w=np.array([max_power_w]),
+        fan_w_per_c=np.zeros(1),
+    )
+    return SimCluster(
+        spec=spec,
+        cores=np.array([cores]),
+        memory_bytes=np.array([16 * GIB]),
+        on_battery=np.zeros(1, dtype=bool),
+        battery_capacity_wh=np.zeros(1),
+        solar_peak_w=np.zeros(1),
+    )
+
+
+def one_pod_trace(cpu_m: int, duration_s: float) -> Trace:
+    return Trace(
+        names=["pod-1"],
+        arrival_s=np.zeros(1),
+        cpu_m=np.array([cpu_m]),
+        memory_bytes=np.zeros(1, dtype=np.int64),
+        duration_s=np.array([duration_s]),
+        usage_ratio=np.ones(1),
+    )
+
+
+def test_energy_of_a_constant_power_node_is_power_times_time() -> None:
+    # A flat curve: 250 W at any load, for the one hour the run lasts -> 0.25 kWh.
+    cluster = one_node_cluster(np.ones(11), 250.0, 4.0)
+    settings = SimSettings(tick_s=5.0, tail_s=3600.0)
+    result = simulate(
+        cluster, one_pod_trace(1000, 600.0), DefaultPolicy(np.random.default_rng()), settings
+    )
+    assert result.duration_s == pytest.approx(3600.0)
+    assert result.energy_kwh == pytest.approx(0.25, rel=1e-9)
+    assert result.mean_power_w == pytest.approx(250.0)
+    assert result.placed_pods == 1 and result.unplaced_pods == 0
+
+
+def test_energy_follows_load_on_a_linear_curve() -> None:
+    # 100 W idle, 200 W at full load, linear. A pod using 2 of 4 cores for 1800 s of a 3600 s
+    # run: 150 W for 1800 s + 100 W for 1800 s = 450 kJ = 0.125 kWh.
+    cluster = one_node_cluster(np.linspace(0.5, 1.0, 11), 200.0, 4.0)
+    settings = SimSettings(tick_s=5.0, tail_s=3600.0)
+    result = simulate(
+        cluster, one_pod_trace(2000, 1800.0), DefaultPolicy(np.random.default_rng()), settings
+    )
+    assert result.energy_kwh == pytest.approx(0.125, rel=1e-9)
+    assert result.peak_power_w == pytest.approx(150.0)
+    assert result.mean_slowdown == pytest.approx(1.0)
+
+
+def test_overcommitted_node_slows_its_pods() -> None:
+    # Two pods each requesting 2 of 4 cores but using twice that: 8 cores wanted on 4 -> every
+    # pod runs at half speed and 600 s of work takes 1200 s.
+    cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
+    trace = dataclasses.replace(
+        one_pod_trace(2000, 600.0),
+        names=["p1", "p2"],
+        arrival_s=np.zeros(2),
+        cpu_m=np.array([2000, 2000]),
+        memory_bytes=np.zeros(2, dtype=np.int64),
+        duration_s=np.array([600.0, 600.0]),
+        usage_ratio=np.array([2.0, 2.0]),
+    )
+    result = simulate(cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
+    assert result.mean_slowdown == pytest.approx(2.0)
+    assert result.overcommitted_node_hours == pytest.approx(1200.0 / 3600.0)
+
+
+def test_trace_csv_loads_sorted_with_quantities(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "name,arrival_s,cpu_request,duration_s,memory_mib\nlate,30,500m,60,256\nearly,0,2,120,\n"
+    )
+    trace = load_trace_csv(path)
+    assert trace.names == ["early", "late"]
+    assert trace.cpu_m.tolist() == [2000, 500]
+    assert trace.memory_bytes.tolist() == [0, 256 * 1024 * 1024]
+    assert trace.usage_ratio.tolist() == [1.0, 1.0]
+
+
+def test_trace_csv_bad_row_names_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,cpu_request,duration_s\n0,1,60\n5,0.5,30\n10,lots,60\n")
+    with pytest.raises(TraceError) as caught:
+        load_trace_csv(path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "line 4" in message
+    assert "cpu_request" in message and "'lots'" in message
+
+    path.write_text("arrival_s,cpu_request,duration_s\n0,1,-5\n")
+    with pytest.raises(TraceError, match=r"line 2, field duration_s"):
+        load_trace_csv(path)
+    path.write_text("arrival_s,cpu_request\n0,1\n")
+    with pytest.raises(TraceError, match=r"line 1: missing column\(s\) duration_s"):
+        load_trace_csv(path)
+
+
+def test_cli_bad_trace_exits_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,cpu_request,duration_s\nsoon,1,60\n")
+    assert (
+        main(["--trace", str(path), "--policies", "default", "--quiet", "--out-dir", str(tmp_path)])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "line 2, field arrival_s" in err
+
+
+def test_generated_trace_requests_the_target_load() -> None:
+    trace = generate_trace(total_cpu_cores=200.0, hours=48.0, load=0.45, seed=3)
+    # Little's law: requested CPU-seconds over the span / (capacity x span) ~ load.
+    cpu_seconds = float(np.sum(trace.cpu_m / 1000.0 * trace.duration_s))
+    assert cpu_seconds / (200.0 * 48 * 3600.0) == pytest.approx(0.45, rel=0.15)
+    assert np.all(np.diff(trace.arrival_s) >= 0)
+
+
+def test_power_aware_policy_through_a_real_server_places_every_pod() -> None:
+    # The shipped default bundle was fitted on training.synth's 12-node fleet, seed 7: the same
+    # nodes build_cluster(12, 7) simulates.
+    cluster = build_cluster(12, 7, battery_share=0.25)
+    trace = generate_trace(float(cluster.cores.sum()), hours=0.25, load=0.3, seed=1)
+    settings = BenchSettings(nodes=12, seed=7)
+    sim_settings = SimSettings(tail_s=600.0)
+    with extender_policy("power-aware-battery", cluster, DEFAULT_BUNDLE_DIR, settings) as policy:
+        result = simulate(cluster, trace, policy, sim_settings)
+        requests = policy.requests
+    assert len(trace) > 5
+    assert result.placed_pods == len(trace)
+    assert result.unplaced_pods == 0
+    # filter, then prioritize (or not, with one feasible node), then explain, per pod
+    assert requests >= 2 * len(trace)
+    increases = [d.predicted_increase_w for d in result.decisions]
+    assert all(math.isfinite(w) and w >= 0 for w in increases)
+    assert {d.node for d in result.decisions} <= set(cluster.names)
