@@ -17,10 +17,13 @@ from training.dataset import (
     CONTRACT_COLUMNS,
     FEATURES,
     CleanedMetrics,
+    CleaningTally,
     MetricsInputError,
     clean_metrics,
     load_metrics,
     read_metrics,
+    stream_metrics,
+    write_metrics,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dataset"
@@ -447,3 +450,99 @@ def test_every_row_is_kept_or_counted(rows: list[tuple[str, ...]]) -> None:
     assert frame[["ambient_temp_c", "cpu1_temp_c"]].notna().all().all()
     assert not frame.duplicated(["node", "timestamp"]).any()
     assert set(frame["node"]) <= {"a", "b"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: a directory read and cleaned one group of files at a time
+
+
+def _stream_dir(tmp_path: Path) -> Path:
+    shutil.copy(fixture("good_rfc3339.csv"), tmp_path / "b.csv")  # node-a, node-b
+    pd.read_csv(fixture("good_unix.csv")).to_parquet(tmp_path / "a.parquet", index=False)
+    shutil.copy(fixture("one_socket_no_cpu2_column.csv"), tmp_path / "c.csv")  # edge-1
+    # a later hour of node-a in a file of its own: it must be cleaned together with b.csv
+    (tmp_path / "d.csv").write_text(
+        "node,timestamp,cpu_util,ambient_temp_c,cpu1_temp_c,cpu2_temp_c,power_w\n"
+        "node-a,2026-01-05T01:00:00Z,0.40,22,50,49,170\n"
+        " node-a ,2026-01-05T00:01:00Z,0.50,22,55,54,190\n"  # same node and time as in b.csv
+    )
+    return tmp_path
+
+
+def test_stream_groups_files_that_share_a_node_and_matches_the_whole_table(
+    tmp_path: Path,
+) -> None:
+    directory = _stream_dir(tmp_path)
+    stream = stream_metrics(directory)
+    assert stream.n_nodes == 4
+    assert [[p.name for p in group] for group in stream.groups] == [
+        ["a.parquet"],
+        ["b.csv", "d.csv"],
+        ["c.csv"],
+    ]
+    batches = list(stream)
+    nodes_per_batch = [sorted(batch.frame["node"].unique()) for batch in batches]
+    assert nodes_per_batch == [["node-c"], ["node-a", "node-b"], ["edge-1"]]
+
+    whole = load_metrics(directory)
+    streamed = pd.concat([batch.frame for batch in batches], ignore_index=True)
+    streamed = streamed.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(streamed, whole.frame)
+    tally = CleaningTally()
+    for batch in batches:
+        tally.add(batch)
+    assert (tally.rows_read, tally.rows_kept) == (whole.rows_read, whole.rows_kept)
+    assert tally.dropped == whole.dropped == {"duplicate_timestamp": 1}
+    assert sorted(tally.sources) == sorted(whole.sources)
+
+
+def test_stream_drops_bad_cells_naming_file_line_and_field(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shutil.copy(fixture("good_unix.csv"), tmp_path / "a.csv")
+    path = tmp_path / "z.csv"
+    shutil.copy(fixture("non_numeric_cells.csv"), path)
+    with caplog.at_level(logging.WARNING, logger="training.dataset"):
+        batches = list(stream_metrics(tmp_path))
+    assert len(batches) == 2
+    assert f"file {path}, line 5, field ambient_temp_c: value 'warm'" in caplog.text
+    assert batches[1].dropped == load_metrics(path).dropped
+
+
+def test_stream_refuses_a_file_without_a_required_column_before_reading_rows(
+    tmp_path: Path,
+) -> None:
+    shutil.copy(fixture("good_unix.csv"), tmp_path / "a.csv")
+    shutil.copy(fixture("missing_column.csv"), tmp_path / "b.csv")
+    with pytest.raises(MetricsInputError) as caught:
+        stream_metrics(tmp_path)
+    assert_error_says(caught, f"file {tmp_path / 'b.csv'}", "power_w", "'Power_W' for 'power_w'")
+
+
+def test_stream_with_every_row_bad_says_so_for_the_whole_input(tmp_path: Path) -> None:
+    header = "node,timestamp,cpu_util,ambient_temp_c,cpu1_temp_c,cpu2_temp_c,power_w\n"
+    for node in ("node-a", "node-b"):
+        (tmp_path / f"{node}.csv").write_text(
+            f"{header}{node},2026-01-05T00:00:00Z,0.10,22,41,40,-5\n"
+        )
+    with pytest.raises(MetricsInputError) as caught:
+        list(stream_metrics(tmp_path))
+    assert_error_says(
+        caught,
+        "no rows left after cleaning",
+        str(tmp_path / "node-a.csv"),
+        str(tmp_path / "node-b.csv"),
+        "2 read",
+        "power_w_negative 2",
+        f"file {tmp_path / 'node-a.csv'}, line 2, field power_w: value '-5'",
+    )
+
+
+def test_write_metrics_round_trips_and_refuses_unknown_formats(tmp_path: Path) -> None:
+    cleaned = load_metrics(fixture("good_rfc3339.csv"))
+    for name in ("t.csv", "t.parquet"):
+        write_metrics(cleaned.frame, tmp_path / "out" / name)
+        again = load_metrics(tmp_path / "out" / name)
+        pd.testing.assert_frame_equal(again.frame, cleaned.frame)
+    with pytest.raises(ValueError, match=r"t\.json"):
+        write_metrics(cleaned.frame, tmp_path / "t.json")

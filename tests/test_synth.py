@@ -10,8 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.dataset import CONTRACT_COLUMNS, clean_metrics, load_metrics, write_metrics
-from training.synth import fleet_spec, load_shapes, node_names, synth_fleet
+from training.dataset import (
+    CONTRACT_COLUMNS,
+    clean_metrics,
+    load_metrics,
+    stream_metrics,
+    write_metrics,
+)
+from training.synth import fleet_spec, load_shapes, node_names, synth_fleet, write_fleet_files
 
 NODES = 50
 HOURS = 48.0
@@ -170,3 +176,16 @@ def test_written_csv_and_parquet_load_back_identically(tmp_path: Path) -> None:
     from_parquet = load_metrics(tmp_path / "fleet.parquet").frame
     pd.testing.assert_frame_equal(from_csv, from_parquet, check_dtype=False)
     assert len(from_csv) == fleet["ambient_temp_c"].notna().sum()
+
+
+def test_fleet_files_hold_every_node_once_and_stream_one_file_at_a_time(tmp_path: Path) -> None:
+    files = write_fleet_files(tmp_path, 5, hours=2, step_s=60, seed=3, nodes_per_file=2)
+    assert [f.name for f in files] == ["nodes-0.parquet", "nodes-1.parquet", "nodes-2.parquet"]
+    stream = stream_metrics(tmp_path)
+    assert stream.n_nodes == 5
+    assert [len(group) for group in stream.groups] == [1, 1, 1]
+    nodes = [sorted(batch.frame["node"].unique()) for batch in stream]
+    assert nodes == [["node-01", "node-02"], ["node-03", "node-04"], ["node-05"]]
+    again = write_fleet_files(tmp_path / "again", 5, hours=2, step_s=60, seed=3, nodes_per_file=2)
+    for first, second in zip(files, again, strict=True):
+        pd.testing.assert_frame_equal(pd.read_parquet(first), pd.read_parquet(second))

@@ -11,6 +11,9 @@ so this step owns the rule "never silently used, never silently lost":
   a `MetricsInputError` that says what and where, and drops bad rows one by one, counting them
   by reason and logging the first example of each.
 - `load_metrics` does both.
+- `stream_metrics` does both in batches, for fleets: the files of a directory are grouped so
+  that each node's rows sit in one group (per-node or per-rack files make small groups), and
+  each group is read and cleaned on its own, so memory follows the largest group, not the fleet.
 - `write_metrics` writes a contract-1 table (CSV or Parquet), as `training.collect` and
   `training.synth` produce it.
 
@@ -21,12 +24,13 @@ run (see `clean_metrics`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,11 @@ def read_metrics(path: str | Path) -> pd.DataFrame:
     header being line 1; Parquet: row number from 1). Raises `MetricsInputError` for a missing
     path, an unreadable or empty file, or a file without the required columns.
     """
+    return _read_files(metrics_files(path))
+
+
+def metrics_files(path: str | Path) -> list[Path]:
+    """The metrics files `path` names: itself, or a directory's `*.csv` / `*.parquet` by name."""
     path = Path(path)
     if path.is_dir():
         files = sorted(
@@ -102,35 +111,53 @@ def read_metrics(path: str | Path) -> pd.DataFrame:
         )
         if not files:
             raise MetricsInputError(f"directory {path} has no .csv or .parquet files")
-    elif path.is_file():
+        return files
+    if path.is_file():
         if path.suffix.lower() not in METRICS_SUFFIXES:
             raise MetricsInputError(
                 f"file {path}: unknown format {path.suffix!r}; give a .csv or .parquet file"
             )
-        files = [path]
-    else:
-        raise MetricsInputError(f"{path}: no such file or directory")
+        return [path]
+    raise MetricsInputError(f"{path}: no such file or directory")
+
+
+def _read_files(files: Sequence[Path]) -> pd.DataFrame:
     frames = [_read_one(file) for file in files]
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def _read_one(file: Path) -> pd.DataFrame:
+def _read_raw(
+    file: Path, columns: Sequence[str] | None = None, *, header_only: bool = False
+) -> pd.DataFrame:
+    """A file's cells (CSV: as text), all columns or only `columns`, or with `header_only` no
+    rows at all; errors name the file."""
     if file.suffix.lower() == ".csv":
         try:
             # skip_blank_lines=False keeps line numbers true to the file; blank lines are then
             # dropped (and counted) by cleaning.
-            frame = pd.read_csv(file, dtype=str, keep_default_na=False, skip_blank_lines=False)
+            return pd.read_csv(
+                file,
+                dtype=str,
+                keep_default_na=False,
+                skip_blank_lines=False,
+                usecols=columns,
+                nrows=0 if header_only else None,
+            )
         except pd.errors.EmptyDataError:
             raise MetricsInputError(f"file {file} is empty (no header, no rows)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as error:
             raise MetricsInputError(f"file {file}: not readable as CSV: {error}") from None
-        first_line = 2
-    else:
-        try:
-            frame = pd.read_parquet(file)
-        except Exception as error:  # pyarrow raises several unrelated types for a bad file
-            raise MetricsInputError(f"file {file}: not readable as Parquet: {error}") from None
-        first_line = 1
+    try:
+        if header_only:
+            return pq.read_schema(file).empty_table().to_pandas()
+        return pd.read_parquet(file, columns=None if columns is None else list(columns))
+    except Exception as error:  # pyarrow raises several unrelated types for a bad file
+        raise MetricsInputError(f"file {file}: not readable as Parquet: {error}") from None
+
+
+def _read_one(file: Path) -> pd.DataFrame:
+    frame = _read_raw(file)
+    first_line = 2 if file.suffix.lower() == ".csv" else 1
     frame.columns = [str(column).strip() for column in frame.columns]
     check_columns(frame.columns, where=f"file {file}")
     if "cpu2_temp_c" not in frame.columns:
@@ -163,6 +190,104 @@ def check_columns(columns: Sequence[str], *, where: str) -> None:
 def load_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> CleanedMetrics:
     """`read_metrics` + `clean_metrics`."""
     return clean_metrics(read_metrics(path), source=str(path), cpu_util_percent=cpu_util_percent)
+
+
+def _node_names_in(file: Path) -> set[str]:
+    """The node names a file holds, reading only its header and its node column."""
+    header = list(_read_raw(file, header_only=True).columns)
+    stripped = [str(column).strip() for column in header]
+    check_columns(stripped, where=f"file {file}")
+    node_column = header[stripped.index("node")]
+    names = _read_raw(file, columns=[node_column]).iloc[:, 0]
+    return set(names.astype("string").str.strip().dropna().unique()) - {""}
+
+
+@dataclass
+class CleaningTally:
+    """What cleaning did over several batches, summed: the input account of a training run."""
+
+    rows_read: int = 0
+    rows_kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def add(self, batch: CleanedMetrics) -> None:
+        self.rows_read += batch.rows_read
+        self.rows_kept += batch.rows_kept
+        for reason, count in batch.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + count
+        self.sources += [s for s in batch.sources if s not in self.sources]
+        for reason, example in batch.examples.items():
+            self.examples.setdefault(reason, example)
+
+
+@dataclass(frozen=True)
+class MetricsStream:
+    """A metrics input read and cleaned one group of files at a time (see `stream_metrics`).
+
+    Iterating yields one `CleanedMetrics` per group; every node's rows are in exactly one of
+    them. `n_nodes` counts the distinct node names in the files (before cleaning).
+    """
+
+    groups: tuple[tuple[Path, ...], ...]
+    n_nodes: int
+    cpu_util_percent: bool = False
+
+    def __iter__(self) -> Iterator[CleanedMetrics]:
+        tally = CleaningTally()
+        for group in self.groups:
+            batch = clean_metrics(
+                _read_files(group),
+                source=", ".join(map(str, group)),
+                cpu_util_percent=self.cpu_util_percent,
+                allow_empty=True,
+                log_summary=False,
+            )
+            tally.add(batch)
+            yield batch
+        if tally.rows_kept == 0:
+            raise nothing_left_error(tally)
+        log.info(
+            "kept %d of %d rows from %d file(s) in %d group(s); dropped %d",
+            tally.rows_kept,
+            tally.rows_read,
+            len(tally.sources),
+            len(self.groups),
+            tally.rows_read - tally.rows_kept,
+        )
+
+
+def stream_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> MetricsStream:
+    """Plan reading `path` in groups of files that share no node (see `MetricsStream`).
+
+    Only each file's header and node column are read here. Files that hold rows of the same
+    node are put in one group (cleaning must see all of a node's rows to find duplicates and to
+    sort them), so a directory of per-node or per-rack files streams in small groups, while
+    daily files that each hold every node make one group: the whole table, as `load_metrics`.
+    """
+    files = metrics_files(path)
+    parent = list(range(len(files)))  # union-find over files that share a node
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    first_file_of: dict[str, int] = {}
+    for index, file in enumerate(files):
+        for node in _node_names_in(file):
+            other = first_file_of.setdefault(node, index)
+            parent[root(index)] = root(other)
+    groups: dict[int, list[Path]] = {}
+    for index, file in enumerate(files):
+        groups.setdefault(root(index), []).append(file)
+    return MetricsStream(
+        groups=tuple(tuple(group) for group in groups.values()),
+        n_nodes=len(first_file_of),
+        cpu_util_percent=cpu_util_percent,
+    )
 
 
 def write_metrics(frame: pd.DataFrame, out: str | Path) -> None:
@@ -287,12 +412,20 @@ def _parse_timestamps(
 
 
 def clean_metrics(
-    raw: pd.DataFrame, *, source: str, cpu_util_percent: bool = False
+    raw: pd.DataFrame,
+    *,
+    source: str,
+    cpu_util_percent: bool = False,
+    allow_empty: bool = False,
+    log_summary: bool = True,
 ) -> CleanedMetrics:
     """Validate and clean a contract-1 table; pure (logs, but reads and writes nothing).
 
     `source` names the input in messages when `raw` did not come from `read_metrics`.
     `cpu_util_percent=True` divides utilisation by 100 first (for tables in percent).
+    `allow_empty=True` returns an empty frame instead of raising when no row is left (one batch
+    of a stream may be all bad; the stream judges the whole); `log_summary=False` leaves the
+    "kept N of M rows" line to the caller.
 
     Raises `MetricsInputError` for input that is wrong as a whole: a missing required column,
     no rows, utilisation in percent (unless `cpu_util_percent`), a column that does not parse
@@ -377,27 +510,36 @@ def clean_metrics(
 
     kept = frame[drops.alive].sort_values(["node", "timestamp"], kind="stable")
     kept = kept.reset_index(drop=True)
-    if kept.empty:
-        summary = ", ".join(f"{reason} {count}" for reason, count in drops.counts.items())
-        first = next(iter(drops.examples.values()), "")
-        raise MetricsInputError(
-            f"no rows left after cleaning {', '.join(sources)}: {len(raw)} read, "
-            f"dropped {summary}; first problem: {first}"
-        )
-    log.info(
-        "kept %d of %d rows (%d nodes) from %d source(s); dropped %d",
-        len(kept),
-        len(raw),
-        kept["node"].nunique(),
-        len(sources),
-        len(raw) - len(kept),
-    )
-    return CleanedMetrics(
+    cleaned = CleanedMetrics(
         frame=kept,
         rows_read=len(raw),
         dropped=drops.counts,
         sources=sources,
         examples=drops.examples,
+    )
+    if kept.empty and not allow_empty:
+        tally = CleaningTally()
+        tally.add(cleaned)
+        raise nothing_left_error(tally)
+    if log_summary:
+        log.info(
+            "kept %d of %d rows (%d nodes) from %d source(s); dropped %d",
+            len(kept),
+            len(raw),
+            kept["node"].nunique(),
+            len(sources),
+            len(raw) - len(kept),
+        )
+    return cleaned
+
+
+def nothing_left_error(tally: CleaningTally) -> MetricsInputError:
+    """The error for an input whose every row was dropped: counts by reason, first example."""
+    summary = ", ".join(f"{reason} {count}" for reason, count in tally.dropped.items())
+    first = next(iter(tally.examples.values()), "")
+    return MetricsInputError(
+        f"no rows left after cleaning {', '.join(tally.sources)}: {tally.rows_read} read, "
+        f"dropped {summary}; first problem: {first}"
     )
 
 

@@ -32,7 +32,7 @@ import multiprocessing
 import os
 import sys
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -53,9 +53,11 @@ from training.collect import (
 from training.dataset import (
     FEATURES,
     CleanedMetrics,
+    CleaningTally,
     MetricsInputError,
+    MetricsStream,
     clean_metrics,
-    load_metrics,
+    stream_metrics,
 )
 from training.export import (
     PARITY_TOLERANCE_W,
@@ -460,6 +462,56 @@ class FallbackPool:
 # --- the whole run -------------------------------------------------------------------------
 
 
+class _InputAccount:
+    """Turns cleaned batches into node rows while summing what the report says about input.
+
+    Rows whose features are still empty after the fill are dropped here (counted as
+    `feature_missing_after_fill`); a node found in two batches is refused, because its rows
+    would be fitted twice as two halves.
+    """
+
+    def __init__(self) -> None:
+        self.tally = CleaningTally()
+        self.unfilled_rows = 0
+        self.rows_used = 0
+        self.start: pd.Timestamp | None = None
+        self.end: pd.Timestamp | None = None
+        self.nodes_seen: set[str] = set()
+
+    def node_rows(self, batches: Iterable[CleanedMetrics]) -> Iterator[NodeRows]:
+        for batch in batches:
+            self.tally.add(batch)
+            frame = batch.frame
+            unfilled = unfillable_rows(frame, FEATURE_FILL)
+            if unfilled.any():
+                self.unfilled_rows += int(unfilled.sum())
+                frame = frame[~unfilled]
+            if frame.empty:
+                continue
+            self.rows_used += len(frame)
+            first, last = frame["timestamp"].min(), frame["timestamp"].max()
+            self.start = first if self.start is None else min(self.start, first)
+            self.end = last if self.end is None else max(self.end, last)
+            for rows in iter_node_rows(frame, FEATURE_FILL):
+                if rows.node in self.nodes_seen:
+                    raise FitError(
+                        f"node {rows.node} has rows in two separately cleaned groups "
+                        f"(the second in {', '.join(batch.sources)}); put all of a node's rows "
+                        "in one group of files"
+                    )
+                self.nodes_seen.add(rows.node)
+                yield rows
+
+    def dropped(self) -> dict[str, int]:
+        dropped = dict(self.tally.dropped)
+        if self.unfilled_rows:
+            dropped["feature_missing_after_fill"] = self.unfilled_rows
+        return dropped
+
+    def window(self) -> dict[str, str]:
+        return {"start": rfc3339(self.start.timestamp()), "end": rfc3339(self.end.timestamp())}
+
+
 @dataclass
 class FitRun:
     report: dict
@@ -474,7 +526,7 @@ def default_report_dir(out_dir: Path) -> Path:
 
 
 def fit_fleet(
-    cleaned: CleanedMetrics,
+    cleaned: CleanedMetrics | MetricsStream,
     out_dir: Path,
     *,
     report_dir: Path | None = None,
@@ -484,6 +536,10 @@ def fit_fleet(
 ) -> FitRun:
     """Fit every node of `cleaned`, write the report, then (if every model is sound) the bundle.
 
+    `cleaned` is one cleaned table, or a `MetricsStream` (`training.dataset.stream_metrics`)
+    read and cleaned one group of files at a time while earlier groups' nodes are being fitted:
+    then memory follows the largest group, not the fleet.
+
     Raises FitError / ExportError after writing the report when the bundle cannot be trusted.
     """
     resolve_families(settings.families)  # fail on a bad name before any work
@@ -491,38 +547,31 @@ def fit_fleet(
         raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
     report_dir = Path(report_dir) if report_dir is not None else default_report_dir(out_dir)
     jobs = jobs or os.cpu_count() or 1
-    frame = cleaned.frame
-    unfilled = unfillable_rows(frame, FEATURE_FILL)
-    dropped = dict(cleaned.dropped)
-    if unfilled.any():
-        dropped["feature_missing_after_fill"] = int(unfilled.sum())
-        frame = frame[~unfilled]
-    n_nodes = int(frame["node"].nunique())
-    if n_nodes == 0:
-        raise FitError(f"no usable rows in {', '.join(cleaned.sources)} after cleaning")
+    if isinstance(cleaned, CleanedMetrics):
+        batches: Iterable[CleanedMetrics] = [cleaned]
+        n_nodes_expected = int(cleaned.frame["node"].nunique())
+    else:
+        batches, n_nodes_expected = cleaned, cleaned.n_nodes
     log.info(
-        "fitting %d nodes (%d rows) with families %s on %d worker(s)",
-        n_nodes,
-        len(frame),
+        "fitting %d nodes with families %s on %d worker(s)",
+        n_nodes_expected,
         ", ".join(settings.families),
         jobs,
     )
-    pool = FallbackPool(max(20, settings.fallback_max_rows // n_nodes), settings.seed)
+    account = _InputAccount()
+    pool = FallbackPool(
+        max(20, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
+    )
     outcomes: dict[str, NodeOutcome] = {}
-    window = {
-        "start": rfc3339(frame["timestamp"].min().timestamp()),
-        "end": rfc3339(frame["timestamp"].max().timestamp()),
-    }
-    rows_used = len(frame)
 
     with HeldoutSeriesStore() as store:
         bar = tqdm(
-            total=n_nodes,
+            total=n_nodes_expected,
             desc="fitting nodes",
             unit="node",
             disable=not progress or not sys.stderr.isatty(),
         )
-        for rows, outcome in _stream_outcomes(iter_node_rows(frame, FEATURE_FILL), settings, jobs):
+        for rows, outcome in _stream_outcomes(account.node_rows(batches), settings, jobs):
             if len(rows) >= max(settings.min_rows, 2):
                 pool.add(rows, settings.test_fraction)
             if outcome.heldout is not None:
@@ -531,7 +580,8 @@ def fit_fleet(
             outcomes[outcome.node] = outcome
             bar.update(1)
         bar.close()
-        del frame
+        if not outcomes:
+            raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
         if not pool.train:
             raise FitError(
                 f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
@@ -541,9 +591,8 @@ def fit_fleet(
         node_entries = [
             _report_entry(outcomes[node], fallback_model, settings) for node in sorted(outcomes)
         ]
-        report = _build_report(
-            cleaned, dropped, rows_used, settings, node_entries, fallback, window
-        )
+        window = account.window()
+        report = _build_report(account, settings, node_entries, fallback, window)
         write_report(report_dir, report)
         _plot(report_dir / PLOT_PNG, node_entries, store)
 
@@ -664,9 +713,7 @@ def _report_entry(outcome: NodeOutcome, fallback_model, settings: FitSettings) -
 
 
 def _build_report(
-    cleaned: CleanedMetrics,
-    dropped: dict[str, int],
-    rows_used: int,
+    account: _InputAccount,
     settings: FitSettings,
     node_entries: list[dict],
     fallback: dict,
@@ -675,10 +722,10 @@ def _build_report(
     return {
         "created_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "input": {
-            "sources": list(cleaned.sources),
-            "rows_read": cleaned.rows_read,
-            "rows_used": rows_used,
-            "dropped": dropped,
+            "sources": list(account.tally.sources),
+            "rows_read": account.tally.rows_read,
+            "rows_used": account.rows_used,
+            "dropped": account.dropped(),
             "training_window": window,
         },
         "settings": {**asdict(settings), "families": list(settings.families)},
@@ -714,9 +761,9 @@ def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> No
 # --- command line --------------------------------------------------------------------------
 
 
-def _load_input(args: argparse.Namespace) -> CleanedMetrics:
+def _load_input(args: argparse.Namespace) -> CleanedMetrics | MetricsStream:
     if args.input is not None:
-        return load_metrics(args.input, cpu_util_percent=args.cpu_util_percent)
+        return stream_metrics(args.input, cpu_util_percent=args.cpu_util_percent)
     raw, source = _collect(args)
     return clean_metrics(raw, source=source, cpu_util_percent=args.cpu_util_percent)
 

@@ -307,6 +307,31 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
     return frame
 
 
+def write_fleet_files(
+    out_dir: Path, n_nodes: int, hours: float, step_s: float, seed: int, nodes_per_file: int
+) -> list[Path]:
+    """A fleet too large to hold in memory, written as one Parquet file per `nodes_per_file`.
+
+    Each file is a `synth_fleet` of its own (seeded from `seed` and the file's index), with its
+    nodes renamed into one fleet-wide sequence (`node_names(n_nodes)`): the layout of per-rack
+    exports, which `training.dataset.stream_metrics` reads one file at a time.
+    """
+    if nodes_per_file < 1:
+        raise ValueError(f"nodes_per_file must be at least 1, got {nodes_per_file}")
+    names = node_names(n_nodes)
+    width = len(str(-(-n_nodes // nodes_per_file)))
+    files = []
+    for index, first in enumerate(range(0, n_nodes, nodes_per_file)):
+        batch_names = names[first : first + nodes_per_file]
+        file_seed = int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+        frame = synth_fleet(len(batch_names), hours, step_s, file_seed)
+        local = dict(zip(node_names(len(batch_names)), batch_names, strict=True))
+        frame["node"] = frame["node"].map(local)
+        files.append(Path(out_dir) / f"nodes-{index:0{width}d}.parquet")
+        write_metrics(frame, files[-1])
+    return files
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training.synth",
