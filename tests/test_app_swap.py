@@ -143,8 +143,9 @@ def test_swaps_under_traffic_and_corrupt_bundles_are_refused(bundles, tmp_path: 
         # Corrupt bundles: refused one after another, the good one keeps serving.
         good = backward.version
 
-        def refused_version() -> str | None:
-            return (client.get("/status").json()["last_refused"] or {}).get("version")
+        def refusal() -> tuple[int, str | None]:
+            status = client.get("/status").json()
+            return status["bundle_refusals"], (status["last_refused"] or {}).get("version")
 
         nan_specs = {**curves(NODES), "node-c": PowerCurveSpec(100, 400, nan_output=True)}
         bad_bundles = {
@@ -157,8 +158,13 @@ def test_swaps_under_traffic_and_corrupt_bundles_are_refused(bundles, tmp_path: 
                 bad = make_bundle(bundles["root"] / f"bad-{label}", specs)
                 breaker(bad.directory)
                 seen_before = len(traffic.explained)
+                refusals_before, _ = refusal()
                 mount.project_bundle(bad.directory)
-                wait_for(lambda v=bad.version: refused_version() == v, f"{label} refused")
+                # Two bad bundles may share a version: wait for this refusal, not the last.
+                wait_for(
+                    lambda n=refusals_before, v=bad.version: refusal() == (n + 1, v),
+                    f"{label} refused",
+                )
                 wait_for(lambda n=seen_before: len(traffic.explained) > n + 3, "traffic")
         assert traffic.failures == []
         status = client.get("/status").json()
