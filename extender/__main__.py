@@ -13,6 +13,7 @@ import gc
 import logging
 import shlex
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -36,8 +37,13 @@ class StartupError(Exception):
     """A one-line reason the service cannot start."""
 
 
-def example_curl(url: str, node_names: Sequence[str], verb: str = "prioritize") -> str:
-    """A curl command scoring a 1-CPU pod on ``node_names`` (a body shaped as kube-scheduler's)."""
+def example_curl(
+    url: str, node_names: Sequence[str], verb: str = "prioritize", curl_options: str = ""
+) -> str:
+    """A curl command scoring a 1-CPU pod on ``node_names`` (a body shaped as kube-scheduler's).
+
+    ``curl_options`` go before the URL (TLS: the CA to trust, a client certificate).
+    """
     body = {
         "Pod": {
             "metadata": {"name": "demo", "namespace": "default", "uid": "demo-0001"},
@@ -51,8 +57,9 @@ def example_curl(url: str, node_names: Sequence[str], verb: str = "prioritize") 
         "Nodes": None,
         "NodeNames": list(node_names),
     }
+    options = f"{curl_options} " if curl_options else ""
     return (
-        f"curl -s -X POST {url}/{verb} -H 'Content-Type: application/json' "
+        f"curl -s {options}-X POST {url}/{verb} -H 'Content-Type: application/json' "
         f"-d {shlex.quote(orjson.dumps(body).decode())}"
     )
 
@@ -72,6 +79,40 @@ def bind_socket(config: ExtenderConfig) -> socket.socket:
         ) from None
     sock.listen(2048)
     return sock
+
+
+def _curl_tls_options(config: ExtenderConfig) -> str:
+    if config.tls_cert is None:
+        return ""
+    # The server's own certificate works as the CA to trust when it is self-signed; a client
+    # certificate of the operator's is needed with mutual TLS.
+    options = f"--cacert {shlex.quote(str(config.tls_cert))}"
+    if config.tls_client_ca is not None:
+        options += " --cert CLIENT.crt --key CLIENT.key"
+    return options
+
+
+def tls_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (None: plain HTTP); StartupError naming the unreadable file."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(certfile=config.tls_cert, keyfile=config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(
+            f"cannot load --tls-cert {config.tls_cert} / --tls-key {config.tls_key}: {exc}"
+        ) from None
+    if config.tls_client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=config.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise StartupError(
+                f"cannot load --tls-client-ca {config.tls_client_ca}: {exc}"
+            ) from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def prepare(config: ExtenderConfig) -> Runtime:
@@ -109,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
     try:
+        tls = tls_context(config)
         runtime = prepare(config)
         sock = bind_socket(config)
     except StartupError as exc:
@@ -116,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     port = sock.getsockname()[1]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    url = f"http://{host}:{port}"
+    url = f"{config.scheme}://{host}:{port}"
     app = create_app(runtime)
     runtime.start_background()
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
@@ -126,14 +168,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A background thread (curve rebuild, bundle validation) holding the GIL makes a request
     # wait up to the switch interval (default 5 ms): bound that wait to 1 ms.
     sys.setswitchinterval(REQUEST_GIL_WAIT_S)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            # The context is built (and its files checked) above, before anything started.
+            ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
+        )
+    )
     names = runtime.state.node_names()[:EXAMPLE_NODE_COUNT]
     if names:
-        log.info("try it", extra={"curl": example_curl(url, names)})
-        log.info("why those scores", extra={"curl": example_curl(url, names, "explain")})
+        options = _curl_tls_options(config)
+        log.info("try it", extra={"curl": example_curl(url, names, "prioritize", options)})
+        log.info("why those scores", extra={"curl": example_curl(url, names, "explain", options)})
     # Last startup line: the socket already accepts connections (they queue until uvicorn
     # runs), so whoever waits for this line can send requests right away.
-    log.info("listening", extra={"url": url, "bind": f"{config.host}:{port}"})
+    log.info(
+        "listening",
+        extra={
+            "url": url,
+            "bind": f"{config.host}:{port}",
+            "mutual_tls": bool(config.tls_client_ca),
+        },
+    )
     try:
         server.run(sockets=[sock])
     finally:

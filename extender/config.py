@@ -76,6 +76,11 @@ class ExtenderConfig:
     curve_refresh_interval_s: float = 1.0
     # Live mode is ready when at least this share of known nodes has fresh telemetry.
     ready_min_fresh_share: float = 0.5
+    # HTTPS (kube-scheduler's enableHTTPS + tlsConfig): certificate and key in PEM; with a
+    # client CA, every client must present a certificate it signed (mutual TLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
     log_level: str = "info"
     log_format: str = "json"
 
@@ -96,9 +101,13 @@ class ExtenderConfig:
         )
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert is not None else "http"
+
+    @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     def validate(self) -> ExtenderConfig:
         """Raise ConfigError naming the setting at fault; return self when all is well."""
@@ -127,6 +136,10 @@ class ExtenderConfig:
             raise ConfigError(
                 f"--ready-min-fresh-share must be 0..1, got {self.ready_min_fresh_share}"
             )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together (HTTPS needs both)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS)")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"--log-format must be one of {LOG_FORMATS}")
         if self.prometheus_url is not None:
@@ -185,6 +198,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_json_depth,
         help="deepest nesting of JSON arrays/objects in a request (real ones: ~12), checked "
         "before parsing; deeper bodies get 400",
+    )
+    tls = parser.add_argument_group("TLS (kube-scheduler extender enableHTTPS + tlsConfig)")
+    tls.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="serve HTTPS with this PEM certificate (chain); needs --tls-key. Default: HTTP",
+    )
+    tls.add_argument(
+        "--tls-key", metavar="FILE", type=Path, default=None, help="PEM private key of --tls-cert"
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="mutual TLS: PEM CA bundle; clients (kube-scheduler, probes, Prometheus) must "
+        "present a certificate it signed, others are refused in the handshake",
     )
     model = parser.add_argument_group("model bundle")
     model.add_argument(
