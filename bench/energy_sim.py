@@ -266,6 +266,9 @@ def summary(results: Sequence[PolicyResult], extras: dict[str, dict]) -> dict:
         entry.update(extras.get(result.policy, {}))
         if baseline is not None and baseline.energy_kwh > 0:
             entry["energy_vs_default"] = round(result.energy_kwh / baseline.energy_kwh, 4)
+            entry["dynamic_energy_vs_default"] = round(
+                result.dynamic_energy_kwh / baseline.dynamic_energy_kwh, 4
+            )
             entry["mean_power_vs_default"] = round(result.mean_power_w / baseline.mean_power_w, 4)
             entry["peak_power_vs_default"] = round(result.peak_power_w / baseline.peak_power_w, 4)
         policies[result.policy] = entry
@@ -274,7 +277,8 @@ def summary(results: Sequence[PolicyResult], extras: dict[str, dict]) -> dict:
 
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     header = (
-        f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'mean W':>8} {'peak W':>8} {'unplaced':>8} "
+        f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'dyn kWh':>8} {'vs def':>7} {'mean W':>8} "
+        f"{'peak W':>8} {'unplaced':>8} "
         f"{'slowdown':>8} {'p95 slow':>8} {'ovc n-h':>8} {'pwrless n-h':>11}"
     )
     print(header)
@@ -282,7 +286,8 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
         entry = report["policies"][result.policy]
         print(
             f"{result.policy:<20} {result.energy_kwh:8.2f} "
-            f"{entry.get('energy_vs_default', math.nan):7.3f} {result.mean_power_w:8.0f} "
+            f"{entry.get('energy_vs_default', math.nan):7.3f} {result.dynamic_energy_kwh:8.2f} "
+            f"{entry.get('dynamic_energy_vs_default', math.nan):7.3f} {result.mean_power_w:8.0f} "
             f"{result.peak_power_w:8.0f} {result.unplaced_pods:8d} {result.mean_slowdown:8.3f} "
             f"{result.p95_slowdown:8.3f} {result.overcommitted_node_hours:8.2f} "
             f"{result.powerless_node_hours:11.2f}"

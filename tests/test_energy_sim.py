@@ -153,6 +153,8 @@ def test_energy_follows_load_on_a_linear_curve() -> None:
         cluster, one_pod_trace(2000, 1800.0), DefaultPolicy(np.random.default_rng()), settings
     )
     assert result.energy_kwh == pytest.approx(0.125, rel=1e-9)
+    # Idle is 100 W for the hour (0.1 kWh); the pod added 50 W for half an hour.
+    assert result.dynamic_energy_kwh == pytest.approx(0.025, rel=1e-9)
     assert result.peak_power_w == pytest.approx(150.0)
     assert result.mean_slowdown == pytest.approx(1.0)
 
