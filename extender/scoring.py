@@ -70,6 +70,10 @@ ENERGY_LABEL_VALUES: Mapping[str, EnergyLevel] = {
     "well-powered": EnergyLevel.WELL_POWERED,
 }
 
+# Plain ints for the request path (an IntEnum member lookup costs microseconds there).
+_POWERLESS = int(EnergyLevel.POWERLESS)
+_UNKNOWN = int(EnergyLevel.UNKNOWN)
+
 # Indexed by EnergyLevel code.
 ENERGY_SCORES = np.array([0.0, 3.0, 6.0, 10.0, 10.0, 6.0])
 ENERGY_SCORES.flags.writeable = False
@@ -234,23 +238,24 @@ def assess(
     count = len(candidates)
     by_name = not count or isinstance(candidates[0], str)
     names = tuple(candidates) if by_name else tuple(node.name for node in candidates)
-    positions = view.index_of(names)
-    gather = _Gather(positions, view_size=len(view.names))
+    # Cached per node layout: kube-scheduler sends the same candidate list again and again.
+    resolved = view.candidates(names)
+    names = resolved.names
 
     if by_name:
-        known = gather(view.has_node_info, False)
-        allocatable = gather(view.allocatable_cpu, np.nan)
-        energy = gather(view.energy_level, EnergyLevel.UNKNOWN)
-        max_power = gather(view.max_power_w, np.nan)
+        known = resolved.has_node_info
+        allocatable = resolved.allocatable_cpu
+        energy = resolved.energy_level
+        max_power = resolved.max_power_w
     else:
         nodes: Sequence[NodeInfo] = candidates  # type: ignore[assignment]
         known = np.ones(count, dtype=bool)
         allocatable = np.fromiter((n.allocatable_cpu for n in nodes), np.float64, count)
         energy = np.fromiter((energy_level_of(n.labels) for n in nodes), np.int8, count)
         max_power = np.fromiter((max_power_of(n.annotations) for n in nodes), np.float64, count)
-    util = gather(view.cpu_util, np.nan)
-    observed_at_s = gather(view.observed_at_s, -np.inf)
-    assumed_cores = gather(view.assumed_cpu, 0.0)
+    util = resolved.gather(view.cpu_util, np.nan)
+    observed_at_s = resolved.gather(view.observed_at_s, -np.inf)
+    assumed_cores = resolved.gather(view.assumed_cpu, 0.0)
 
     with np.errstate(invalid="ignore", divide="ignore"):
         telemetry_age_s = now_s - observed_at_s
@@ -266,42 +271,46 @@ def assess(
 
     # Only nodes in the view can have telemetry, so their curve rows are all that matter.
     if curves is not None and count:
-        curve_idx = gather(view.curve_rows(curves), -1)
+        curve_idx = resolved.curve_rows(view.curve_rows(curves))
     else:
         curve_idx = np.full(count, -1, dtype=np.intp)
     has_curve = curve_idx >= 0
 
-    rows = np.flatnonzero(has_telemetry & has_curve)
-    if curves is None or rows.size == 0:
+    predicted = np.flatnonzero(has_telemetry & has_curve)
+    if curves is None or predicted.size == 0:
         power_before = np.full(count, np.nan)
         power_after = power_before.copy()
-    elif rows.size == count:
-        util_from = u + a
-        power_before = curves.power_w(curve_idx, util_from)
-        power_after = curves.power_w(curve_idx, util_from + d)
+    elif predicted.size == count:
+        power_before, power_after = _powers_w(curves, curve_idx, u + a, d)
     else:
         power_before = np.full(count, np.nan)
         power_after = power_before.copy()
-        util_from = u[rows] + a[rows]
-        power_before[rows] = curves.power_w(curve_idx[rows], util_from)
-        power_after[rows] = curves.power_w(curve_idx[rows], util_from + d[rows])
+        power_before[predicted], power_after[predicted] = _powers_w(
+            curves, curve_idx[predicted], u[predicted] + a[predicted], d[predicted]
+        )
     # P(u + a + d) - P(u + a), as CurveTable.power_increase_w computes it, without a third lookup.
     increase = power_after - power_before
     scorable = np.isfinite(increase)
+    telemetry_count = int(np.count_nonzero(has_telemetry))
 
     power_score = _power_scores(increase, scorable)
     energy_score = ENERGY_SCORES[energy]
     total_weight = weights.power + weights.energy
     mixed = (weights.power * power_score + weights.energy * energy_score) / total_weight
     # Round half up; the epsilon keeps 6.5 computed as 6.4999999999 from rounding down.
-    score = np.clip(np.floor(mixed + (0.5 + 1e-9)), 0, MAX_SCORE).astype(np.int64)
-    score[~known] = 0
+    mixed += 0.5 + 1e-9
+    score = np.floor(mixed, out=mixed).astype(np.int64)
+    np.minimum(np.maximum(score, 0, out=score), MAX_SCORE, out=score)
+    known_count = int(np.count_nonzero(known))
+    if known_count < count:
+        score[~known] = 0
 
     failed: dict[str, str] = {}
-    powerless = np.flatnonzero(known & (energy == EnergyLevel.POWERLESS)).tolist()
+    powerless = np.flatnonzero(known & (energy == _POWERLESS)).tolist()
     for i in powerless:
         failed[names[i]] = "energy-status is powerless (0-15 % stored energy)"
-    over = scorable & np.isfinite(max_power) & (power_after > max_power)
+    # A node without the annotation has max_power NaN, which compares False.
+    over = scorable & (power_after > max_power)
     for i in np.flatnonzero(over).tolist():
         failed.setdefault(
             names[i],
@@ -330,47 +339,48 @@ def assess(
         failed=failed,
         unresolvable=frozenset(names[i] for i in powerless),
         demand_cores=float(demand_cores),
-        unknown_nodes=int(np.count_nonzero(~known)),
-        no_telemetry_nodes=int(np.count_nonzero(known & ~has_telemetry)),
-        no_curve_nodes=int(np.count_nonzero(has_telemetry & ~has_curve)),
-        unknown_energy_labels=int(np.count_nonzero(known & (energy == EnergyLevel.UNKNOWN))),
+        # has_telemetry implies known; predicted is has_telemetry & has_curve.
+        unknown_nodes=count - known_count,
+        no_telemetry_nodes=known_count - telemetry_count,
+        no_curve_nodes=telemetry_count - predicted.size,
+        unknown_energy_labels=int(np.count_nonzero(known & (energy == _UNKNOWN))),
     )
+
+
+def _powers_w(
+    curves: PowerCurves, idx: np.ndarray, util_from: np.ndarray, demand: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """P(util_from) and P(util_from + demand) per node, read in one table lookup."""
+    both = curves.power_w(
+        np.concatenate((idx, idx)), np.concatenate((util_from, util_from + demand))
+    )
+    return both[: len(idx)], both[len(idx) :]
 
 
 def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
     """Min-max normalise increases over the scorable nodes: lowest 10, highest 0, others 0."""
-    scores = np.zeros(increase_w.shape, dtype=np.float64)
-    if not scorable.any():
-        return scores
-    values = increase_w[scorable]
+    scorable_count = int(np.count_nonzero(scorable))
+    if scorable_count == 0:
+        return np.zeros(increase_w.shape, dtype=np.float64)
+    every_node = scorable_count == len(increase_w)
+    values = increase_w if every_node else increase_w[scorable]
     lowest, highest = float(values.min()), float(values.max())
     spread = highest - lowest
     # Only rounding noise counts as "all equal"; a 0.01 W difference must still rank.
     if spread <= 1e-9 * max(1.0, abs(highest)):
-        scores[scorable] = MAX_SCORE
+        ranked = np.full(values.shape, float(MAX_SCORE))
     else:
         # (highest - lowest) / spread is exactly 1, so the best node gets exactly 10.
-        scores[scorable] = np.clip((highest - values) / spread, 0.0, 1.0) * MAX_SCORE
+        ranked = (highest - values) / spread
+        np.minimum(np.maximum(ranked, 0.0, out=ranked), 1.0, out=ranked)
+        ranked *= MAX_SCORE
+    if every_node:
+        return ranked
+    scores = np.zeros(increase_w.shape, dtype=np.float64)
+    scores[scorable] = ranked
     return scores
 
 
 def _finite_or_none(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-class _Gather:
-    """Reads view arrays at the candidates' positions; `missing` where a name is not in the view."""
-
-    def __init__(self, positions: np.ndarray, view_size: int) -> None:
-        self.positions = positions
-        self.in_view = positions >= 0
-        self.all_in_view = bool(self.in_view.all())
-        self.view_size = view_size
-
-    def __call__(self, array: np.ndarray, missing: float | bool | int) -> np.ndarray:
-        if self.all_in_view:
-            return array[self.positions]
-        if self.view_size == 0:
-            return np.full(self.positions.shape, missing, dtype=array.dtype)
-        return np.where(self.in_view, array[self.positions], missing).astype(array.dtype)

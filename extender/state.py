@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ASSUMED_WINDOW_S = 120.0
 CPU_UTIL_FEATURE = "cpu_util"
+# Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
+# or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
+MAX_CACHED_CANDIDATE_LISTS = 8
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,47 @@ def _telemetry_entry(values: Mapping[str, float], observed_at_s: float) -> _Tele
     return _Telemetry(frozen, float(observed_at_s), float(frozen.get(CPU_UTIL_FEATURE, math.nan)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class Candidates:
+    """One request's candidate names resolved against the node layout; shared and read-only.
+
+    `positions` index the view's arrays (-1 for a name the view does not know). The node-info
+    arrays are gathered here once: they change with the node layout only, not with telemetry
+    or bindings, so a candidate list the scheduler sends again costs one comparison.
+    """
+
+    names: tuple[str, ...]
+    positions: np.ndarray
+    in_view: np.ndarray
+    all_in_view: bool
+    has_node_info: np.ndarray
+    allocatable_cpu: np.ndarray
+    energy_level: np.ndarray
+    max_power_w: np.ndarray
+    # Slot 0: (view curve rows, these candidates' rows in them), as in ClusterView.
+    _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
+
+    def gather(self, array: np.ndarray, missing: float | bool | int) -> np.ndarray:
+        """`array` (aligned to the view) at the candidates; `missing` where not in the view."""
+        return _gather(array, self.positions, self.in_view, self.all_in_view, missing)
+
+    def curve_rows(self, view_rows: np.ndarray) -> np.ndarray:
+        """Curve row of each candidate from the view's (`ClusterView.curve_rows`); -1 = none."""
+        cached_for, rows = self._curve_rows[0]
+        if cached_for is view_rows:
+            return rows
+        rows = _frozen(self.gather(view_rows, -1))
+        self._curve_rows[0] = (view_rows, rows)
+        return rows
+
+
+@dataclass(frozen=True, eq=False)
 class _NodeArrays:
-    """The part of a view that changes only with the node set (and telemetry-only names)."""
+    """The part of a view that changes only with the node set (and telemetry-only names).
+
+    Every view built on one layout shares this object, so the name lookups cached here (recent
+    candidate lists, curve rows) survive the view rebuilds that telemetry and bindings cause.
+    """
 
     names: tuple[str, ...]
     positions: Mapping[str, int]
@@ -64,6 +105,53 @@ class _NodeArrays:
     allocatable_cpu: np.ndarray
     energy_level: np.ndarray
     max_power_w: np.ndarray
+    # (count, first name, last name) -> Candidates: a cheap key, checked by full comparison.
+    _candidates: dict = field(default_factory=dict, repr=False)
+    _candidates_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Slot 0 holds one (curve table, rows) pair; one atomic store replaces it.
+    _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
+
+    def index_of(self, names: Sequence[str]) -> np.ndarray:
+        return np.fromiter(
+            map(self.positions.get, names, repeat(-1)), dtype=np.intp, count=len(names)
+        )
+
+    def candidates(self, names: tuple[str, ...]) -> Candidates:
+        key = (len(names), names[0], names[-1]) if names else (0, "", "")
+        cached = self._candidates.get(key)
+        if cached is not None and cached.names == names:
+            return cached
+        positions = _frozen(self.index_of(names))
+        in_view = _frozen(positions >= 0)
+        all_in_view = bool(in_view.all())
+
+        def gathered(array: np.ndarray, missing: float | bool | int) -> np.ndarray:
+            return _frozen(_gather(array, positions, in_view, all_in_view, missing))
+
+        resolved = Candidates(
+            names=names,
+            positions=positions,
+            in_view=in_view,
+            all_in_view=all_in_view,
+            has_node_info=gathered(self.has_node_info, False),
+            allocatable_cpu=gathered(self.allocatable_cpu, np.nan),
+            energy_level=gathered(self.energy_level, EnergyLevel.UNKNOWN),
+            max_power_w=gathered(self.max_power_w, np.nan),
+        )
+        with self._candidates_lock:
+            self._candidates.pop(key, None)
+            self._candidates[key] = resolved
+            while len(self._candidates) > MAX_CACHED_CANDIDATE_LISTS:
+                del self._candidates[next(iter(self._candidates))]
+        return resolved
+
+    def curve_rows(self, curves: PowerCurves) -> np.ndarray:
+        table, rows = self._curve_rows[0]
+        if table is curves:
+            return rows
+        rows = _frozen(np.asarray(curves.index_of(self.names), dtype=np.intp))
+        self._curve_rows[0] = (curves, rows)
+        return rows
 
 
 @dataclass(frozen=True)
@@ -102,27 +190,24 @@ class ClusterView:
     max_power_w: np.ndarray
     cpu_util: np.ndarray
     observed_at_s: np.ndarray
-
-    # Slot 0 holds one (curve table, rows) pair: the request path maps names to view positions
-    # once, and view positions to curve rows through this array, not a second lookup per name.
-    _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
+    _layout: _NodeArrays = field(repr=False)
 
     def curve_rows(self, curves: PowerCurves) -> np.ndarray:
-        """Row of each view node in `curves` (-1 = no curve), cached for the latest table."""
-        table, rows = self._curve_rows[0]
-        if table is curves:
-            return rows
-        rows = np.asarray(curves.index_of(self.names), dtype=np.intp)
-        rows.flags.writeable = False
-        # One atomic store of a tuple: a concurrent reader sees the old pair or the new one.
-        self._curve_rows[0] = (curves, rows)
-        return rows
+        """Row of each view node in `curves` (-1 = no curve), cached for the latest table.
+
+        The cache belongs to the node layout, not to this view: views are rebuilt after every
+        binding, and the request path maps view positions to curve rows through this array
+        rather than looking each name up a second time.
+        """
+        return self._layout.curve_rows(curves)
+
+    def candidates(self, names: tuple[str, ...]) -> Candidates:
+        """`names` resolved to positions and node info; the last few lists are remembered."""
+        return self._layout.candidates(names)
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:
         """Positions of `names` in this view's arrays; -1 for a name the view does not know."""
-        return np.fromiter(
-            map(self.positions.get, names, repeat(-1)), dtype=np.intp, count=len(names)
-        )
+        return self._layout.index_of(names)
 
     def node(self, name: str) -> int:
         """Position of one node, -1 when unknown."""
@@ -302,6 +387,7 @@ class ClusterState:
             max_power_w=nodes.max_power_w,
             cpu_util=telemetry.cpu_util,
             observed_at_s=telemetry.observed_at_s,
+            _layout=nodes,
         )
 
     def _current_node_arrays_locked(self) -> _NodeArrays:
@@ -368,6 +454,20 @@ class ClusterState:
             assumed[position] += binding.cpu_cores
             valid_until_s = min(valid_until_s, expires_at_s)
         return _frozen(assumed), valid_until_s
+
+
+def _gather(
+    array: np.ndarray,
+    positions: np.ndarray,
+    in_view: np.ndarray,
+    all_in_view: bool,
+    missing: float | bool | int,
+) -> np.ndarray:
+    if all_in_view:
+        return array.take(positions)
+    if len(array) == 0:
+        return np.full(positions.shape, missing, dtype=array.dtype)
+    return np.where(in_view, array.take(positions), missing).astype(array.dtype)
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -102,29 +102,43 @@ class CurveTable:
         """
         idx = np.asarray(idx, dtype=np.intp)
         util = np.asarray(util, dtype=np.float64)
-        shape = np.broadcast_shapes(idx.shape, util.shape)
+        if idx.shape != util.shape:
+            shape = np.broadcast_shapes(idx.shape, util.shape)
+            idx, util = np.broadcast_to(idx, shape), np.broadcast_to(util, shape)
         if len(self.names) == 0:
-            return np.full(shape, np.nan)
-        idx = np.broadcast_to(idx, shape)
-        util = np.broadcast_to(util, shape)
-        missing = (idx < 0) | np.isnan(util)  # NaN out, never an index computed from NaN
-        rows = np.where(missing, 0, idx)
-        position = np.clip(util, 0.0, 1.0) * _LAST  # a new array: safe to write into
-        position[missing] = 0.0
+            return np.full(idx.shape, np.nan)
+        # The request path calls this for thousands of nodes at once, so each step is one
+        # whole-array operation (written in place where it can be: small arrays are dominated
+        # by the per-call cost, not by the arithmetic).
+        missing = (idx < 0) | np.isnan(util)
+        any_missing = bool(missing.any())
+        rows = np.where(missing, 0, idx) if any_missing else idx  # never an index from NaN
+        position = np.maximum(util, 0.0)  # a new array: safe to write into
+        np.minimum(position, 1.0, out=position)
+        if any_missing:
+            position[missing] = 0.0
+        position *= _LAST
         left = position.astype(np.intp)
         np.minimum(left, _LAST - 1, out=left)
         # Gathering from the flat table is cheaper than 2-D fancy indexing.
         flat = self.power_w_grid.reshape(-1)
-        at = rows * GRID_POINTS + left
+        at = rows * GRID_POINTS
+        at += left
         p_left = flat.take(at)
-        power = p_left + (position - left) * (flat.take(at + 1) - p_left)
+        at += 1
+        power = flat.take(at)
+        power -= p_left
+        position -= left
+        power *= position
+        power += p_left
         over = util > 1.0
         if over.any():
             over_rows = rows[over]
             power[over] = flat.take(over_rows * GRID_POINTS + _LAST) + self._slope_beyond_w[
                 over_rows
             ] * (util[over] - 1.0)
-        power[missing] = np.nan
+        if any_missing:
+            power[missing] = np.nan
         return power
 
     def power_increase_w(

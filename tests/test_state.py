@@ -285,3 +285,30 @@ def test_telemetry_version_matches_the_snapshot() -> None:
     assert state.telemetry_version() == state.telemetry_snapshot()[0]
     state.set_telemetry("node-a", {"cpu_util": 0.4}, T0)
     assert state.telemetry_version() == state.telemetry_snapshot()[0] == 1
+
+
+def test_candidate_lists_are_resolved_once_per_layout_and_never_confused() -> None:
+    state = cluster()
+    first = state.view(T0).candidates(("node-a", "node-b", "node-c"))
+    assert first.positions.tolist() == [0, 1, 2]
+    assert first.allocatable_cpu.tolist() == [8.0, 16.0, 4.0]
+    assert first.energy_level.tolist() == [EnergyLevel.WELL_POWERED, EnergyLevel.GRID, 0]
+    # A binding rebuilds the view, not the layout: the same list (new string objects, as a
+    # new request body brings) is the same resolved object.
+    state.pod_bound("node-a", "uid-1", 1.0, T0)
+    again = state.view(T0 + 1).candidates(tuple("node-" + c for c in "abc"))
+    assert again is first
+    # Same length, first and last name, other middle: resolved afresh, not taken from the cache.
+    other = state.view(T0 + 1).candidates(("node-a", "ghost", "node-c"))
+    assert other.positions.tolist() == [0, -1, 2]
+    assert other.has_node_info.tolist() == [True, False, True]
+    assert np.isnan(other.allocatable_cpu[1]) and other.energy_level[1] == EnergyLevel.UNKNOWN
+    assert not other.all_in_view
+    # The cached arrays are shared between requests: nobody may write into them.
+    with pytest.raises(ValueError):
+        other.allocatable_cpu[0] = 1.0
+    # A node change is a new layout: positions and node info are read again.
+    state.upsert_node(NodeInfo("node-b", 32.0, {}, {}))
+    changed = state.view(T0 + 2).candidates(("node-a", "node-b", "node-c"))
+    assert changed is not first
+    assert changed.allocatable_cpu.tolist() == [8.0, 32.0, 4.0]
