@@ -18,6 +18,7 @@ Anything unreadable raises `ProtocolError`, which the service answers with 400 a
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -223,7 +224,13 @@ def prioritize_result(host_scores: Iterable[tuple[str, int]]) -> list[dict]:
 
 
 def prioritize_result_arrays(hosts: Sequence[str], scores: np.ndarray) -> list[dict]:
-    """`prioritize_result` for an `Assessment`'s `names` and integer `score` array (faster)."""
+    """`prioritize_result` for an `Assessment`'s `names` and integer `score` array (faster).
+
+    From the second request with the same `hosts` object on (scoring hands back one tuple per
+    candidate list it has cached), the entries come from a table of prebuilt ones, picked by
+    array indexing: no per-node Python work. Those entries are shared between answers, so the
+    answer is for encoding only: never modify its dicts.
+    """
     scores = np.asarray(scores)
     if len(hosts) != len(scores):
         raise ValueError(f"{len(hosts)} hosts but {len(scores)} scores")
@@ -233,9 +240,77 @@ def prioritize_result_arrays(hosts: Sequence[str], scores: np.ndarray) -> list[d
         scores.min() >= MIN_EXTENDER_PRIORITY and scores.max() <= MAX_EXTENDER_PRIORITY
     ):
         raise ValueError(f"scores must be 0..10, got {scores.min()}..{scores.max()}")
+    table = _answer_tables.get(hosts)
+    if table is not None:
+        return table.entries.take(table.row_starts + scores).tolist()
     return [
         {"Host": host, "Score": score} for host, score in zip(hosts, scores.tolist(), strict=True)
     ]
+
+
+@dataclass(frozen=True, eq=False)
+class _AnswerTable:
+    """Every possible HostPriority entry of one candidate list: row per host, column per score."""
+
+    hosts: Sequence[str]
+    # Flat object array: entry (host i, score s) at i * _SCORE_COUNT + s (scores start at 0).
+    entries: np.ndarray
+    row_starts: np.ndarray  # i * SCORE_COUNT
+
+    @classmethod
+    def build(cls, hosts: Sequence[str]) -> _AnswerTable:
+        entries = np.empty((len(hosts), _SCORE_COUNT), dtype=object)
+        for score in range(MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY + 1):
+            entries[:, score] = [{"Host": host, "Score": score} for host in hosts]
+        row_starts = np.arange(len(hosts), dtype=np.intp) * _SCORE_COUNT
+        return cls(hosts, entries.reshape(-1), row_starts)
+
+
+class _AnswerTables:
+    """Answer tables for the candidate lists that come back, keyed by the list object itself.
+
+    A table costs 11 small dicts per host (~2 KiB), so a list gets one only when the same
+    object is answered a second time, and only the most recent few are kept. Holding the
+    object keeps its `id` from being reused while it is a key.
+    """
+
+    def __init__(self, max_tables: int, max_seen_once: int) -> None:
+        self._max_tables = max_tables
+        self._max_seen_once = max_seen_once
+        self._tables: dict[int, _AnswerTable] = {}
+        self._seen_once: dict[int, Sequence[str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, hosts: Sequence[str]) -> _AnswerTable | None:
+        key = id(hosts)
+        table = self._tables.get(key)
+        if table is not None and table.hosts is hosts:
+            return table
+        if not isinstance(hosts, tuple) or len(hosts) == 0:
+            return None  # a list can change after it was seen; only tuples are remembered
+        with self._lock:
+            if self._seen_once.get(key) is not hosts:
+                _remember(self._seen_once, key, hosts, self._max_seen_once)
+                return None
+            del self._seen_once[key]
+        table = _AnswerTable.build(hosts)
+        with self._lock:
+            _remember(self._tables, key, table, self._max_tables)
+        return table
+
+
+def _remember(cache: dict, key: object, value: object, max_entries: int) -> None:
+    """Insert as the newest entry, dropping the oldest beyond `max_entries` (lock held)."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > max_entries:
+        del cache[next(iter(cache))]
+
+
+_SCORE_COUNT = MAX_EXTENDER_PRIORITY - MIN_EXTENDER_PRIORITY + 1
+# A 5000-host table is ~10 MiB: four cover the lists kube-scheduler repeats (all nodes, or
+# those passing its filters).
+_answer_tables = _AnswerTables(max_tables=4, max_seen_once=16)
 
 
 def _checked_score(host: str, score: object) -> int:

@@ -226,3 +226,24 @@ def test_unresolvable_failures_are_repeated_in_their_own_field() -> None:
     nodes_answer = filter_result(nodes_args, {"node-b": "powerless"}, unresolvable={"node-b"})
     assert nodes_answer["FailedAndUnresolvableNodes"] == {"node-b": "powerless"}
     assert [n["metadata"]["name"] for n in nodes_answer["Nodes"]["items"]] == ["node-a", "node-c"]
+
+
+def test_prioritize_from_arrays_answers_a_repeated_candidate_list_from_its_table() -> None:
+    hosts = tuple(f"node-{i}" for i in range(50))
+    rng = np.random.default_rng(5)
+    for _ in range(4):  # the first answer is built plainly, the later ones from the table
+        scores = rng.integers(0, 11, len(hosts))
+        expected = [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores, strict=True)]
+        answer = prioritize_result_arrays(hosts, scores)
+        assert answer == expected
+        assert encode(answer) == encode(expected)  # byte for byte, integer literals
+        assert all(type(entry["Score"]) is int for entry in answer)
+    # Another list with the same contents is its own key; a wrong length is still refused.
+    assert prioritize_result_arrays(list(hosts), np.zeros(50, dtype=np.int64))[3] == {
+        "Host": "node-3",
+        "Score": 0,
+    }
+    with pytest.raises(ValueError, match="50 hosts but 49 scores"):
+        prioritize_result_arrays(hosts, np.zeros(49, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"0\.\.10, got 0\.\.11"):
+        prioritize_result_arrays(hosts, np.array([0] * 49 + [11]))
