@@ -21,7 +21,6 @@ import operator
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import NoReturn
 
 import numpy as np
@@ -96,8 +95,14 @@ def parse_extender_args(body: bytes | bytearray | memoryview | str) -> ExtenderA
     if raw_names is not None:
         if not isinstance(raw_names, list):
             raise ProtocolError(f"NodeNames must be a list of strings, got {_json_type(raw_names)}")
-        # C-level check first (thousands of names per request); find the culprit only on failure.
-        if not all(map(isinstance, raw_names, repeat(str))) or "" in raw_names:
+        # C-level checks first (thousands of names per request): joining fails on anything but
+        # strings, and all() on strings fails on an empty one. Find the culprit only on failure.
+        try:
+            "".join(raw_names)
+            names_ok = all(raw_names)
+        except TypeError:
+            names_ok = False
+        if not names_ok:
             for i, name in enumerate(raw_names):
                 if not isinstance(name, str) or not name:
                     raise ProtocolError(f"NodeNames[{i}] must be a non-empty string, got {name!r}")
