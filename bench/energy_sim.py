@@ -45,9 +45,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.sim.cluster import SimCluster, build_cluster
+from bench.sim.cluster import SimCluster, build_cluster, node_power_w
 from bench.sim.engine import PolicyResult, SimSettings, simulate
-from bench.sim.policies import DefaultPolicy, ExtenderPolicy, RandomPolicy, SimClock
+from bench.sim.policies import (
+    DefaultPolicy,
+    ExtenderPolicy,
+    OraclePolicy,
+    RandomPolicy,
+    SimClock,
+)
 from bench.sim.workload import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -68,7 +74,7 @@ from training.synth import synth_fleet
 
 log = logging.getLogger("bench.energy_sim")
 
-POLICIES = ("default", "random", "power-aware", "power-aware-battery")
+POLICIES = ("default", "random", "power-aware", "power-aware-battery", "oracle")
 BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
 HISTORY_STEP_S = 60.0
 DEFAULT_OUT_DIR = Path("out/energy_sim")
@@ -191,6 +197,14 @@ def run_policy(
         return simulate(cluster, trace, DefaultPolicy(rng), sim_settings, progress=progress), {}
     if name == "random":
         return simulate(cluster, trace, RandomPolicy(rng), sim_settings, progress=progress), {}
+    if name == "oracle":
+        no_fans_c = np.zeros(len(cluster))
+
+        def true_power_w(util: np.ndarray) -> np.ndarray:
+            return node_power_w(cluster, util, no_fans_c)
+
+        oracle = OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
+        return simulate(cluster, trace, oracle, sim_settings, progress=progress), {}
     if bundle_dir is None:
         raise ValueError(f"policy {name} needs a model bundle")
     with extender_policy(name, cluster, bundle_dir, settings) as policy:
@@ -380,6 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a pod may wait for a node before it counts as unplaced",
     )
     sim.add_argument(
+        "--empty-node-power",
+        type=float,
+        default=None,
+        metavar="WATTS",
+        help="if set, a node running no pods sleeps at this power (instant wake-up, "
+        "optimistic); by default every node stays on and pays its idle power",
+    )
+    sim.add_argument(
         "--policies",
         default=",".join(POLICIES),
         help=f"comma-separated policies to run, from {', '.join(POLICIES)}",
@@ -438,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scrape_interval_s=args.scrape_interval,
         telemetry_lag_s=args.telemetry_lag,
         max_pending_s=args.max_pending,
+        empty_node_power_w=args.empty_node_power,
     )
     progress = not args.quiet
     cluster = build_cluster(settings.nodes, settings.seed, battery_share=settings.battery_share)

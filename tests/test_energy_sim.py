@@ -159,6 +159,22 @@ def test_energy_follows_load_on_a_linear_curve() -> None:
     assert result.mean_slowdown == pytest.approx(1.0)
 
 
+def test_an_empty_node_sleeps_only_when_allowed() -> None:
+    # 200 W while the 600 s pod runs; then the node is empty for 3000 s: idle 100 W by default,
+    # 10 W with empty_node_power_w=10.
+    cluster = one_node_cluster(np.linspace(0.5, 1.0, 11), 200.0, 1.0)
+    trace = one_pod_trace(1000, 600.0)
+    always_on = simulate(cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
+    sleeping = simulate(
+        cluster,
+        trace,
+        DefaultPolicy(np.random.default_rng()),
+        SimSettings(empty_node_power_w=10.0),
+    )
+    assert always_on.energy_kwh == pytest.approx((200 * 600 + 100 * 3000) / 3.6e6)
+    assert sleeping.energy_kwh == pytest.approx((200 * 600 + 10 * 3000) / 3.6e6)
+
+
 def test_overcommitted_node_slows_its_pods() -> None:
     # Two pods each requesting 2 of 4 cores but using twice that: 8 cores wanted on 4 -> every
     # pod runs at half speed and 600 s of work takes 1200 s.

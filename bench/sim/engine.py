@@ -51,6 +51,10 @@ class SimSettings:
     retry_interval_s: float = 30.0
     max_pending_s: float = 600.0
     tail_s: float = 3600.0  # simulated time after the last arrival
+    # None: every node stays on and pays its idle power (the default assumption). A number:
+    # a node with no pods sleeps at this power and wakes instantly when a pod is bound
+    # (optimistic: real wake-ups take seconds to minutes and autoscalers wait ~10 min).
+    empty_node_power_w: float | None = None
     initial_battery_share: float = 0.7
     power_series_step_s: float = 60.0  # resolution of the stored power-over-time series
 
@@ -253,6 +257,7 @@ def simulate(
 
         # 2. progress of running pods (processor sharing on overcommitted nodes)
         wanted = np.bincount(run_node, weights=run_used_cores, minlength=n_nodes)
+        hosts_pods = np.bincount(run_node, minlength=n_nodes) > 0  # during this tick
         slow_factor = np.maximum(1.0, wanted / cluster.cores)
         overcommitted_ticks += int(np.count_nonzero(slow_factor > 1.0))
         run_remaining_s -= tick_s / slow_factor[run_node]
@@ -280,6 +285,8 @@ def simulate(
         cpu2_c = cpu2_c + alpha * (target2 - cpu2_c)
         hottest = np.where(two_sockets, np.maximum(cpu1_c, cpu2_c), cpu1_c)
         power_w = node_power_w(cluster, util, hottest)
+        if settings.empty_node_power_w is not None:
+            power_w = np.where(hosts_pods, power_w, settings.empty_node_power_w)
         total_power[tick] = power_w.sum()
         requested_share[tick] = ledger.requested_cpu_m.sum() / 1000.0 / total_cores
         used_share[tick] = float(np.minimum(wanted, cluster.cores).sum()) / total_cores

@@ -32,6 +32,7 @@ from bench.sim.kube_default import (
     fits,
     select_host,
 )
+from extender.scoring import DEFAULT_WEIGHTS
 from extender.state import ClusterState, NodeInfo
 
 SCHEDULER_NAME = "power-aware-scheduler"
@@ -92,6 +93,58 @@ class RandomPolicy(Policy):
         if feasible.size == 0:
             return Decision(None, reason="NodeResourcesFit: no node has room")
         return Decision(int(self.rng.choice(feasible)))
+
+
+class OraclePolicy(Policy):
+    """A ceiling for the extender: its ranking from the simulator's true power curves.
+
+    Like the extender (power score = min-max of the power increase, lowest 10; mixed with a
+    grid node's energy score 10 at the extender's default weights), but the increase comes
+    from the true curve at the node's *requested* load: no model error and no telemetry lag.
+    Not deployable (nobody knows true curves); it shows how much of the possible saving the
+    learned models and lagging telemetry leave on the table.
+    """
+
+    name = "oracle"
+
+    def __init__(
+        self,
+        true_power_w: Callable[[np.ndarray], np.ndarray],
+        node_cores: np.ndarray,
+        weight: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self.true_power_w = true_power_w  # utilisation per node -> watts per node
+        self.node_cores = node_cores
+        self.weight = weight
+        self.rng = rng
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        feasible = np.flatnonzero(fits(ledger, pod))
+        if feasible.size == 0:
+            return Decision(None, reason="NodeResourcesFit: no node has room")
+        util = ledger.requested_cpu_m / 1000.0 / self.node_cores
+        demand = pod.nonzero_cpu_m / 1000.0 / self.node_cores
+        increase_w = (self.true_power_w(util + demand) - self.true_power_w(util))[feasible]
+        if feasible.size == 1:
+            return Decision(int(feasible[0]), predicted_increase_w=float(increase_w[0]))
+        spread = increase_w.max() - increase_w.min()
+        power_score = (
+            np.full(feasible.size, 10.0)
+            if spread <= 1e-9
+            else 10.0 * (increase_w.max() - increase_w) / spread
+        )
+        w = DEFAULT_WEIGHTS
+        mixed = (w.power * power_score + w.energy * 10.0) / (w.power + w.energy)
+        extender_scores = np.floor(mixed + 0.5 + 1e-9).astype(np.int64)
+        totals = default_plugin_scores(ledger, pod, feasible) + extender_contribution(
+            extender_scores, self.weight
+        )
+        node = select_host(feasible, totals, self.rng)
+        chosen = int(np.flatnonzero(feasible == node)[0])
+        return Decision(
+            node, score=float(totals[chosen]), predicted_increase_w=float(increase_w[chosen])
+        )
 
 
 def pod_object(uid: str, pod: PodRequest) -> dict:
