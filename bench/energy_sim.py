@@ -17,15 +17,20 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
 4. Every policy places the same trace on the same cluster: `default` (kube-scheduler's
    NodeResourcesFit + LeastAllocated + BalancedAllocation, `bench.sim.kube_default`),
    `random`, `power-aware` (our extender over HTTP: a real uvicorn server on 127.0.0.1 running
-   `extender.app.create_app` on a `Runtime` whose clock is the simulated clock), and
-   `power-aware-battery` (the same, while battery nodes' `energy-status` labels change).
+   `extender.app.create_app` on a `Runtime` whose clock is the simulated clock),
+   `power-aware-battery` (the same, while battery nodes' `energy-status` labels change), and
+   `oracle` (the extender's ranking computed from the simulator's true curves and requested
+   load: a ceiling showing what model error and telemetry lag cost, not a deployable policy).
 5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
    `energy_sim_decisions.csv` (every placement decision), and with --json a summary
    `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
 
-What the figures mean: every node stays on and pays its idle power (no power-off), so savings
-come only from where the dynamic power is spent: on nodes whose curves add fewer watts per
-core of work, and on nodes already busy (SPECpower curves are concave at low load).
+What the figures mean: by default every node stays on and pays its idle power (no power-off),
+so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
+watts per core of work, and on nodes already busy (SPECpower curves are concave at low load).
+The table shows total and dynamic (above-idle) energy. `--empty-node-power W` instead lets a
+node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
+consolidation is worth when empty nodes can be powered down.
 """
 
 from __future__ import annotations
@@ -318,7 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Simulate a heterogeneous cluster and compare the energy of placement policies "
             f"({', '.join(POLICIES)}) on the same pod trace; the power-aware policies call the "
-            "real extender over HTTP. Prints a table and ratios against the default scheduler."
+            "real extender over HTTP. Prints a table and ratios against the default scheduler. "
+            "Policies: default = kube-scheduler's NodeResourcesFit + LeastAllocated + "
+            "BalancedAllocation; random = any node that fits; power-aware = default plugins + "
+            "our extender (/filter, /prioritize) at --extender-weight; power-aware-battery = "
+            "the same while battery nodes' energy-status labels change; oracle = the "
+            "extender's ranking from the simulator's true curves (a ceiling, not deployable)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(
@@ -332,63 +342,85 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     cluster = parser.add_argument_group("cluster and models")
-    cluster.add_argument("--nodes", type=int, default=d.nodes, help="simulated nodes")
+    cluster.add_argument("--nodes", metavar="N", type=int, default=d.nodes, help="simulated nodes")
     cluster.add_argument(
-        "--seed", type=int, default=d.seed, help="seed of the fleet, trace and tie breaks"
+        "--seed",
+        metavar="SEED",
+        type=int,
+        default=d.seed,
+        help="seed of the fleet, trace and tie breaks",
     )
     cluster.add_argument(
         "--history-hours",
+        metavar="HOURS",
         type=float,
         default=d.history_hours,
         help="hours of synthetic telemetry per node the extender's models are fitted on",
     )
     cluster.add_argument(
         "--battery-share",
+        metavar="FRACTION",
         type=float,
         default=d.battery_share,
         help="share of nodes (0..1) on battery + solar; their energy-status labels change",
     )
     workload = parser.add_argument_group("workload")
     workload.add_argument(
-        "--hours", type=float, default=d.hours, help="hours of generated pod arrivals"
+        "--hours",
+        metavar="HOURS",
+        type=float,
+        default=d.hours,
+        help="hours of generated pod arrivals",
     )
     workload.add_argument(
         "--load",
+        metavar="FRACTION",
         type=float,
         default=d.load,
         help="mean requested CPU of the generated trace, as a share (0..1) of allocatable CPU",
     )
     workload.add_argument(
-        "--trace", type=Path, default=None, help="CSV pod trace instead of a generated one"
+        "--trace",
+        metavar="CSV",
+        type=Path,
+        default=None,
+        help="CSV pod trace instead of a generated one",
     )
     sim = parser.add_argument_group("simulation")
-    sim.add_argument("--tick", type=float, default=s.tick_s, help="physics step, seconds")
+    sim.add_argument(
+        "--tick", metavar="SECONDS", type=float, default=s.tick_s, help="physics step, seconds"
+    )
     sim.add_argument(
         "--scrape-interval",
+        metavar="SECONDS",
         type=float,
         default=s.scrape_interval_s,
         help="seconds between telemetry updates sent to the extender",
     )
     sim.add_argument(
         "--telemetry-lag",
+        metavar="SECONDS",
         type=float,
         default=s.telemetry_lag_s,
         help="seconds by which telemetry trails the load (scrape + rate window)",
     )
     sim.add_argument(
         "--assumed-window",
+        metavar="SECONDS",
         type=float,
         default=d.assumed_window_s,
         help="extender --assumed-window: seconds a bound pod's CPU counts as assumed load",
     )
     sim.add_argument(
         "--extender-weight",
+        metavar="WEIGHT",
         type=int,
         default=d.extender_weight,
         help="extender weight in KubeSchedulerConfiguration (manifests/scheduler.yaml uses 5)",
     )
     sim.add_argument(
         "--max-pending",
+        metavar="SECONDS",
         type=float,
         default=s.max_pending_s,
         help="seconds a pod may wait for a node before it counts as unplaced",
@@ -403,17 +435,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--policies",
+        metavar="LIST",
         default=",".join(POLICIES),
         help=f"comma-separated policies to run, from {', '.join(POLICIES)}",
     )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
+        metavar="DIR",
         type=Path,
         default=DEFAULT_OUT_DIR,
         help="directory for the bundle cache, the PNG and the decisions CSV",
     )
-    out.add_argument("--json", type=Path, default=None, help="write the summary JSON here")
+    out.add_argument(
+        "--json", metavar="FILE", type=Path, default=None, help="write the summary JSON here"
+    )
     out.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
     return parser
 
