@@ -402,6 +402,8 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
     from extender.kube import ClusterWatcher
 
+    # The collect settings first: a bad --collect-config is the likelier mistake to report.
+    telemetry = _prometheus_source(runtime)
     configuration = client.Configuration()
     if runtime.config.in_cluster:
         kube_config.load_incluster_config(client_configuration=configuration)
@@ -410,9 +412,7 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
             config_file=str(runtime.config.kubeconfig), client_configuration=configuration
         )
     api = client.CoreV1Api(client.ApiClient(configuration))
-    sources: list[LiveSource] = [ClusterWatcher(api, runtime.state, clock=runtime.clock)]
-    sources.append(_prometheus_source(runtime))
-    return sources
+    return [ClusterWatcher(api, runtime.state, clock=runtime.clock), telemetry]
 
 
 def _prometheus_source(runtime: Runtime) -> LiveSource:

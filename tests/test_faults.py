@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -47,7 +49,7 @@ from extender.telemetry import TelemetryPoller
 from tests.support.bundles import PowerCurveSpec, edit_manifest, make_bundle
 from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus
-from tests.support.server import serve_app
+from tests.support.server import REPO_ROOT, serve_app
 from tests.test_telemetry import FakeHost, serve, wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -411,3 +413,16 @@ def test_bundle_directory_vanishing_keeps_the_loaded_model(world: World, tmp_pat
         )
         assert_scored_from_telemetry(client)
         assert ready(client)
+
+
+def test_bad_collect_config_is_a_one_line_startup_error(tmp_path: Path) -> None:
+    config = tmp_path / "collect.yaml"
+    config.write_text("instance_nodes: {a: b}\nno_such_setting: 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "extender", "--port", "0", "--prometheus", "http://127.0.0.1:9",
+         "--in-cluster", "--collect-config", str(config)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith("python -m extender: error:")
+    assert "no_such_setting" in result.stderr.splitlines()[-1] and "Traceback" not in result.stderr
