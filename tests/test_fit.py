@@ -39,6 +39,7 @@ from training.families import (
     thermal_slope_c_per_util,
 )
 from training.fit import (
+    FEATURE_FILL,
     FitError,
     FitSettings,
     NodeRows,
@@ -46,6 +47,7 @@ from training.fit import (
     fit_fleet,
     fit_node,
     heldout_start_index,
+    iter_node_rows,
     monotonic_verdict,
 )
 from training.synth import synth_fleet
@@ -420,3 +422,41 @@ def test_a_node_split_over_two_cleaned_groups_is_refused(tmp_path) -> None:
         fit_fleet(stream, tmp_path / "bundle", settings=FitSettings(min_rows=100), jobs=1)
     assert len(stream_metrics(tmp_path).groups) == 1
     assert not (tmp_path / "bundle").exists()
+
+
+def test_max_model_bytes_passes_over_a_large_family_for_the_next_one() -> None:
+    fleet = synth_fleet(1, 24, 60, seed=9).dropna(subset=["ambient_temp_c", "cpu1_temp_c"])
+    rows = next(iter_node_rows(fleet, FEATURE_FILL))
+    families = ("sqrt3t2", "sqrt2")
+    free = fit_node(rows, FitSettings(min_rows=100, families=families))
+    assert free.family == "sqrt3t2"  # without a limit the temperature-aware curve wins here...
+    limit = len(free.onnx) - 1
+    limited = fit_node(rows, FitSettings(min_rows=100, families=families, max_model_bytes=limit))
+    assert limited.family == "sqrt2"  # ...and with one just under its size the next one ships
+    assert len(limited.onnx) <= limit
+    by_family = {c["family"]: c for c in limited.candidates}
+    assert by_family["sqrt3t2"]["over_max_model_bytes"] is True
+    assert by_family["sqrt3t2"]["onnx_bytes"] == len(free.onnx)
+    assert by_family["sqrt2"]["onnx_bytes"] == len(limited.onnx)
+    assert all("onnx" not in c for c in limited.candidates)  # bytes stay out of the report
+    assert limited.parity is not None and limited.parity.passed
+
+    nothing_fits = fit_node(rows, FitSettings(min_rows=100, families=families, max_model_bytes=1))
+    assert nothing_fits.onnx is None
+    assert nothing_fits.fallback_reason == (
+        "no family passed the monotonicity check with an ONNX within --max-model-bytes 1"
+    )
+
+
+def test_report_gives_model_bytes_by_family_as_written_in_the_bundle(fitted) -> None:
+    bundle = read_bundle(fitted["out"])
+    sizes: dict[str, list[int]] = {}
+    for entry in bundle.nodes.values():
+        sizes.setdefault(entry.info["family"], []).append(bundle.model_path(entry).stat().st_size)
+    by_family = fitted["report"]["summary"]["model_bytes_by_family"]
+    assert by_family == {
+        family: {"models": len(s), "mean": round(sum(s) / len(s)), "max": max(s)}
+        for family, s in sorted(sizes.items())
+    }
+    for entry in fitted["report"]["nodes"]:
+        assert (entry["onnx_bytes"] is None) == (entry["model"] != "own")

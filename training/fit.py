@@ -10,7 +10,9 @@ The step between telemetry and the extender. For every node:
    utilisation rises at the node's median temperatures (the extender prices a pod by
    P(u + d) - P(u): a dip would make a busier node look cheaper); a flexible family must beat
    the best smooth one by `FLEXIBLE_MARGIN` (10 % of MAE) to be chosen, because its ONNX is
-   ~50x larger (ConfigMaps hold 1 MiB) and it is flat outside the data it saw;
+   ~50x larger (ConfigMaps hold 1 MiB) and it is flat outside the data it saw; with
+   `--max-model-bytes`, a family whose ONNX is larger is passed over for the next one (fleet
+   bundles: smooth models are ~1-3 KiB, `rfmono` ~15-60 KiB per node);
 4. convert the winner to ONNX and check it against scikit-learn on the held-out rows.
 
 Nodes with fewer than `--min-rows` clean rows, or with no family passing the check, are served
@@ -118,12 +120,13 @@ class FitError(RuntimeError):
 
 @dataclass(frozen=True)
 class FitSettings:
-    """Every choice a training run makes; the CLI sets the first four, the rest are tuned here."""
+    """Every choice a training run makes; the CLI sets the first five, the rest are tuned here."""
 
     families: tuple[str, ...] = DEFAULT_FAMILIES
     test_fraction: float = DEFAULT_TEST_FRACTION
     min_rows: int = DEFAULT_MIN_ROWS
     seed: int = 0
+    max_model_bytes: int | None = None  # None: no limit on a node's ONNX size
     monotonic_tolerance_w: float = DEFAULT_MONOTONIC_TOLERANCE_W
     fallback_max_rows: int = FALLBACK_MAX_ROWS
     flexible_max_rows: int = FLEXIBLE_MAX_ROWS
@@ -318,15 +321,34 @@ def choose_model(
         raise FitError(f"{train.node}: no model family applies: {skipped[0]['skipped']}")
     ranked = rank_candidates(candidates, families)
     for candidate in ranked:
-        if candidate["monotonic"] == "pass":
-            model, predicted_w = fitted[candidate["family"]]
-            return model, candidate, _public(candidates) + skipped, candidate["check"]
-    # every family dips somewhere: report the best-ranked one's check
+        if candidate["monotonic"] != "pass":
+            continue
+        model, predicted_w = fitted[candidate["family"]]
+        if settings.max_model_bytes is not None:
+            # Size is only known once converted; the winner's ONNX is kept for fit_node.
+            onnx = model_to_onnx(model, train.features.shape[1])
+            candidate["onnx_bytes"] = len(onnx)
+            if len(onnx) > settings.max_model_bytes:
+                candidate["over_max_model_bytes"] = True
+                continue
+            candidate["onnx"] = onnx
+        return model, candidate, _public(candidates) + skipped, candidate["check"]
+    # every family dips somewhere (or is too large): report the best-ranked one's check
     return None, None, _public(candidates) + skipped, ranked[0]["check"]
 
 
 def _public(candidates: list[dict]) -> list[dict]:
-    return [{k: v for k, v in c.items() if k != "check"} for c in candidates]
+    return [{k: v for k, v in c.items() if k not in ("check", "onnx")} for c in candidates]
+
+
+def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
+    """Why `choose_model` found no model: every family dips, or the ones that don't are large."""
+    if any(c.get("over_max_model_bytes") for c in candidates):
+        return (
+            "no family passed the monotonicity check with an ONNX within --max-model-bytes "
+            f"{settings.max_model_bytes}"
+        )
+    return "no family passed the monotonicity check"
 
 
 def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
@@ -364,12 +386,12 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
         train, test, settings, thermal=outcome.thermal
     )
     if model is None:
-        outcome.fallback_reason = "no family passed the monotonicity check"
+        outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
         outcome.eval_rows = test
         return outcome
     outcome.family = choice["family"]
     outcome.metrics = choice["metrics"]
-    outcome.onnx = model_to_onnx(model, rows.features.shape[1])
+    outcome.onnx = choice.pop("onnx", None) or model_to_onnx(model, rows.features.shape[1])
     outcome.parity = check_parity(rows.node, model, outcome.onnx, test.features)
     outcome.heldout = (test.time_s, test.power_w, np.asarray(model.predict(test.features)))
     return outcome
@@ -640,10 +662,10 @@ def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, obje
     )
     if model is None:
         raise FitError(
-            "no model family gives a fleet fallback whose power never falls as utilisation "
-            f"rises (largest dip {check['max_drop_w']} W at the fleet's median temperatures)"
+            f"fleet fallback: {no_model_reason(candidates, settings)} (largest dip "
+            f"{check['max_drop_w']} W at the fleet's median temperatures)"
         )
-    onnx = model_to_onnx(model, train.features.shape[1])
+    onnx = choice.pop("onnx", None) or model_to_onnx(model, train.features.shape[1])
     return (
         {
             "family": choice["family"],
@@ -688,6 +710,7 @@ def _report_entry(outcome: NodeOutcome, fallback_model, settings: FitSettings) -
         "monotonic": outcome.monotonic,
         "candidates": outcome.candidates,
         "parity_max_diff_w": None if outcome.parity is None else outcome.parity.max_abs_diff_w,
+        "onnx_bytes": None if outcome.onnx is None else len(outcome.onnx),
         "thermal": outcome.thermal,
         "power_range_w": outcome.power_range_w,
         "note": "",
@@ -853,6 +876,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated model families to try per node (default %(default)s)",
     )
     parser.add_argument(
+        "--max-model-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="largest ONNX file a node's model may have; a family over it is passed over for "
+        "the next-ranked one, and a node with none within it uses the fleet fallback. Size a "
+        "fleet bundle for ConfigMaps (1 MiB): smooth families are ~1-3 KiB, rfmono ~15-60 KiB "
+        "(default: no limit)",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=0,
@@ -889,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         test_fraction=args.test_fraction,
         min_rows=args.min_rows,
         seed=args.seed,
+        max_model_bytes=args.max_model_bytes,
     )
     try:
         resolve_families(settings.families)

@@ -241,8 +241,11 @@ def summarise(node_entries: Sequence[Mapping]) -> dict:
         if e.get("baseline") and e["baseline"]["mape_pct"] is not None
     ]
     families: dict[str, int] = {}
+    model_bytes: dict[str, list[int]] = {}
     for entry in own:
         families[entry["family"]] = families.get(entry["family"], 0) + 1
+        if entry.get("onnx_bytes") is not None:
+            model_bytes.setdefault(entry["family"], []).append(entry["onnx_bytes"])
 
     def pct(values: list[float], q: float) -> float | None:
         return round(float(np.percentile(values, q)), 4) if values else None
@@ -256,6 +259,11 @@ def summarise(node_entries: Sequence[Mapping]) -> dict:
             if e["model"] != "own"
         ],
         "families_chosen": families,
+        # what each family costs in the bundle (ConfigMaps hold 1 MiB): see --max-model-bytes
+        "model_bytes_by_family": {
+            family: {"models": len(sizes), "mean": round(float(np.mean(sizes))), "max": max(sizes)}
+            for family, sizes in sorted(model_bytes.items())
+        },
         "median_mape_pct": pct(ours, 50),
         "p90_mape_pct": pct(ours, 90),
         "baseline_median_mape_pct": pct(line, 50),
