@@ -378,6 +378,24 @@ def test_kubernetes_watch_drops_and_outage(world: World) -> None:
         )
 
 
+def test_not_ready_until_the_watch_has_listed(world: World) -> None:
+    kube = world.kube
+    kube.failing = True
+    try:
+        with live_service(world, world.prometheus.url) as (client, _runtime):
+            wait_until(
+                lambda: any("has not synced" in r for r in readiness_reasons(client)),
+                "/readyz to say the watch has not synced",
+            )
+            # Unknown nodes still get an answer the scheduler can use: all pass, all score 0.
+            scores = client.post("/prioritize", content=request()).json()
+            assert [(e["Host"], e["Score"]) for e in scores] == [(n, 0) for n in NODES]
+            kube.failing = False
+            wait_until(lambda: fresh_and_ready(client), "ready once the API answers")
+    finally:
+        kube.failing = False
+
+
 # ---- the bundle directory vanishing ------------------------------------------------------------
 
 
