@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from extender.state import ClusterView, NodeInfo
+    from extender.state import Candidates, ClusterView, NodeInfo
 
 ENERGY_LABEL = "energy-status"
 MAX_POWER_ANNOTATION = "power-aware-scheduler/max-power-w"
@@ -235,39 +235,195 @@ def assess(
     """
     if not math.isfinite(demand_cores) or demand_cores < 0:
         raise ValueError(f"demand_cores must be finite and >= 0, got {demand_cores!r}")
+    nodes = candidate_state(view, curves, candidates, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
+    names, count = nodes.names, len(nodes.names)
+
+    # What this pod adds: d, and the power after placing it, P(u + a + d).
+    with np.errstate(invalid="ignore", divide="ignore"):
+        telemetry_age_s = now_s - nodes.observed_at_s
+        d = demand_cores / nodes.allocatable
+    predicted = nodes.predicted
+    if curves is None or predicted.size == 0:
+        power_after = np.full(count, np.nan)
+    elif predicted.size == count:
+        power_after = curves.power_w(nodes.curve_idx, nodes.util_from + d)
+    else:
+        power_after = np.full(count, np.nan)
+        power_after[predicted] = curves.power_w(
+            nodes.curve_idx[predicted], nodes.util_from[predicted] + d[predicted]
+        )
+    power_before = nodes.power_before
+    increase = power_after - power_before
+    scorable = np.isfinite(increase)
+
+    power_score = _power_scores(increase, scorable)
+    energy_score = ENERGY_SCORES[nodes.energy]
+    total_weight = weights.power + weights.energy
+    mixed = (weights.power * power_score + weights.energy * energy_score) / total_weight
+    # Round half up; the epsilon keeps 6.5 computed as 6.4999999999 from rounding down.
+    mixed += 0.5 + 1e-9
+    score = np.floor(mixed, out=mixed).astype(np.int64)
+    np.minimum(np.maximum(score, 0, out=score), MAX_SCORE, out=score)
+    if nodes.known_count < count:
+        score[~nodes.known] = 0
+
+    failed: dict[str, str] = {}
+    for i in nodes.powerless:
+        failed[names[i]] = "energy-status is powerless (0-15 % stored energy)"
+    # A node without the annotation has max_power NaN, which compares False.
+    over = scorable & (power_after > nodes.max_power)
+    for i in np.flatnonzero(over).tolist():
+        failed.setdefault(
+            names[i],
+            f"predicted power after placement {power_after[i]:.1f} W exceeds "
+            f"{MAX_POWER_ANNOTATION} {nodes.max_power[i]:g} W",
+        )
+
+    return Assessment(
+        names=names,
+        known=nodes.known,
+        u=nodes.u,
+        a=nodes.a,
+        d=d,
+        telemetry_age_s=telemetry_age_s,
+        has_telemetry=nodes.has_telemetry,
+        has_curve=nodes.has_curve,
+        scorable=scorable,
+        power_before_w=power_before,
+        power_after_w=power_after,
+        increase_w=increase,
+        energy_level=nodes.energy,
+        max_power_w=nodes.max_power,
+        power_score=power_score,
+        energy_score=energy_score,
+        score=score,
+        failed=failed,
+        unresolvable=frozenset(names[i] for i in nodes.powerless),
+        demand_cores=float(demand_cores),
+        # has_telemetry implies known; predicted is has_telemetry & has_curve.
+        unknown_nodes=count - nodes.known_count,
+        no_telemetry_nodes=nodes.known_count - nodes.telemetry_count,
+        no_curve_nodes=nodes.telemetry_count - predicted.size,
+        unknown_energy_labels=nodes.unknown_energy_labels,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class CandidateState:
+    """What scoring knows of the candidates before it looks at the pod; aligned to `names`.
+
+    `u` and `a` are fractions of allocatable CPU (`u` NaN without telemetry), `util_from` is
+    u + a and `power_before` P(u + a) (NaN where not `predicted`). Shared between requests:
+    read-only. With a telemetry TTL it holds from `valid_from_s` until the first fresh
+    telemetry among the candidates turns stale (`valid_until_s`).
+    """
+
+    names: tuple[str, ...]
+    known: np.ndarray
+    allocatable: np.ndarray
+    energy: np.ndarray
+    max_power: np.ndarray
+    observed_at_s: np.ndarray
+    has_telemetry: np.ndarray
+    u: np.ndarray
+    a: np.ndarray
+    curve_idx: np.ndarray
+    has_curve: np.ndarray
+    predicted: np.ndarray  # positions with telemetry and a curve
+    util_from: np.ndarray
+    power_before: np.ndarray
+    powerless: tuple[int, ...]  # positions of known powerless nodes
+    known_count: int
+    telemetry_count: int
+    unknown_energy_labels: int
+    valid_from_s: float
+    valid_until_s: float
+
+
+def candidate_state(
+    view: ClusterView,
+    curves: PowerCurves | None,
+    candidates: Sequence[str] | Sequence[NodeInfo],
+    *,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> CandidateState:
+    """The pod-independent part of `assess`; for names, remembered on the view per candidate list.
+
+    kube-scheduler sends the same candidates for pod after pod, and the view (telemetry and
+    assumed load) changes far less often than pods arrive: then only the pod's own demand is
+    left to compute.
+    """
     count = len(candidates)
     by_name = not count or isinstance(candidates[0], str)
     names = tuple(candidates) if by_name else tuple(node.name for node in candidates)
-    # Cached per node layout: kube-scheduler sends the same candidate list again and again.
+    # Cached per node layout: the same list again is one comparison, not a lookup per name.
     resolved = view.candidates(names)
-    names = resolved.names
-
-    if by_name:
-        known = resolved.has_node_info
-        allocatable = resolved.allocatable_cpu
-        energy = resolved.energy_level
-        max_power = resolved.max_power_w
-    else:
+    if not by_name:
         nodes: Sequence[NodeInfo] = candidates  # type: ignore[assignment]
-        known = np.ones(count, dtype=bool)
-        allocatable = np.fromiter((n.allocatable_cpu for n in nodes), np.float64, count)
-        energy = np.fromiter((energy_level_of(n.labels) for n in nodes), np.int8, count)
-        max_power = np.fromiter((max_power_of(n.annotations) for n in nodes), np.float64, count)
+        return _candidate_state(
+            view,
+            curves,
+            resolved,
+            known=np.ones(count, dtype=bool),
+            allocatable=np.fromiter((n.allocatable_cpu for n in nodes), np.float64, count),
+            energy=np.fromiter((energy_level_of(n.labels) for n in nodes), np.int8, count),
+            max_power=np.fromiter((max_power_of(n.annotations) for n in nodes), np.float64, count),
+            now_s=now_s,
+            telemetry_ttl_s=telemetry_ttl_s,
+        )
+    key = ("candidate_state", id(resolved), id(curves), telemetry_ttl_s)
+    cached = view.recall(key)
+    if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
+        return cached
+    state = _candidate_state(
+        view,
+        curves,
+        resolved,
+        known=resolved.has_node_info,
+        allocatable=resolved.allocatable_cpu,
+        energy=resolved.energy_level,
+        max_power=resolved.max_power_w,
+        now_s=now_s,
+        telemetry_ttl_s=telemetry_ttl_s,
+    )
+    # The key holds ids: keep the objects alive with the entry so that no id is reused.
+    view.remember(key, state, resolved, curves)
+    return state
+
+
+def _candidate_state(
+    view: ClusterView,
+    curves: PowerCurves | None,
+    resolved: Candidates,
+    *,
+    known: np.ndarray,
+    allocatable: np.ndarray,
+    energy: np.ndarray,
+    max_power: np.ndarray,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> CandidateState:
+    count = len(resolved.names)
     util = resolved.gather(view.cpu_util, np.nan)
     observed_at_s = resolved.gather(view.observed_at_s, -np.inf)
     assumed_cores = resolved.gather(view.assumed_cpu, 0.0)
 
     with np.errstate(invalid="ignore", divide="ignore"):
-        telemetry_age_s = now_s - observed_at_s
         # NaN compares False, so these also reject missing allocatable CPU and utilisation.
         has_telemetry = known & (allocatable > 0) & (allocatable < np.inf) & (util >= 0)
         if telemetry_ttl_s is None:
             has_telemetry &= observed_at_s > -np.inf
+            valid_until_s = math.inf
         else:
-            has_telemetry &= telemetry_age_s <= telemetry_ttl_s
+            has_telemetry &= now_s - observed_at_s <= telemetry_ttl_s
+            # Telemetry only ages: the first fresh reading to go stale ends this state.
+            fresh_at_s = observed_at_s[has_telemetry]
+            valid_until_s = (
+                float(fresh_at_s.min()) + telemetry_ttl_s if fresh_at_s.size else math.inf
+            )
         u = np.where(has_telemetry, np.minimum(util, 1.0), np.nan)
         a = assumed_cores / allocatable
-        d = demand_cores / allocatable
 
     # Only nodes in the view can have telemetry, so their curve rows are all that matter.
     if curves is not None and count:
@@ -277,84 +433,37 @@ def assess(
     has_curve = curve_idx >= 0
 
     predicted = np.flatnonzero(has_telemetry & has_curve)
+    util_from = u + a
     if curves is None or predicted.size == 0:
         power_before = np.full(count, np.nan)
-        power_after = power_before.copy()
     elif predicted.size == count:
-        power_before, power_after = _powers_w(curves, curve_idx, u + a, d)
+        power_before = curves.power_w(curve_idx, util_from)
     else:
         power_before = np.full(count, np.nan)
-        power_after = power_before.copy()
-        power_before[predicted], power_after[predicted] = _powers_w(
-            curves, curve_idx[predicted], u[predicted] + a[predicted], d[predicted]
-        )
-    # P(u + a + d) - P(u + a), as CurveTable.power_increase_w computes it, without a third lookup.
-    increase = power_after - power_before
-    scorable = np.isfinite(increase)
-    telemetry_count = int(np.count_nonzero(has_telemetry))
+        power_before[predicted] = curves.power_w(curve_idx[predicted], util_from[predicted])
 
-    power_score = _power_scores(increase, scorable)
-    energy_score = ENERGY_SCORES[energy]
-    total_weight = weights.power + weights.energy
-    mixed = (weights.power * power_score + weights.energy * energy_score) / total_weight
-    # Round half up; the epsilon keeps 6.5 computed as 6.4999999999 from rounding down.
-    mixed += 0.5 + 1e-9
-    score = np.floor(mixed, out=mixed).astype(np.int64)
-    np.minimum(np.maximum(score, 0, out=score), MAX_SCORE, out=score)
-    known_count = int(np.count_nonzero(known))
-    if known_count < count:
-        score[~known] = 0
-
-    failed: dict[str, str] = {}
-    powerless = np.flatnonzero(known & (energy == _POWERLESS)).tolist()
-    for i in powerless:
-        failed[names[i]] = "energy-status is powerless (0-15 % stored energy)"
-    # A node without the annotation has max_power NaN, which compares False.
-    over = scorable & (power_after > max_power)
-    for i in np.flatnonzero(over).tolist():
-        failed.setdefault(
-            names[i],
-            f"predicted power after placement {power_after[i]:.1f} W exceeds "
-            f"{MAX_POWER_ANNOTATION} {max_power[i]:g} W",
-        )
-
-    return Assessment(
-        names=names,
+    return CandidateState(
+        names=resolved.names,
         known=known,
-        u=u,
-        a=a,
-        d=d,
-        telemetry_age_s=telemetry_age_s,
-        has_telemetry=has_telemetry,
-        has_curve=has_curve,
-        scorable=scorable,
-        power_before_w=power_before,
-        power_after_w=power_after,
-        increase_w=increase,
-        energy_level=energy,
-        max_power_w=max_power,
-        power_score=power_score,
-        energy_score=energy_score,
-        score=score,
-        failed=failed,
-        unresolvable=frozenset(names[i] for i in powerless),
-        demand_cores=float(demand_cores),
-        # has_telemetry implies known; predicted is has_telemetry & has_curve.
-        unknown_nodes=count - known_count,
-        no_telemetry_nodes=known_count - telemetry_count,
-        no_curve_nodes=telemetry_count - predicted.size,
+        allocatable=allocatable,
+        energy=energy,
+        max_power=max_power,
+        observed_at_s=observed_at_s,
+        has_telemetry=_frozen(has_telemetry),
+        u=_frozen(u),
+        a=_frozen(a),
+        curve_idx=curve_idx,
+        has_curve=_frozen(has_curve),
+        predicted=_frozen(predicted),
+        util_from=_frozen(util_from),
+        power_before=_frozen(power_before),
+        powerless=tuple(np.flatnonzero(known & (energy == _POWERLESS)).tolist()),
+        known_count=int(np.count_nonzero(known)),
+        telemetry_count=int(np.count_nonzero(has_telemetry)),
         unknown_energy_labels=int(np.count_nonzero(known & (energy == _UNKNOWN))),
+        valid_from_s=now_s,
+        valid_until_s=valid_until_s,
     )
-
-
-def _powers_w(
-    curves: PowerCurves, idx: np.ndarray, util_from: np.ndarray, demand: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """P(util_from) and P(util_from + demand) per node, read in one table lookup."""
-    both = curves.power_w(
-        np.concatenate((idx, idx)), np.concatenate((util_from, util_from + demand))
-    )
-    return both[: len(idx)], both[len(idx) :]
 
 
 def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
@@ -379,6 +488,11 @@ def _power_scores(increase_w: np.ndarray, scorable: np.ndarray) -> np.ndarray:
     scores = np.zeros(increase_w.shape, dtype=np.float64)
     scores[scorable] = ranked
     return scores
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _finite_or_none(value: float) -> float | None:

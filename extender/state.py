@@ -14,13 +14,15 @@ passed since binding (by then the metrics show it) or until the pod is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +35,7 @@ CPU_UTIL_FEATURE = "cpu_util"
 # Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
 # or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
 MAX_CACHED_CANDIDATE_LISTS = 8
+MAX_DERIVED_PER_VIEW = 8
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,25 @@ class ClusterView:
     cpu_util: np.ndarray
     observed_at_s: np.ndarray
     _layout: _NodeArrays = field(repr=False)
+    # Results the request path derives from this view alone (scoring's per-candidate-list
+    # state), kept with the view so that they go when it goes: key -> (value, keep-alives).
+    _derived: dict = field(default_factory=dict, repr=False)
+
+    def recall(self, key: Hashable) -> Any:
+        """What `remember` stored under `key` with this view; None when nothing is."""
+        entry = self._derived.get(key)
+        return None if entry is None else entry[0]
+
+    def remember(self, key: Hashable, value: object, *keep_alive: object) -> None:
+        """Remember `value` under `key` with this view (the last few keys only).
+
+        `keep_alive` objects are held as long as the entry, for keys built from their ids.
+        """
+        derived = self._derived
+        if len(derived) >= MAX_DERIVED_PER_VIEW and key not in derived:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del derived[next(iter(derived))]
+        derived[key] = (value, keep_alive)
 
     def curve_rows(self, curves: PowerCurves) -> np.ndarray:
         """Row of each view node in `curves` (-1 = no curve), cached for the latest table.

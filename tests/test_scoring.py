@@ -424,3 +424,29 @@ def test_score_invariants(slopes: list[float], demand_cores: float, missing: int
     if missing < len(names):
         assert result.power_score[missing] == 0.0
         assert scores[missing] == min(scores)
+
+
+def test_repeated_candidates_reuse_pod_independent_work_only_while_it_holds(
+    predictor: Predictor,
+) -> None:
+    """The same list scored again on one view: same answers as from scratch, TTL still applies."""
+    state = make_state({"steep": {}, "flat": {}})  # telemetry observed at NOW_S - 5
+    view, curves = state.view(NOW_S), curves_for(predictor, state)
+    names = ["steep", "flat"]
+
+    def scored(demand_cores: float, now_s: float):
+        return assess(view, curves, list(names), demand_cores, now_s=now_s, telemetry_ttl_s=TTL_S)
+
+    first = scored(1.0, NOW_S)
+    second = scored(2.0, NOW_S + 1)  # another pod: only d and what follows from it change
+    assert second.power_before_w.tolist() == first.power_before_w.tolist()
+    np.testing.assert_allclose(second.increase_w, 2 * first.increase_w, rtol=1e-6)
+    assert second.telemetry_age_s.tolist() == [6.0, 6.0]
+    # Past the TTL the same view must not serve the earlier, fresh state.
+    late = scored(1.0, NOW_S + TTL_S)
+    assert late.has_telemetry.tolist() == [False, False]
+    assert late.no_telemetry_nodes == 2 and late.score.max() < first.score.max()
+    # A clock behind the one the state was computed at gets fresh work, not the stale state.
+    early = scored(1.0, NOW_S)
+    assert early.has_telemetry.tolist() == [True, True]
+    assert early.score.tolist() == first.score.tolist()
