@@ -9,13 +9,22 @@ objects), one at a time like the serial scheduling cycle. Prints per scenario:
 - server-side latency p50/p99 (the ``Server-Timing`` header: body read to answer encoded),
 - client-observed latency p50/p99 and requests per second,
 
-and a last scenario with 500 names while the bundle is swapped kubelet-style every 1.5 s
-(each swap validates every model and tabulates 5000 curves in the service's background).
-In the same run, the baselines: ``GET /healthz`` (the HTTP floor of this server) and the
-naive design measured in-process (one onnxruntime call per candidate node per request) on the
-served bundle, on the shipped bundle's trained models and on a boosted-trees model. Targets
-on a 2-core machine: 500 names p99 <= 2 ms, 5000 names p99 <= 10 ms, >= 50x faster than
-naive at 500 nodes.
+a scenario where each request names a different window of 500 of the 5000 nodes (as
+kube-scheduler's sampling does below ``percentageOfNodesToScore: 100``: no cached candidate
+list helps), and a last one with 500 names while the bundle is swapped kubelet-style every
+1.5 s (each swap validates every model and tabulates 5000 curves in the background).
+
+In the same run, the baselines:
+- ``GET /healthz``, the HTTP floor of this server;
+- the naive design through the same server (``bench.naive_extender``: the real service with
+  one onnxruntime call per candidate node per request in place of the curve tables), 500 names;
+- both designs in-process without HTTP (parse, score, answer, encode), and the naive design's
+  model calls alone on the served bundle, the shipped bundle's trained models and a
+  boosted-trees model.
+
+Targets on a 2-core machine: 500 names p99 <= 2 ms, 5000 names p99 <= 10 ms, and >= 50x
+faster than naive at 500 nodes, read as server-side p50 of the naive service over the served
+one (same server, parsing and encoding: only the design differs).
 
     python3 -m bench.extender_latency [--requests 300] [--own-models 300] [--quiet]
 """
@@ -41,7 +50,13 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.curves import build_fleet_bundle, percentiles_us
+from bench.naive_extender import NaiveRuntime, run_naive_extender
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
+from extender.config import ExtenderConfig
+from extender.demand import pod_cpu_demand_cores
+from extender.protocol import encode, parse_extender_args, prioritize_result_arrays
+from extender.runtime import Runtime
+from extender.scoring import assess
 from extender.snapshot import DEMO_CLUSTER_FILE
 from predictor.bundle import read_bundle, write_bundle
 from predictor.model import Predictor
@@ -60,6 +75,8 @@ TARGET_NAIVE_RATIO = 50.0
 SWAP_POLL_INTERVAL_S = 0.2
 SWAP_EVERY_S = 1.5
 SWAP_REQUEST_FACTOR = 15  # enough requests to span several swaps
+ROTATING_WINDOWS = 64  # distinct 500-name lists: more than any cache of candidate lists holds
+NAIVE_REQUEST_DIVISOR = 5  # the naive service takes ~10 ms a request: fewer requests suffice
 
 
 @dataclass
@@ -81,7 +98,7 @@ class Result:
             f"{np.percentile(self.client_ms, 50):7.3f} {np.percentile(self.client_ms, 99):7.3f}"
         )
         return (
-            f"{self.name:<28} {self.body_bytes / 1024:9.1f} {server}  {client} "
+            f"{self.name:<31} {self.body_bytes / 1024:9.1f} {server}  {client} "
             f"{self.requests / self.wall_s:8.0f}"
         )
 
@@ -136,6 +153,18 @@ def scheduler_bodies() -> dict[str, bytes]:
     return bodies
 
 
+def rotating_bodies() -> list[bytes]:
+    """500-name bodies, each a different window of the cluster (kube-scheduler's sampling)."""
+    names = node_names()
+    cached = json.loads((FIXTURES / "cache-capable" / "prioritize-request.json").read_bytes())
+    bodies = []
+    for window in range(ROTATING_WINDOWS):
+        start = window * 97  # windows overlap but no two are the same list
+        picked = [names[(start + i) % len(names)] for i in range(500)]
+        bodies.append(json.dumps({**cached, "NodeNames": picked}).encode())
+    return bodies
+
+
 def measure(
     client: httpx.Client, name: str, send: Callable[[], httpx.Response], body_bytes: int, count: int
 ) -> Result:
@@ -175,6 +204,40 @@ def naive_request_ms(predictor: Predictor, nodes: list[dict], repeats: int) -> f
 
     p50_us, _ = percentiles_us(one_request, repeats)
     return p50_us / 1e3
+
+
+def in_process_request_us(runtime: Runtime, body: bytes, repeats: int) -> float:
+    """p50 of one prioritize request's work without HTTP: parse, score, answer, encode (us)."""
+
+    def one_request() -> None:
+        args = parse_extender_args(body)
+        now_s = runtime.clock()
+        model = runtime.model
+        assessment = assess(
+            runtime.state.view(now_s),
+            model.curves if model is not None else None,
+            args.candidates,
+            pod_cpu_demand_cores(args.pod),
+            runtime.weights,
+            now_s=now_s,
+            telemetry_ttl_s=runtime.telemetry_ttl_s,
+        )
+        encode(prioritize_result_arrays(assessment.names, assessment.score))
+
+    for _ in range(min(20, repeats)):  # warm-up, as for the served requests
+        one_request()
+    p50_us, _ = percentiles_us(one_request, repeats)
+    return p50_us
+
+
+def in_process_runtime(runtime_class: type[Runtime], bundle_dir: Path, snapshot: Path) -> Runtime:
+    """A service runtime without its HTTP server or background threads."""
+    config = ExtenderConfig(bundle_dir=bundle_dir, cluster_file=snapshot, port=0).validate()
+    runtime = runtime_class(config)
+    runtime.load_cluster()
+    if not runtime.load_bundle():
+        raise RuntimeError(f"cannot load the bundle at {bundle_dir}")
+    return runtime
 
 
 def shipped_candidates(predictor: Predictor, count: int) -> list[dict]:
@@ -257,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    for name in ("extender", "predictor"):  # the in-process runtimes' startup lines
+        logging.getLogger(name).setLevel(logging.WARNING)
     quiet = args.quiet or not sys.stderr.isatty()
     if args.requests < 10 or args.own_models < 1:
         parser.error("need --requests >= 10 and --own-models >= 1")
@@ -266,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         build_fleet_bundle(bundle_dir, args.own_models, quiet)
         snapshot = cluster_snapshot(Path(tmp) / "cluster.json")
         bodies = scheduler_bodies()
+        windows = rotating_bodies()
         results: list[Result] = []
         # Served from a kubelet-style ConfigMap mount, so that the last scenario can swap it.
         mount = KubeletMount(Path(tmp) / "mount")
@@ -293,13 +359,47 @@ def main(argv: list[str] | None = None) -> int:
                     return client.post(f"/{verb}", content=body)
 
                 scenarios.append((name, send, len(body), count))
+            turn = iter(range(10**9))
+
+            def send_window() -> httpx.Response:
+                return client.post("/prioritize", content=windows[next(turn) % len(windows)])
+
+            scenarios.append(
+                ("prioritize 500, new list each", send_window, len(windows[0]), args.requests)
+            )
             for name, send, size, count in tqdm(
                 scenarios, desc="scenarios", disable=quiet, file=sys.stderr
             ):
                 results.append(measure(client, name, send, size, count))
             swaps = swapping_scenario(client, mount, (bundle_dir, other_dir), bodies, args)
             results.append(swaps.result)
-        log.info("timing the naive design in-process (one onnxruntime call per node)")
+
+        log.info("serving the naive design (one onnxruntime call per node) for the same requests")
+        naive_args = ["--bundle", str(bundle_dir), "--cluster", str(snapshot)]
+        body_500 = bodies["prioritize NodeNames 500"]
+        with (
+            run_naive_extender(naive_args, Path(tmp) / "naive.log") as naive_url,
+            httpx.Client(base_url=naive_url, timeout=30) as naive_client,
+        ):
+            naive_served = measure(
+                naive_client,
+                "naive: prioritize NodeNames 500",
+                lambda: naive_client.post("/prioritize", content=body_500),
+                len(body_500),
+                max(20, args.requests // NAIVE_REQUEST_DIVISOR),
+            )
+        results.append(naive_served)
+
+        log.info("timing both designs in-process (no HTTP)")
+        in_process_us = {
+            "served design": in_process_request_us(
+                in_process_runtime(Runtime, bundle_dir, snapshot), body_500, args.requests
+            ),
+            "naive design": in_process_request_us(
+                in_process_runtime(NaiveRuntime, bundle_dir, snapshot), body_500, 20
+            ),
+        }
+        log.info("timing the naive design's model calls alone")
         cluster = json.loads(snapshot.read_text())["nodes"][:500]
         naive = {"fleet bundle (served)": naive_request_ms(Predictor.load(bundle_dir), cluster, 10)}
         if SHIPPED_BUNDLE.is_dir():
@@ -313,31 +413,49 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nextender latency, {CLUSTER_NODES}-node snapshot, {args.own_models} own models")
     print(
-        f"{'scenario':<28} {'body KiB':>9} {'server ms p50/p99':>15}  "
+        f"{'scenario':<31} {'body KiB':>9} {'server ms p50/p99':>15}  "
         f"{'client ms p50/p99':>15} {'req/s':>8}"
     )
     for result in results:
         print(result.row())
     print(
-        f"(during the last scenario the service swapped bundles {swaps.swaps} times: each swap "
+        f"(during the swap scenario the service swapped bundles {swaps.swaps} times: each swap "
         f"validates {args.own_models + 1} models and tabulates {CLUSTER_NODES} curves)"
     )
     by_name = {r.name: r for r in results}
     floor = by_name["GET /healthz (HTTP floor)"]
     served_500 = by_name["prioritize NodeNames 500"]
-    server_p50 = float(np.percentile(served_500.server_ms, 50))
-    client_p50 = float(np.percentile(served_500.client_ms, 50))
-    print()
+
+    def p50(samples: np.ndarray) -> float:
+        return float(np.percentile(samples, 50))
+
+    server_ratio = p50(naive_served.server_ms) / p50(served_500.server_ms)
+    client_ratio = p50(naive_served.client_ms) / p50(served_500.client_ms)
+    compute_ratio = in_process_us["naive design"] / in_process_us["served design"]
+    print("\nnaive design (one onnxruntime call per candidate node per request), 500 names:")
+    print(
+        f"  through the same server: server p50 {p50(naive_served.server_ms):.2f} ms vs "
+        f"{p50(served_500.server_ms):.3f} ms served -> {server_ratio:.0f}x (the target's ratio)"
+    )
+    print(
+        f"  as the scheduler sees it: client p50 {p50(naive_served.client_ms):.2f} ms vs "
+        f"{p50(served_500.client_ms):.3f} ms served -> {client_ratio:.0f}x (HTTP included)"
+    )
+    print(
+        f"  in-process, no HTTP (parse, score, answer, encode): naive "
+        f"{in_process_us['naive design'] / 1e3:.2f} ms vs served "
+        f"{in_process_us['served design']:.0f} us -> {compute_ratio:.0f}x"
+    )
+    served_server_p50 = p50(served_500.server_ms)
     for label, naive_ms in naive.items():
         print(
-            f"naive design, 500 nodes, {label}: {naive_ms:.1f} ms per request -> "
-            f"{naive_ms / server_p50:.0f}x the served server p50 {server_p50:.3f} ms "
-            f"(client p50 {client_p50:.3f} ms: {naive_ms / client_p50:.0f}x)"
+            f"  model calls alone, {label}: {naive_ms:.1f} ms per request -> "
+            f"{naive_ms / served_server_p50:.0f}x the served server p50"
         )
-    floor_p50 = float(np.percentile(floor.client_ms, 50))
+    floor_p50 = p50(floor.client_ms)
     print(
         f"HTTP floor (GET /healthz) client p50 {floor_p50:.3f} ms: prioritize 500 names costs "
-        f"{client_p50 / floor_p50:.1f}x the floor"
+        f"{p50(served_500.client_ms) / floor_p50:.1f}x the floor"
     )
     nodes_500 = by_name["prioritize Nodes 500"]
     print(
@@ -348,12 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         p99 = float(np.percentile(by_name[name].server_ms, 99))
         verdict = "ok" if p99 <= target else "MISSED"
         print(f"target {name}: server p99 {p99:.3f} ms <= {target} ms: {verdict}")
-    for label, naive_ms in naive.items():
-        ratio = naive_ms / server_p50
-        print(
-            f"target naive ({label}) / served at 500 nodes >= {TARGET_NAIVE_RATIO:.0f}x: "
-            f"{ratio:.0f}x: {'ok' if ratio >= TARGET_NAIVE_RATIO else 'MISSED'}"
-        )
+    print(
+        f"target naive / served at 500 nodes >= {TARGET_NAIVE_RATIO:.0f}x (server-side p50, "
+        f"same server): {server_ratio:.0f}x: "
+        f"{'ok' if server_ratio >= TARGET_NAIVE_RATIO else 'MISSED'}"
+    )
     return 0
 
 
