@@ -10,6 +10,14 @@
   watch (`upsert_node` with new `energy-status` labels) and the Prometheus poller
   (`set_telemetry_many`) against the extender's own `ClusterState`.
 
+Requests and memory: the extender only prices CPU. It reads the pod's CPU demand the way
+NodeResourcesFit counts requests (`extender.demand.pod_cpu_demand_cores`: requests, else
+limits, else 100m), so the pod objects sent here carry `resources.requests.cpu` in millicores
+and memory in MiB. Memory never reaches the extender's decision: NodeResourcesFit (run here by
+`fits`, before the extender, as in kube-scheduler) rejects nodes short of memory, and the
+LeastAllocated/BalancedAllocation scores that are added to the extender's include memory. The
+Pod watch's `pod_bound` is given the same CPU request the extender was asked about.
+
 Every policy answers a `Decision`: the node (None = no node fits), the chosen node's total
 score and, for the extender, its predicted power increase (from `POST /explain`).
 """
@@ -238,9 +246,8 @@ class ExtenderPolicy(Policy):
         pod_json = pod_object(uid, pod)
         names = [self.node_names[i] for i in feasible]
         answer = self._post("/filter", {"Pod": pod_json, "Nodes": None, "NodeNames": names})
-        assert isinstance(answer, dict)
-        if answer.get("Error"):
-            raise RuntimeError(f"extender /filter error for {uid}: {answer['Error']}")
+        if not isinstance(answer, dict) or answer.get("Error"):
+            raise RuntimeError(f"extender /filter failed for {uid}: {answer!r:.300}")
         passing = np.array([self.index[n] for n in answer.get("NodeNames") or []], dtype=np.intp)
         if passing.size == 0:
             reasons = sorted(set((answer.get("FailedNodes") or {}).values()))
@@ -251,7 +258,8 @@ class ExtenderPolicy(Policy):
             return Decision(node, predicted_increase_w=self._increase_w(pod_json, node))
         body = {"Pod": pod_json, "Nodes": None, "NodeNames": [self.node_names[i] for i in passing]}
         scores_list = self._post("/prioritize", body)
-        assert isinstance(scores_list, list)
+        if not isinstance(scores_list, list):
+            raise RuntimeError(f"extender /prioritize for {uid} answered {scores_list!r:.300}")
         extender_scores = dict.fromkeys(passing.tolist(), 0)
         for entry in scores_list:
             extender_scores[self.index[entry["Host"]]] = int(entry["Score"])
@@ -271,7 +279,8 @@ class ExtenderPolicy(Policy):
             return math.nan
         body = {"Pod": pod_json, "Nodes": None, "NodeNames": [self.node_names[node]]}
         answer = self._post("/explain", body)
-        assert isinstance(answer, dict)
+        if not isinstance(answer, dict):
+            raise RuntimeError(f"extender /explain answered {answer!r:.300}")
         value = answer["nodes"][0].get("increase_w")
         return math.nan if value is None else float(value)
 
