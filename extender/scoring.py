@@ -31,7 +31,11 @@ their `power-aware-scheduler/max-power-w` annotation. Nodes without telemetry pa
 nodes are also marked unresolvable, so that the scheduler does not try preemption on them;
 a max-power failure is resolvable (evicting pods lowers the node's power).
 
-Nothing here logs or does I/O: the caller gets counters in the `Assessment` and logs them.
+Everything that does not depend on the pod (u, a, which nodes have telemetry and a curve,
+P(u + a)) is computed once per cluster view and candidate list (`candidate_state`) and
+remembered on the view: scoring the next pod on the same candidates costs d, one curve lookup
+and the normalisation. Nothing here logs or does I/O: the caller gets counters in the
+`Assessment` and logs them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Sources write here (the Kubernetes watch, the Prometheus poller, the snapshot fi
 itself when it learns of a binding); the request path reads an immutable `ClusterView` of it.
 Writers are cheap (a dict update and a version bump under one lock). The view is rebuilt only
 when something changed since the last one, or when a recently bound pod's assumed load expires,
-so that a request costs array arithmetic rather than walking dictionaries.
+so that a request costs array arithmetic rather than walking dictionaries. Name lookups are
+cached with the node layout (kube-scheduler sends the same candidate list pod after pod), and a
+view can remember what the request path derived from it (`ClusterView.remember`).
 
 Recently bound pods matter because node metrics lag: a pod bound a second ago shows no load in
 `cpu_util` yet, and an extender that ignores it sends a whole burst of pods to the same node.
