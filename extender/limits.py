@@ -8,7 +8,7 @@ and by how much instead of a slow or crashing one:
 - **JSON depth** (400): checked on the raw bytes *before* parsing. orjson builds Python objects
   recursively, and a body of a million ``[`` (2 MB, well under the size cap) crashes the whole
   process with a segmentation fault; an answer echoing Node objects cannot be written deeper than
-  254 levels either. The scan is linear, iterative and runs in C-level byte operations: escapes
+  254 levels either. The scan is linear, iterative, in C-level byte and numpy operations: escapes
   and string contents are removed (a ``[`` inside a name is not nesting), then the brackets left
   are counted with a running sum;
 - **node count** (400): the candidates of one request, checked right after parsing.
@@ -19,7 +19,6 @@ Defaults are sized for a 5000-node cluster (the Kubernetes scalability limit): s
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +38,11 @@ HTTP_PAYLOAD_TOO_LARGE = 413
 
 # Every byte but the structural ones that matter for depth: quotes and brackets.
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b'"[]{}')
-_STRING = re.compile(rb'"[^"]*"')
+# +1 for an opening bracket, -1 for a closing one, 0 for everything else.
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[list(b"[{")] = 1
+_BRACKET_STEP[list(b"]}")] = -1
+_QUOTE = ord('"')
 
 
 class LimitError(ValueError):
@@ -76,17 +79,18 @@ def json_depth(body: bytes) -> int:
     Exact for valid JSON; for invalid JSON a number the parser will not get to use anyway.
     Linear in the body size and free of recursion.
     """
-    # Escaped backslashes first, so that `\\"` (a backslash, then the closing quote) keeps
-    # its quote; then escaped quotes, which do not end a string.
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    structure = _STRING.sub(b"", unescaped.translate(None, _NOT_STRUCTURAL))
-    if not structure:
+    # Escapes out first, escaped backslashes before escaped quotes: in `\\"` the quote ends
+    # the string, in `\"` it does not. (Two C-level replaces; a regex is three times slower.)
+    if b"\\" in body:
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = np.frombuffer(body.translate(None, _NOT_STRUCTURAL), dtype=np.uint8)
+    if not marks.size:
         return 0
-    marks = np.frombuffer(structure, dtype=np.uint8)
-    steps = np.where((marks == ord("[")) | (marks == ord("{")), 1, 0) - np.where(
-        (marks == ord("]")) | (marks == ord("}")), 1, 0
-    )
-    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+    # A bracket is inside a string when an odd number of quotes precede it.
+    inside_strings = np.bitwise_xor.accumulate((marks == _QUOTE).view(np.uint8))
+    steps = _BRACKET_STEP[marks] * (1 - inside_strings).view(np.int8)
+    # int32: the depth is at most the body length, capped far below 2**31 by --max-body-bytes.
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def check_json_depth(body: bytes, max_depth: int) -> None:
