@@ -9,8 +9,8 @@ and by how much instead of a slow or crashing one:
   recursively, and a body of a million ``[`` (2 MB, well under the size cap) crashes the whole
   process with a segmentation fault; an answer echoing Node objects cannot be written deeper than
   254 levels either. The scan is linear, iterative, in C-level byte and numpy operations: escapes
-  and string contents are removed (a ``[`` inside a name is not nesting), then the brackets left
-  are counted with a running sum;
+  are removed, brackets inside strings masked by quote parity (a ``[`` inside a name is not
+  nesting), and the rest counted with a running sum;
 - **node count** (400): the candidates of one request, checked right after parsing.
 
 Defaults are sized for a 5000-node cluster (the Kubernetes scalability limit): see

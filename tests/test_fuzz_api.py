@@ -35,6 +35,8 @@ from extender.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_JSON_DEPTH,
     DEFAULT_MAX_NODES,
+    LimitError,
+    check_json_depth,
     json_depth,
 )
 from tests.support.bundles import PowerCurveSpec, make_bundle
@@ -339,8 +341,8 @@ def test_arbitrary_bytes_get_400(service, raw: bytes, path: str) -> None:
 
 def test_deep_nesting_is_refused_before_parsing_and_the_server_survives(service) -> None:
     client, _ = service
-    # A million levels: orjson would crash the process (segmentation fault) parsing this.
-    levels = 1_000_000 // 10
+    # 100k levels (a million, 2 MB, crash orjson with a segmentation fault: see below).
+    levels = 100_000
     raw = b'{"Pod":' + b"[" * levels + b"]" * levels + b"}"
     for path in VERBS:
         response = client.post(path, content=raw)
@@ -357,6 +359,15 @@ def test_deep_nesting_is_refused_before_parsing_and_the_server_survives(service)
     document["NodeNames"] = ["[" * 500 + '\\"{' * 100, "node-a"]
     assert send(client, "/prioritize", document).status_code == 200
     assert client.get("/healthz").status_code == 200
+
+
+def test_a_million_levels_are_refused_without_parsing() -> None:
+    levels = 1_000_000
+    raw = b'{"Pod":' + b"[" * levels + b"]" * levels + b"}"
+    assert len(raw) < DEFAULT_MAX_BODY_BYTES  # under the size cap: the depth check must catch it
+    assert json_depth(raw) == levels + 1
+    with pytest.raises(LimitError, match=f"nests {levels + 1} levels"):
+        check_json_depth(raw, DEFAULT_MAX_JSON_DEPTH)
 
 
 def test_node_count_limit_names_the_limit_and_the_count(service) -> None:
