@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -298,7 +298,7 @@ class BundleWatcher:
 class ModelState:
     predictor: Predictor
     curves: CurveTable
-    built_at_s: float = field(default_factory=time.time)
+    built_at_s: float
 
 
 TelemetrySource = Callable[[], Mapping[str, Mapping[str, float]]]
@@ -313,10 +313,15 @@ class ModelHolder:
     """
 
     def __init__(
-        self, telemetry_source: TelemetrySource, builder: CurveBuilder | None = None
+        self,
+        telemetry_source: TelemetrySource,
+        builder: CurveBuilder | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._telemetry_source = telemetry_source
         self._builder = builder or CurveBuilder()
+        self._clock = clock  # the service's clock, so curve ages agree with telemetry ages
         self._write_lock = threading.Lock()
         self._state: ModelState | None = None
 
@@ -328,7 +333,7 @@ class ModelHolder:
         """Build curves for a new predictor from current telemetry, then publish both."""
         with self._write_lock:
             curves = self._builder.build(predictor, self._telemetry_source(), None)
-            self._state = ModelState(predictor, curves)
+            self._state = ModelState(predictor, curves, self._clock())
 
     def refresh(self) -> CurveTable | None:
         """Rebuild curves incrementally for the current predictor; None before any install."""
@@ -337,5 +342,5 @@ class ModelHolder:
             if state is None:
                 return None
             curves = self._builder.build(state.predictor, self._telemetry_source(), state.curves)
-            self._state = ModelState(state.predictor, curves)
+            self._state = ModelState(state.predictor, curves, self._clock())
             return curves

@@ -224,6 +224,16 @@ def test_good_bundles_pass_validation(build: Callable[..., Path]) -> None:
     validate_predictor(Predictor.load(build(GOOD_V2)))  # raises on failure
 
 
+def test_model_holder_stamps_curves_with_the_callers_clock(build: Callable[..., Path]) -> None:
+    now_s = [1000.0]
+    holder = ModelHolder(lambda: {}, clock=lambda: now_s[0])
+    holder.install(Predictor.load(build(GOOD_V1)))
+    assert holder.state.built_at_s == 1000.0
+    now_s[0] = 1015.0
+    holder.refresh()
+    assert holder.state.built_at_s == 1015.0
+
+
 def test_model_holder_swaps_predictor_and_curves_together(
     tmp_path: Path, build: Callable[..., Path]
 ) -> None:
