@@ -360,9 +360,9 @@ def candidate_state(
     """
     count = len(candidates)
     by_name = not count or isinstance(candidates[0], str)
-    names = tuple(candidates) if by_name else tuple(node.name for node in candidates)
+    names = candidates if by_name else [node.name for node in candidates]
     # Cached per node layout: the same list again is one comparison, not a lookup per name.
-    resolved = view.candidates(names)
+    resolved = view.candidates(names)  # type: ignore[arg-type]
     if not by_name:
         nodes: Sequence[NodeInfo] = candidates  # type: ignore[assignment]
         return _candidate_state(

@@ -37,6 +37,7 @@ CPU_UTIL_FEATURE = "cpu_util"
 # Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
 # or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
 MAX_CACHED_CANDIDATE_LISTS = 8
+_NAME_SEPARATOR = "\n"  # never in a node name (a DNS subdomain)
 MAX_DERIVED_PER_VIEW = 8
 
 
@@ -72,6 +73,7 @@ class Candidates:
     """
 
     names: tuple[str, ...]
+    joined_names: str  # the names joined by _NAME_SEPARATOR: the cache's full comparison
     positions: np.ndarray
     in_view: np.ndarray
     all_in_view: bool
@@ -121,11 +123,16 @@ class _NodeArrays:
             map(self.positions.get, names, repeat(-1)), dtype=np.intp, count=len(names)
         )
 
-    def candidates(self, names: tuple[str, ...]) -> Candidates:
+    def candidates(self, names: Sequence[str]) -> Candidates:
         key = (len(names), names[0], names[-1]) if names else (0, "", "")
-        cached = self._candidates.get(key)
-        if cached is not None and cached.names == names:
+        # One contiguous string compares as a memcmp; comparing name by name would touch one
+        # (cold) string object per candidate. A name containing the separator is never cached.
+        joined = _NAME_SEPARATOR.join(names)
+        cacheable = joined.count(_NAME_SEPARATOR) == max(len(names) - 1, 0)
+        cached = self._candidates.get(key) if cacheable else None
+        if cached is not None and cached.joined_names == joined:
             return cached
+        names = tuple(names)
         positions = _frozen(self.index_of(names))
         in_view = _frozen(positions >= 0)
         all_in_view = bool(in_view.all())
@@ -135,6 +142,7 @@ class _NodeArrays:
 
         resolved = Candidates(
             names=names,
+            joined_names=joined,
             positions=positions,
             in_view=in_view,
             all_in_view=all_in_view,
@@ -143,6 +151,8 @@ class _NodeArrays:
             energy_level=gathered(self.energy_level, EnergyLevel.UNKNOWN),
             max_power_w=gathered(self.max_power_w, np.nan),
         )
+        if not cacheable:
+            return resolved
         with self._candidates_lock:
             self._candidates.pop(key, None)
             self._candidates[key] = resolved
@@ -225,8 +235,12 @@ class ClusterView:
         """
         return self._layout.curve_rows(curves)
 
-    def candidates(self, names: tuple[str, ...]) -> Candidates:
-        """`names` resolved to positions and node info; the last few lists are remembered."""
+    def candidates(self, names: Sequence[str]) -> Candidates:
+        """`names` resolved to positions and node info; the last few lists are remembered.
+
+        On a repeated list the remembered `Candidates` comes back, with its own `names` tuple
+        (the same object each time: answers can be cached by its identity).
+        """
         return self._layout.candidates(names)
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:

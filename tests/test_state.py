@@ -312,3 +312,16 @@ def test_candidate_lists_are_resolved_once_per_layout_and_never_confused() -> No
     changed = state.view(T0 + 2).candidates(("node-a", "node-b", "node-c"))
     assert changed is not first
     assert changed.allocatable_cpu.tolist() == [8.0, 32.0, 4.0]
+
+
+def test_candidate_names_with_the_separator_are_never_confused() -> None:
+    state = ClusterState()
+    state.replace_nodes(
+        NodeInfo(name, 8.0, {}, {}) for name in ("x", "a\nb", "c", "a", "b\nc", "y")
+    )
+    view = state.view(T0)
+    first = view.candidates(["x", "a\nb", "c", "y"])
+    # Same length, first and last name, and the same text when joined by newlines.
+    second = view.candidates(["x", "a", "b\nc", "y"])
+    assert first.positions.tolist() == [0, 1, 2, 5]
+    assert second.positions.tolist() == [0, 3, 4, 5]
