@@ -243,6 +243,21 @@ def test_thermal_slope_recovers_a_known_slope() -> None:
     assert thermal_slope_c_per_util(np.full(50, 0.3), ambient[:50], cpu[:50]) is None
 
 
+def test_default_models_price_even_a_tiny_pod_above_zero_watts_everywhere() -> None:
+    # Trees are step functions of u: inside a step a small pod adds exactly 0 W and ties.
+    # On this node a monotone forest beats the smooth families by more than the margin.
+    fleet = synth_fleet(2, 72, 60, seed=7).dropna(subset=["ambient_temp_c", "cpu1_temp_c"])
+    rows = next(r for r in iter_node_rows(fleet, FEATURE_FILL) if r.node == "node-02")
+    outcome = fit_node(rows, FitSettings(min_rows=100))
+    assert outcome.onnx is not None
+    grid = np.tile(np.median(rows.features, axis=0), (200, 1)).astype(np.float32)
+    grid[:, 0] = np.linspace(0.0, 0.99, 200)
+    tiny_pod = grid.copy()
+    tiny_pod[:, 0] += 0.003  # 100m on a 32-core node
+    increase_w = onnx_predict_w(outcome.onnx, tiny_pod) - onnx_predict_w(outcome.onnx, grid)
+    assert (increase_w > 0).all(), f"{outcome.family}: {np.sum(increase_w <= 0)} flat spots"
+
+
 def test_cli_rejects_an_unknown_family_in_one_line(tmp_path) -> None:
     metrics = tmp_path / "m.csv"
     synth_fleet(1, 2, 60, seed=1).to_csv(metrics, index=False)
@@ -261,7 +276,8 @@ def test_trees_are_ruled_out_across_a_gap_in_utilisation() -> None:
     features = rows.features.copy()
     features[:, 0] = util
     gapped = NodeRows(rows.node, rows.time_s, features, 100 + 150 * util.astype(np.float64))
-    outcome = fit_node(gapped, FitSettings(min_rows=100))
+    families = ("sqrt2", "sqrt3", "sqrt3t2", "rfmono")
+    outcome = fit_node(gapped, FitSettings(min_rows=100, families=families))
     by_family = {c["family"]: c for c in outcome.candidates}
     assert "gap of 0.930" in by_family["rfmono"]["skipped"]
     assert outcome.family in {"sqrt2", "sqrt3", "sqrt3t2"}

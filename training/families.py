@@ -238,7 +238,12 @@ FAMILIES[UTIL_ONLY_FAMILY] = Family(
     _polynomial_in_util_only(3),
     "cubic in utilisation only, temperatures ignored (ridge)",
 )
-DEFAULT_FAMILIES: tuple[str, ...] = ("sqrt2", "sqrt3", "sqrt3t2", "rfmono")
+# Smooth families only by default. Trees (`rfmono`, `gbr`) are step functions of utilisation:
+# the extender prices a pod by P(u + d) - P(u), and inside one step a small pod adds exactly
+# 0 W, so small pods tie at 0 on every tree node (the mistake DESIGN.md warns about). On the
+# synthetic 50-node fleet the smooth families alone keep the median held-out MAPE at ~1.4 %.
+# Trees stay available through `--families` for research.
+DEFAULT_FAMILIES: tuple[str, ...] = ("sqrt2", "sqrt3", "sqrt3t2")
 
 
 def resolve_families(names: Sequence[str]) -> list[Family]:

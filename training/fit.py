@@ -8,9 +8,11 @@ The step between telemetry and the extender. For every node:
    tree thresholds mean the same in scikit-learn and in ONNX;
 3. rank the families by held-out MAE and keep the best one whose predicted power never falls as
    utilisation rises at the node's median temperatures (the extender prices a pod by
-   P(u + d) - P(u): a dip would make a busier node look cheaper); a flexible family must beat
-   the best smooth one by `FLEXIBLE_MARGIN` (10 % of MAE) to be chosen, because its ONNX is
-   ~50x larger (ConfigMaps hold 1 MiB) and it is flat outside the data it saw; with
+   P(u + d) - P(u): a dip would make a busier node look cheaper); the defaults are smooth
+   families only (`training.families.DEFAULT_FAMILIES` says why); when a flexible family is
+   asked for with `--families`, it must beat the best smooth one by `FLEXIBLE_MARGIN` (10 % of
+   MAE) to be chosen, because its ONNX is ~50x larger (ConfigMaps hold 1 MiB), it is flat
+   outside the data it saw, and inside a step a small pod adds exactly 0 W; with
    `--max-model-bytes`, a family whose ONNX is larger is passed over for the next one (fleet
    bundles: smooth models are ~1-3 KiB, `rfmono` ~15-60 KiB per node);
 4. convert the winner to ONNX and check it against scikit-learn on the held-out rows.
