@@ -24,7 +24,10 @@ In the same run, the baselines:
 
 Targets on a 2-core machine: 500 names p99 <= 2 ms, 5000 names p99 <= 10 ms, and >= 50x
 faster than naive at 500 nodes, read as server-side p50 of the naive service over the served
-one (same server, parsing and encoding: only the design differs).
+one (same server, parsing and encoding: only the design differs) for requests written in one
+piece as kube-scheduler's transport writes them (``OneWriteClient``). The httpx figures are
+printed next to it: httpx writes headers and body separately, and the server's clock, which
+starts before the body is read, also counts the gap between the two writes.
 
     python3 -m bench.extender_latency [--requests 300] [--own-models 300] [--quiet]
 """
@@ -37,6 +40,7 @@ import json
 import logging
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -77,6 +81,9 @@ SWAP_EVERY_S = 1.5
 SWAP_REQUEST_FACTOR = 15  # enough requests to span several swaps
 ROTATING_WINDOWS = 64  # distinct 500-name lists: more than any cache of candidate lists holds
 NAIVE_REQUEST_DIVISOR = 5  # the naive service takes ~10 ms a request: fewer requests suffice
+ONE_WRITE_500 = "prioritize 500, one write"
+NAIVE_500 = "naive: prioritize 500"
+NAIVE_ONE_WRITE_500 = "naive: prioritize 500, 1 write"
 
 
 @dataclass
@@ -165,8 +172,66 @@ def rotating_bodies() -> list[bytes]:
     return bodies
 
 
+@dataclass
+class RawResponse:
+    """The parts of an ``httpx.Response`` that ``measure`` reads."""
+
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+
+class OneWriteClient:
+    """An HTTP/1.1 keep-alive client that sends each request in one write, as Go does.
+
+    kube-scheduler's transport buffers the request and writes headers and body back to back;
+    httpx writes them in two calls with Python in between, and on a busy 2-core machine the
+    server (whose clock starts before it reads the body) then waits for the second write.
+    Answers must carry Content-Length (the service's always do).
+    """
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rstrip("/").split(":")
+        self.host = host
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self, path: str, body: bytes) -> RawResponse:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + body)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += self._recv()
+        raw_head, content = received.split(b"\r\n\r\n", 1)
+        status_line, *header_lines = raw_head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in header_lines:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        while len(content) < length:
+            content += self._recv()
+        return RawResponse(int(status_line.split()[1]), headers, content.decode())
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def measure(
-    client: httpx.Client, name: str, send: Callable[[], httpx.Response], body_bytes: int, count: int
+    client: object,
+    name: str,
+    send: Callable[[], httpx.Response | RawResponse],
+    body_bytes: int,
+    count: int,
 ) -> Result:
     for _ in range(min(20, count)):  # warm-up: first-touch allocations, caches
         send()
@@ -183,6 +248,15 @@ def measure(
             server_ms.append(float(timing.group(1)))
     wall_s = time.perf_counter() - wall_start
     return Result(name, count, body_bytes, np.array(server_ms), np.array(client_ms), wall_s)
+
+
+def one_write_scenario(url: str, name: str, body: bytes, count: int) -> Result:
+    """Prioritize requests sent as kube-scheduler's transport sends them (one write each)."""
+    client = OneWriteClient(url)
+    try:
+        return measure(client, name, lambda: client.post("/prioritize", body), len(body), count)
+    finally:
+        client.close()
 
 
 def naive_request_ms(predictor: Predictor, nodes: list[dict], repeats: int) -> float:
@@ -331,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         build_fleet_bundle(bundle_dir, args.own_models, quiet)
         snapshot = cluster_snapshot(Path(tmp) / "cluster.json")
         bodies = scheduler_bodies()
+        body_500 = bodies["prioritize NodeNames 500"]
         windows = rotating_bodies()
         results: list[Result] = []
         # Served from a kubelet-style ConfigMap mount, so that the last scenario can swap it.
@@ -371,24 +446,28 @@ def main(argv: list[str] | None = None) -> int:
                 scenarios, desc="scenarios", disable=quiet, file=sys.stderr
             ):
                 results.append(measure(client, name, send, size, count))
+            results.append(one_write_scenario(service.url, ONE_WRITE_500, body_500, args.requests))
             swaps = swapping_scenario(client, mount, (bundle_dir, other_dir), bodies, args)
             results.append(swaps.result)
 
         log.info("serving the naive design (one onnxruntime call per node) for the same requests")
         naive_args = ["--bundle", str(bundle_dir), "--cluster", str(snapshot)]
-        body_500 = bodies["prioritize NodeNames 500"]
+        naive_count = max(20, args.requests // NAIVE_REQUEST_DIVISOR)
         with (
             run_naive_extender(naive_args, Path(tmp) / "naive.log") as naive_url,
             httpx.Client(base_url=naive_url, timeout=30) as naive_client,
         ):
             naive_served = measure(
                 naive_client,
-                "naive: prioritize NodeNames 500",
+                NAIVE_500,
                 lambda: naive_client.post("/prioritize", content=body_500),
                 len(body_500),
-                max(20, args.requests // NAIVE_REQUEST_DIVISOR),
+                naive_count,
             )
-        results.append(naive_served)
+            results.append(naive_served)
+            results.append(
+                one_write_scenario(naive_url, NAIVE_ONE_WRITE_500, body_500, naive_count)
+            )
 
         log.info("timing both designs in-process (no HTTP)")
         in_process_us = {
@@ -429,16 +508,25 @@ def main(argv: list[str] | None = None) -> int:
     def p50(samples: np.ndarray) -> float:
         return float(np.percentile(samples, 50))
 
+    naive_one_write = by_name[NAIVE_ONE_WRITE_500]
+    served_one_write = by_name[ONE_WRITE_500]
     server_ratio = p50(naive_served.server_ms) / p50(served_500.server_ms)
+    one_write_ratio = p50(naive_one_write.server_ms) / p50(served_one_write.server_ms)
     client_ratio = p50(naive_served.client_ms) / p50(served_500.client_ms)
     compute_ratio = in_process_us["naive design"] / in_process_us["served design"]
     print("\nnaive design (one onnxruntime call per candidate node per request), 500 names:")
     print(
-        f"  through the same server: server p50 {p50(naive_served.server_ms):.2f} ms vs "
-        f"{p50(served_500.server_ms):.3f} ms served -> {server_ratio:.0f}x (the target's ratio)"
+        f"  same server, requests in one write (as kube-scheduler sends them): server p50 "
+        f"{p50(naive_one_write.server_ms):.2f} ms vs {p50(served_one_write.server_ms):.3f} ms "
+        f"served -> {one_write_ratio:.0f}x (the target's ratio)"
     )
     print(
-        f"  as the scheduler sees it: client p50 {p50(naive_served.client_ms):.2f} ms vs "
+        f"  same server, httpx requests (headers and body in two writes): server p50 "
+        f"{p50(naive_served.server_ms):.2f} ms vs {p50(served_500.server_ms):.3f} ms served -> "
+        f"{server_ratio:.0f}x"
+    )
+    print(
+        f"  as an httpx client sees it: client p50 {p50(naive_served.client_ms):.2f} ms vs "
         f"{p50(served_500.client_ms):.3f} ms served -> {client_ratio:.0f}x (HTTP included)"
     )
     print(
@@ -466,11 +554,14 @@ def main(argv: list[str] | None = None) -> int:
         p99 = float(np.percentile(by_name[name].server_ms, 99))
         verdict = "ok" if p99 <= target else "MISSED"
         print(f"target {name}: server p99 {p99:.3f} ms <= {target} ms: {verdict}")
-    print(
-        f"target naive / served at 500 nodes >= {TARGET_NAIVE_RATIO:.0f}x (server-side p50, "
-        f"same server): {server_ratio:.0f}x: "
-        f"{'ok' if server_ratio >= TARGET_NAIVE_RATIO else 'MISSED'}"
-    )
+    for label, ratio in (
+        ("server-side p50, same server, one-write requests", one_write_ratio),
+        ("server-side p50, same server, httpx requests", server_ratio),
+    ):
+        print(
+            f"target naive / served at 500 nodes >= {TARGET_NAIVE_RATIO:.0f}x ({label}): "
+            f"{ratio:.0f}x: {'ok' if ratio >= TARGET_NAIVE_RATIO else 'MISSED'}"
+        )
     return 0
 
 
