@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,17 +59,7 @@ class ProbeGrid:
 
 
 def validate_predictor(predictor: Predictor, probe: ProbeGrid | None = None) -> None:
-    """Raise ``BundleError`` unless every model is plausible on the probe grid.
-
-    Each distinct model runs once on all probe curves (every ambient x CPU temperature
-    combination, u swept over ``probe.utils``). ``ambient*`` features take the ambient
-    temperature, other ``*_temp_c`` features the CPU temperature moved along the node's thermal
-    slope; any other feature is probed at 0.
-    """
-    probe = probe or ProbeGrid()
-    features = predictor.features
-    utils = np.asarray(probe.utils, dtype=np.float64)
-    conditions = [(a, a + d) for a in probe.ambient_temps_c for d in probe.cpu_above_ambient_c]
+    """Raise ``BundleError`` unless every model is plausible on the probe grid."""
     served: dict[str, str] = {}  # model key -> a node it serves (for thermal and messages)
     for node in predictor.bundle.nodes:
         served.setdefault(predictor.model_key(node), node)  # type: ignore[arg-type]
@@ -78,25 +68,49 @@ def validate_predictor(predictor: Predictor, probe: ProbeGrid | None = None) -> 
 
     for key, node in served.items():
         entry = predictor.bundle.fallback if node == FALLBACK_NODE else predictor.entry(node)
-        slopes = thermal_slopes(entry) if entry is not None else {}
-        rows = np.zeros((len(conditions), len(utils), len(features)), dtype=np.float32)
-        for n, (ambient_c, cpu_c) in enumerate(conditions):
-            for column, name in enumerate(features):
-                if name == UTIL_FEATURE:
-                    rows[n, :, column] = utils
-                elif name.startswith("ambient"):
-                    rows[n, :, column] = ambient_c
-                elif name.endswith("_temp_c"):
-                    rows[n, :, column] = cpu_c + slopes.get(name, 0.0) * (utils - 0.5)
-        watts = predictor.run_model_w(key, rows.reshape(-1, len(features)))
-        for (ambient_c, cpu_c), curve_w in zip(
-            conditions, watts.reshape(len(conditions), len(utils)), strict=True
-        ):
-            where = (
-                f"{predictor.bundle.directory / key}: node {node!r} model at "
-                f"ambient {ambient_c:g} C, cpu {cpu_c:g} C at u=0.5"
-            )
-            _check_curve(curve_w, utils, probe, where)
+        probe_model(
+            lambda rows, key=key: predictor.run_model_w(key, rows),
+            predictor.features,
+            thermal_slopes(entry) if entry is not None else {},
+            where=f"{predictor.bundle.directory / key}: node {node!r} model",
+            probe=probe,
+        )
+
+
+def probe_model(
+    predict_w: Callable[[np.ndarray], np.ndarray],
+    features: Sequence[str],
+    slopes: Mapping[str, float],
+    *,
+    where: str,
+    probe: ProbeGrid | None = None,
+) -> None:
+    """Raise ``BundleError`` unless one model is plausible on the probe grid.
+
+    The model runs once on all probe curves (every ambient x CPU temperature combination, u
+    swept over ``probe.utils``). ``ambient*`` features take the ambient temperature, other
+    ``*_temp_c`` features the CPU temperature moved along the node's thermal slope; any other
+    feature is probed at 0. Training runs this same check on every candidate model, so it never
+    writes a bundle that the extender would refuse.
+    """
+    probe = probe or ProbeGrid()
+    utils = np.asarray(probe.utils, dtype=np.float64)
+    conditions = [(a, a + d) for a in probe.ambient_temps_c for d in probe.cpu_above_ambient_c]
+    rows = np.zeros((len(conditions), len(utils), len(features)), dtype=np.float32)
+    for n, (ambient_c, cpu_c) in enumerate(conditions):
+        for column, name in enumerate(features):
+            if name == UTIL_FEATURE:
+                rows[n, :, column] = utils
+            elif name.startswith("ambient"):
+                rows[n, :, column] = ambient_c
+            elif name.endswith("_temp_c"):
+                rows[n, :, column] = cpu_c + slopes.get(name, 0.0) * (utils - 0.5)
+    watts = np.asarray(predict_w(rows.reshape(-1, len(features))), dtype=np.float64)
+    for (ambient_c, cpu_c), curve_w in zip(
+        conditions, watts.reshape(len(conditions), len(utils)), strict=True
+    ):
+        at = f"{where} at ambient {ambient_c:g} C, cpu {cpu_c:g} C at u=0.5"
+        _check_curve(curve_w, utils, probe, at)
 
 
 def _check_curve(watts: np.ndarray, utils: np.ndarray, probe: ProbeGrid, where: str) -> None:

@@ -35,6 +35,7 @@ from training.export import onnx_predict_w
 from training.families import (
     DEFAULT_FAMILIES,
     FAMILIES,
+    Family,
     fit_family,
     thermal_slope_c_per_util,
 )
@@ -44,6 +45,7 @@ from training.fit import (
     FitSettings,
     NodeRows,
     choose_model,
+    extender_probe_verdict,
     fit_fleet,
     fit_node,
     heldout_start_index,
@@ -232,6 +234,43 @@ def test_a_dipping_best_family_gives_way_to_the_next() -> None:
     assert poly5["monotonic"] == "fail"  # ...follows the dip, so it is passed over
     assert outcome.family == "sqrt2"
     assert outcome.monotonic["verdict"] == "pass"
+
+
+class _HotThrottlingModel:
+    """Power rises with load but falls as a CPU runs above 60 C (throttling): fine at a cool
+    node's own temperatures, falling along u where the extender probes hotter CPUs."""
+
+    def fit(self, rows: np.ndarray, power_w: np.ndarray) -> _HotThrottlingModel:
+        return self
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        util, cpu1_c = rows[:, 0].astype(np.float64), rows[:, 2].astype(np.float64)
+        return 100 + 100 * util - 12 * np.clip(cpu1_c - 60, 0, None)
+
+
+def test_a_model_the_extender_would_refuse_is_not_chosen(monkeypatch) -> None:
+    thermal = {"cpu1_temp_c_per_util": 30.0}
+    cool_node = np.array([0.3, 20.0, 35.0, 35.0], dtype=np.float32)
+    check = monotonic_verdict(_HotThrottlingModel(), cool_node, 0.05, thermal)
+    assert check["verdict"] == "pass"  # training's own check at the node's temperatures...
+    verdict = extender_probe_verdict(_HotThrottlingModel(), thermal, "node-x")
+    assert verdict.startswith("node 'node-x' model at ambient")  # ...but not the extender's
+    assert "power decreases with utilisation" in verdict
+
+    # and so choose_model passes over it for the next family
+    throttle = Family("throttle", "smooth", lambda seed: _HotThrottlingModel(), "test only")
+    monkeypatch.setitem(FAMILIES, "throttle", throttle)
+    rng = np.random.default_rng(4)
+    util = rng.uniform(0, 1, 400)
+    features = np.column_stack([util, np.full(400, 20.0), 40 + 5 * util, 40 + 5 * util])
+    rows = NodeRows("node-x", np.arange(400.0), features.astype(np.float32), 100 + 100 * util)
+    settings = FitSettings(min_rows=100, families=("throttle", "sqrt2"))
+    _, choice, candidates, _ = choose_model(
+        rows.take(slice(0, 300)), rows.take(slice(300, None)), settings, thermal=thermal
+    )
+    verdicts = {c["family"]: c["monotonic"] for c in candidates}
+    assert verdicts == {"throttle": "fail", "sqrt2": "pass"}
+    assert choice["family"] == "sqrt2"
 
 
 def test_thermal_slope_recovers_a_known_slope() -> None:

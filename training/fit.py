@@ -46,7 +46,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from predictor.bundle import THERMAL_SUFFIX
+from predictor.bundle import THERMAL_SUFFIX, BundleError
+from predictor.reload import probe_model
 from training.collect import (
     CollectError,
     attach_relative_times,
@@ -237,6 +238,21 @@ def monotonic_verdict(
     }
 
 
+def extender_probe_verdict(model, thermal: Mapping[str, float] | None, node: str) -> str:
+    """ "pass", or why the extender would refuse this model when it loads the bundle.
+
+    The extender validates every model on a fixed grid of temperatures before serving a bundle
+    (`predictor.reload.probe_model`), and refuses the whole bundle for one bad model; running
+    the same check here means training never writes a bundle the extender refuses.
+    """
+    slopes = {key.removesuffix(THERMAL_SUFFIX): slope for key, slope in (thermal or {}).items()}
+    try:
+        probe_model(model.predict, FEATURES, slopes, where=f"node {node!r} model")
+    except BundleError as exc:
+        return str(exc)
+    return "pass"
+
+
 def node_thermal(rows: NodeRows) -> dict[str, float]:
     """Per-CPU thermal slope (degrees C per unit utilisation) for the manifest's `thermal`."""
     util = rows.features[:, FEATURES.index("cpu_util")].astype(np.float64)
@@ -309,6 +325,9 @@ def choose_model(
         model = fit_family(family, fit_rows.features, fit_rows.power_w, settings.seed)
         predicted_w = model.predict(test.features)
         check = monotonic_verdict(model, typical, settings.monotonic_tolerance_w, thermal)
+        check["extender_probe"] = extender_probe_verdict(model, thermal, train.node)
+        if check["extender_probe"] != "pass":
+            check["verdict"] = "fail"
         fitted[family.name] = (model, predicted_w)
         candidates.append(
             {
