@@ -78,14 +78,25 @@ def _cpu_s_self() -> float:
 
 def measure_fit(data_dir: str, out_dir: str, jobs: int) -> dict:
     """Stream, fit and export `data_dir` to `out_dir`; runs inside a fresh child process."""
-    from training.dataset import stream_metrics
-    from training.fit import FitSettings, fit_fleet
 
     # the run's own log, with times, beside the bundle: where the minutes went
     handler = logging.FileHandler(f"{out_dir}.log", mode="w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
-    logging.getLogger("training").addHandler(handler)
-    logging.getLogger("training").setLevel(logging.INFO)
+    training_log = logging.getLogger("training")
+    training_log.addHandler(handler)
+    level, training_log.level = training_log.level, logging.INFO
+    try:
+        return _fit_and_measure(data_dir, out_dir, jobs)
+    finally:
+        training_log.removeHandler(handler)
+        training_log.setLevel(level)
+        handler.close()
+
+
+def _fit_and_measure(data_dir: str, out_dir: str, jobs: int) -> dict:
+    from training.dataset import stream_metrics
+    from training.fit import FitSettings, fit_fleet
+
     baseline_mib = _peak_mib(resource.RUSAGE_SELF)  # interpreter + training imports
     cpu_before_s = _cpu_s()
     started = time.perf_counter()
@@ -106,6 +117,7 @@ def measure_fit(data_dir: str, out_dir: str, jobs: int) -> dict:
         "rows_used": run.report["input"]["rows_used"],
         "nodes_own": summary["nodes_own_model"],
         "median_mape_pct": summary["median_mape_pct"],
+        "families": run.report["settings"]["families"],
     }
 
 
@@ -300,7 +312,11 @@ def cpu_bound_s(cpu_s: float, parent_cpu_s: float, jobs: int) -> float:
 
 
 def print_results(cases: list[Case], collect: CollectCost, jobs: int) -> None:
-    print(f"\nfit + export (streamed from per-rack Parquet files, {jobs} worker(s), fresh process)")
+    families = ",".join(cases[0].fit["families"])
+    print(
+        f"\nfit + export (streamed from per-rack Parquet files, {jobs} worker(s), fresh process, "
+        f"families {families})"
+    )
     print(
         f"{'nodes':>6} {'rows/node':>9} {'rows':>10} {'wall s':>7} {'cpu s':>7} {'load':>5} "
         f"{'ms/node':>8} {'cpu ms/node':>11} {'peak MiB':>9} {'worker MiB':>10} {'MAPE %':>7} "

@@ -847,7 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--input",
         type=Path,
-        help="contract-1 metrics: a CSV or Parquet file, or a directory of them",
+        help="contract-1 metrics: a CSV or Parquet file, or a directory of them. A directory "
+        "is read and cleaned one group of files at a time (files sharing a node form one "
+        "group), so per-node or per-rack files keep memory flat however large the fleet",
     )
     source.add_argument(
         "--prometheus",
