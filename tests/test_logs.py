@@ -26,14 +26,17 @@ def test_configure_logging_is_idempotent_and_keeps_foreign_handlers(
         assert len(ours) == 1
         assert foreign in root.handlers
         # Writes go to the stderr of the moment, so a swapped and closed stderr is harmless.
+        # A logger of its own: earlier tests may have quietened "extender" loggers.
+        probe = logging.getLogger("test_logs.probe")
+        probe.disabled = False
         first = io.StringIO()
         monkeypatch.setattr(sys, "stderr", first)
-        logging.getLogger("extender.test").info("hello", extra={"node": "n1"})
+        probe.warning("hello", extra={"node": "n1"})
         first.close()
         second = io.StringIO()
         monkeypatch.setattr(sys, "stderr", second)
-        logging.getLogger("extender.test").info("again")
-        assert json.loads(second.getvalue())["msg"] == "again"
+        probe.warning("again")
+        assert json.loads(second.getvalue())["msg"] == "again", second.getvalue()
     finally:
         for handler in [h for h in root.handlers if type(h).__name__ == "_ServiceHandler"]:
             root.removeHandler(handler)
