@@ -21,6 +21,7 @@ time the latency histogram of ``/metrics`` records.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,31 @@ from predictor.reload import ModelState
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+
+
+class WarningThrottle:
+    """At most one warning per (verb, kind) every ``interval_s``; the rest only counted.
+
+    A client sending bad requests in a loop must not turn each one into a synchronous write to
+    stderr on the request path. Every refusal is still counted in ``/metrics``; the next line
+    logged for the same (verb, kind) says how many were left out. Used from the event loop only.
+    """
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def warn(self, verb: str, kind: str, message: str) -> None:
+        now_s = self._clock()
+        last_s, left_out = self._last.get((verb, kind), (-math.inf, 0))
+        if now_s - last_s < self.interval_s:
+            self._last[(verb, kind)] = (last_s, left_out + 1)
+            return
+        self._last[(verb, kind)] = (now_s, 0)
+        if left_out:
+            message += f" ({left_out} more {kind} requests since the last such line)"
+        log.warning("%s: %s", verb, message)
 
 
 @dataclass(frozen=True)
@@ -137,6 +163,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.runtime = runtime
     metrics = runtime.metrics
     limits = runtime.config.limits
+    warnings = WarningThrottle()
 
     def assess_request(args: ExtenderArgs, now_s: float) -> Scored:
         try:
@@ -170,15 +197,15 @@ def create_app(runtime: Runtime) -> FastAPI:
             payload, code = answer(args, scored, runtime), 200
         except LimitError as exc:
             metrics.errors.labels(verb=verb, kind=exc.kind).inc()
-            log.warning("%s: %s", verb, exc)
+            warnings.warn(verb, exc.kind, str(exc))
             payload, code = {"Error": str(exc)}, exc.status_code
         except ClientDisconnect:  # the scheduler gave up (httpTimeout): nobody reads an answer
             metrics.errors.labels(verb=verb, kind="client_disconnect").inc()
-            log.warning("%s: client disconnected before the body was read", verb)
+            warnings.warn(verb, "client_disconnect", "client disconnected before the body was read")
             payload, code = {"Error": "client disconnected"}, 400
         except ProtocolError as exc:
             metrics.errors.labels(verb=verb, kind="bad_request").inc()
-            log.warning("%s: unreadable request: %s", verb, exc)
+            warnings.warn(verb, "bad_request", f"unreadable request: {exc}")
             payload, code = {"Error": str(exc)}, 400
         except Exception:
             metrics.errors.labels(verb=verb, kind="internal").inc()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extender.app import WarningThrottle
 from extender.config import parse_config
 from extender.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -439,3 +441,44 @@ tricky_text = st.text(alphabet=st.sampled_from('[]{}"\\/abc\n\u00e9\u2028'), max
 def test_json_depth_matches_the_parsed_structure(value: object, python_json: bool) -> None:
     raw = json.dumps(value).encode() if python_json else orjson.dumps(value)
     assert json_depth(raw) == _depth(value)
+
+
+def test_bad_requests_are_logged_at_a_bounded_rate(
+    service, caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = service
+
+    def refused() -> float:
+        text = client.get("/metrics").text
+        labels = r'(?=[^}]*kind="bad_request")(?=[^}]*verb="filter")'
+        found = re.findall(r"request_errors_total\{" + labels + r"[^}]*\} (\S+)", text)
+        return sum(float(value) for value in found)
+
+    before = refused()
+    with caplog.at_level(logging.WARNING, logger="extender.app"):
+        for i in range(50):
+            assert (
+                client.post("/filter", content=b"{not json " + str(i).encode()).status_code == 400
+            )
+    lines = [r for r in caplog.records if "unreadable request" in r.getMessage()]
+    assert len(lines) <= 1  # one line per 10 s for this verb and kind, however many arrive
+    assert refused() - before == 50  # every refusal still counted
+
+
+def test_warning_throttle_says_how_many_lines_it_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now_s = [0.0]
+    throttle = WarningThrottle(interval_s=10.0, clock=lambda: now_s[0])
+    with caplog.at_level(logging.WARNING, logger="extender.app"):
+        for step in range(25):  # one refusal per second for 25 s
+            now_s[0] = float(step)
+            throttle.warn("filter", "bad_request", f"unreadable request #{step}")
+        throttle.warn("prioritize", "bad_request", "another verb has its own budget")
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "filter: unreadable request #0",
+        "filter: unreadable request #10 (9 more bad_request requests since the last such line)",
+        "filter: unreadable request #20 (9 more bad_request requests since the last such line)",
+        "prioritize: another verb has its own budget",
+    ]
