@@ -250,6 +250,11 @@ class Runtime:
         )
 
     def readiness(self, now_s: float | None = None) -> Readiness:
+        """Ready when a bundle serves and nodes are known; in live mode also when the Node/Pod
+        watch has listed (and has not been failing for longer than the telemetry TTL) and at
+        least ``ready_min_fresh_share`` of the nodes have fresh telemetry. Each unmet condition
+        is one reason, for ``/readyz``.
+        """
         now_s = self.clock() if now_s is None else now_s
         reasons: list[str] = []
         if self.holder.state is None:
