@@ -6,7 +6,7 @@ built the way kube-scheduler builds them (the real Pod JSON captured from kube-s
 ``NodeNames`` lists of 100, 500 and 5000 nodes; a full 500-node ``Nodes`` list of real Node
 objects), one at a time like the serial scheduling cycle. Prints per scenario:
 
-- server-side latency p50/p99 (the ``Server-Timing`` header: body read to answer encoded),
+- server-side latency p50/p99 (``Server-Timing``'s ``app`` part: body in hand to answer built),
 - client-observed latency p50/p99 and requests per second,
 
 a scenario where each request names a different window of 500 of the 5000 nodes (as

@@ -83,7 +83,7 @@ class Runtime:
         self.weights = ScoringWeights(power=config.power_weight, energy=config.energy_weight)
         # Snapshot telemetry is fixed and never goes stale (contract 3).
         self.telemetry_ttl_s: float | None = config.telemetry_ttl_s if self.mode == "live" else None
-        self.holder = ModelHolder(self._telemetry_for_curves, CurveBuilder())
+        self.holder = ModelHolder(self._telemetry_for_curves, CurveBuilder(), clock=clock)
         self.watcher = BundleWatcher(
             config.bundle_dir,
             self._on_bundle_swap,

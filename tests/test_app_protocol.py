@@ -114,6 +114,16 @@ def test_prioritize_ranks_by_predicted_increase(service, mode: str) -> None:
     assert [scores[n] for n in by_increase] == sorted(scores.values(), reverse=True)
 
 
+def test_server_timing_splits_body_read_from_the_servers_own_work(service) -> None:
+    client, _, _ = service
+    response = client.post("/prioritize", content=body("cache-capable", "prioritize"))
+    timing = dict(
+        part.strip().split(";dur=") for part in response.headers["Server-Timing"].split(",")
+    )
+    assert set(timing) == {"read", "app"}
+    assert all(float(ms) >= 0.0 for ms in timing.values())
+
+
 def test_explain_reports_the_curves_increase(service) -> None:
     client, _, bundle = service
     response = client.post("/explain", content=body("cache-capable", "prioritize"))
