@@ -78,6 +78,13 @@ ENERGY_LABEL_VALUES: Mapping[str, EnergyLevel] = {
 _POWERLESS = int(EnergyLevel.POWERLESS)
 _UNKNOWN = int(EnergyLevel.UNKNOWN)
 
+# How the explain view spells each level: the label values, "grid" (no label), "unknown".
+ENERGY_LEVEL_NAMES: Mapping[EnergyLevel, str] = {
+    **{level: label for label, level in ENERGY_LABEL_VALUES.items()},
+    EnergyLevel.GRID: "grid",
+    EnergyLevel.UNKNOWN: "unknown",
+}
+
 # Indexed by EnergyLevel code.
 ENERGY_SCORES = np.array([0.0, 3.0, 6.0, 10.0, 10.0, 6.0])
 ENERGY_SCORES.flags.writeable = False
@@ -195,7 +202,7 @@ class Assessment:
                     "power_before_w": _finite_or_none(self.power_before_w[i]),
                     "power_after_w": _finite_or_none(self.power_after_w[i]),
                     "increase_w": _finite_or_none(self.increase_w[i]),
-                    "energy_level": EnergyLevel(int(self.energy_level[i])).name.lower(),
+                    "energy_level": ENERGY_LEVEL_NAMES[EnergyLevel(int(self.energy_level[i]))],
                     "power_score": float(self.power_score[i]),
                     "energy_score": float(self.energy_score[i]),
                     "score": int(self.score[i]),

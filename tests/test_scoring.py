@@ -213,6 +213,9 @@ def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> N
     np.testing.assert_allclose(result.energy_score, [3.0, 10.0, 10.0])
     # 0.7 * 10 + 0.3 * 3 = 7.9 -> 8 ; 0.7 * 8 + 0.3 * 10 = 8.6 -> 9
     assert result.host_scores() == [("mid", 8), ("mid-plus", 9), ("steep", 3)]
+    # the explain view spells levels as the label does
+    levels = [record["energy_level"] for record in result.explain()]
+    assert levels == ["low-powered", "well-powered", "grid"]
     # With power alone, the smaller increase wins again.
     power_only = run(
         predictor, make_state(nodes), ["mid", "mid-plus"], weights=ScoringWeights(1.0, 0.0)
