@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
@@ -35,6 +36,7 @@ from training.collect import (
     chunk_bounds,
     collect_instant,
     collect_metrics,
+    collect_to_directory,
     compile_sensor_rules,
     instance_host,
     load_collect_config,
@@ -43,7 +45,7 @@ from training.collect import (
     parse_time,
     render_query,
 )
-from training.dataset import CONTRACT_COLUMNS
+from training.dataset import CONTRACT_COLUMNS, stream_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
@@ -683,3 +685,54 @@ def test_a_range_without_data_gives_an_empty_table_and_a_cli_error(
     assert done.returncode == 1
     assert "has no data for any node" in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.prometheus
+def test_collect_to_directory_writes_node_groups_chunk_by_chunk(
+    fleet_prometheus, tmp_path: Path
+) -> None:
+    prom, truth = fleet_prometheus
+    end_s = T0_S + 3 * 3600
+    config = _config(prom.url, max_points_per_series=40)  # many small chunks
+    stats = CollectStats()
+    files = collect_to_directory(
+        config, _utc(T0_S), _utc(end_s), tmp_path / "out", nodes_per_file=2, progress=False,
+        stats=stats,
+    )  # fmt: skip
+    assert stats.chunks == len(chunk_bounds(T0_S, end_s, STEP_S, 40)) > 3
+    assert len(files) == -(-len(HOSTS) // 2)
+    # every chunk became one row group per file it touched, never a whole-range table
+    assert pq.ParquetFile(files[0]).num_row_groups == stats.chunks
+    whole = collect_metrics(config, _utc(T0_S), _utc(end_s), progress=False)
+    stream = stream_metrics(tmp_path / "out")
+    assert [list(group) for group in stream.groups] == [[file] for file in files]
+    streamed = pd.concat([pd.read_parquet(file) for file in files], ignore_index=True)
+    streamed = streamed.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(streamed, whole, check_dtype=False)
+    _assert_matches_truth(streamed, truth, T0_S, end_s)
+
+
+@pytest.mark.prometheus
+def test_cli_nodes_per_file_writes_a_directory_that_fit_streams(
+    fleet_prometheus, tmp_path: Path
+) -> None:
+    prom, _ = fleet_prometheus
+    end_s = T0_S + 4 * 3600
+    expected = collect_metrics(
+        CollectConfig(url=prom.url), _utc(T0_S + 2 * 3600), _utc(end_s), progress=False
+    )
+    out = tmp_path / "fleet"
+    done = _run_cli(
+        "--prometheus", prom.url, "--start", "2026-01-05T02:00:00Z", "--end", str(end_s),
+        "--out", str(out), "--nodes-per-file", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "collected 363 rows for 3 nodes into 3 file(s)" in done.stderr
+    stream = stream_metrics(out)
+    assert (stream.n_nodes, len(stream.groups)) == (3, 3)
+    streamed = pd.concat([batch.frame for batch in stream], ignore_index=True)
+    pd.testing.assert_frame_equal(
+        streamed.sort_values(["node", "timestamp"]).reset_index(drop=True),
+        expected,
+        check_dtype=False,
+    )

@@ -35,7 +35,7 @@ import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import requests
 import yaml
 from prometheus_api_client import PrometheusConnect
@@ -712,25 +714,22 @@ def _log_summary(frame: pd.DataFrame, stats: CollectStats) -> None:
         log.debug("node %s sensors: %s", node, chosen)
 
 
-def collect_metrics(
+def iter_collected(
     config: CollectConfig,
     start: datetime,
     end: datetime,
     *,
     progress: bool = True,
     stats: CollectStats | None = None,
-) -> pd.DataFrame:
-    """Contract-1 rows for every node and step in `[start, end]`, read from Prometheus.
-
-    Pass a `CollectStats` to learn what was unmapped or ambiguous (also logged).
-    """
+) -> Iterator[pd.DataFrame]:
+    """Contract-1 rows for `[start, end]`, one time chunk at a time (every node, at most
+    `config.max_points_per_series` steps): what is held at once is one chunk, not the range."""
     stats = stats if stats is not None else CollectStats()
     step_s = int(config.step_s)
     start_s = math.floor(start.timestamp())
     end_s = math.floor(end.timestamp())
     chunks = chunk_bounds(start_s, end_s, step_s, config.max_points_per_series)
     rules = compile_sensor_rules(config)
-    frames = []
     show = progress and sys.stderr.isatty()
     with PrometheusReader(config) as reader:
         for chunk_start_s, chunk_end_s in tqdm(
@@ -745,12 +744,83 @@ def collect_metrics(
             answers = _query_all(
                 config, lambda q, s=chunk_start_s, e=chunk_end_s: reader.range(q, s, e)
             )
-            frames.append(build_table(answers, config, host_nodes, stats, rules))
             stats.chunks += 1
+            yield build_table(answers, config, host_nodes, stats, rules)
+
+
+def collect_metrics(
+    config: CollectConfig,
+    start: datetime,
+    end: datetime,
+    *,
+    progress: bool = True,
+    stats: CollectStats | None = None,
+) -> pd.DataFrame:
+    """Contract-1 rows for every node and step in `[start, end]`, read from Prometheus.
+
+    Pass a `CollectStats` to learn what was unmapped or ambiguous (also logged). The whole
+    range is held in memory (~0.8 KiB per row while collecting); for fleets, see
+    `collect_to_directory`.
+    """
+    stats = stats if stats is not None else CollectStats()
+    frames = list(iter_collected(config, start, end, progress=progress, stats=stats))
     frame = pd.concat(frames, ignore_index=True) if frames else empty_table()
     frame = frame.sort_values(["node", "timestamp"], kind="stable").reset_index(drop=True)
     _log_summary(frame, stats)
     return frame
+
+
+def collect_to_directory(
+    config: CollectConfig,
+    start: datetime,
+    end: datetime,
+    out_dir: str | Path,
+    *,
+    nodes_per_file: int = 10,
+    progress: bool = True,
+    stats: CollectStats | None = None,
+) -> list[Path]:
+    """Collect into a directory of Parquet files of `nodes_per_file` nodes each.
+
+    Each time chunk is split by node group and appended to the group's file as a row group,
+    so memory holds one chunk (lower `max_points_per_series` for smaller chunks), and the
+    directory streams into `training.fit --input DIR` one file at a time. Nodes are numbered
+    in the order they are first seen. Returns the files written, in group order.
+    """
+    if nodes_per_file < 1:
+        raise CollectConfigError(f"nodes_per_file must be at least 1, got {nodes_per_file}")
+    stats = stats if stats is not None else CollectStats()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    group_of: dict[str, int] = {}
+    writers: dict[int, pq.ParquetWriter] = {}
+    files: dict[int, Path] = {}
+    rows = 0
+    try:
+        for chunk in iter_collected(config, start, end, progress=progress, stats=stats):
+            for node in chunk["node"].unique():
+                group_of.setdefault(str(node), len(group_of) // nodes_per_file)
+            groups = chunk["node"].map(group_of).to_numpy()
+            for group in np.unique(groups):
+                part = chunk[groups == group].sort_values(["node", "timestamp"], kind="stable")
+                table = pa.Table.from_pandas(part, preserve_index=False)
+                if group not in writers:
+                    files[group] = out_dir / f"nodes-{group:05d}.parquet"
+                    writers[group] = pq.ParquetWriter(files[group], table.schema)
+                writers[group].write_table(table.cast(writers[group].schema))
+                rows += len(part)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    log.info(
+        "collected %d rows for %d nodes into %d file(s) in %s (%d unmapped series)",
+        rows,
+        len(group_of),
+        len(files),
+        out_dir,
+        sum(stats.unmapped_counts().values()),
+    )
+    return [files[group] for group in sorted(files)]
 
 
 def collect_instant(
@@ -839,7 +909,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         metavar="FILE",
-        help="output table, .parquet or .csv (required)",
+        help="output table, .parquet or .csv; with --nodes-per-file a directory (required)",
+    )
+    parser.add_argument(
+        "--nodes-per-file",
+        type=int,
+        default=None,
+        metavar="N",
+        help="write --out as a directory of Parquet files of N nodes each, one time chunk at a "
+        "time, so memory holds one chunk instead of the whole range; `python -m training.fit "
+        "--input DIR` then reads it one file at a time (default: one table in memory)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar; log warnings only")
     parser.add_argument(
@@ -875,7 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # urllib3 warns on every retry; the final CollectError says what went wrong, once.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    if args.out.suffix.lower() not in (".parquet", ".csv"):
+    if args.nodes_per_file is None and args.out.suffix.lower() not in (".parquet", ".csv"):
         print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
         return 2
     try:
@@ -895,10 +974,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stats = CollectStats()
     try:
-        frame = collect_metrics(config, start, end, progress=not args.quiet, stats=stats)
-    except CollectError as error:
+        if args.nodes_per_file is not None:
+            files = collect_to_directory(
+                config,
+                start,
+                end,
+                args.out,
+                nodes_per_file=args.nodes_per_file,
+                progress=not args.quiet,
+                stats=stats,
+            )
+            frame = empty_table() if not files else None
+        else:
+            frame = collect_metrics(config, start, end, progress=not args.quiet, stats=stats)
+    except (CollectError, CollectConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if frame is None:  # written by collect_to_directory, which logged the summary
+        return 0
     if frame.empty:
         print(
             f"error: Prometheus at {config.url} has no data for any node between "
