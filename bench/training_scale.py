@@ -13,10 +13,12 @@ For every (nodes, rows per node) case (default 100 and 1000 nodes x 1k and 10k r
 
 Collection from Prometheus is measured for real, at sizes that fit the time budget: a fleet is
 turned into node_exporter / ipmi_exporter series, backfilled into a real Prometheus with
-`promtool tsdb create-blocks-from openmetrics`, and read back with
-`training.collect.collect_metrics` in a fresh process. Two sizes give a cost per collected row
-(the slope, which leaves out fixed costs such as the server's start); the collection time of
-the large cases is that slope times their rows: EXTRAPOLATED, and printed as such.
+`promtool tsdb create-blocks-from openmetrics`, and read back in a fresh process with
+`training.collect.collect_to_directory` (node-group Parquet files written one time chunk at a
+time, what `python -m training.collect --nodes-per-file` does), so memory holds one chunk.
+Two sizes give a cost per collected row (the slope, which leaves out fixed costs such as the
+server's start); the collection time of the large cases is that slope times their rows:
+EXTRAPOLATED, and printed as such.
 
 Printed: one row per case with per-node costs, ratios against the smallest case measured in the
 same run (time per node should stay flat; peak memory should not grow with nodes), the bundle
@@ -156,12 +158,14 @@ def _exporter_samples(frame, step_s: float) -> list:
     return samples
 
 
-def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int) -> dict:
-    """Backfill a real Prometheus with `n_nodes` x `rows` samples, then collect them back."""
+def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int, chunk_points: int) -> dict:
+    """Backfill a real Prometheus with `n_nodes` x `rows` samples, then collect them back into
+    a directory of node-group files (`collect_to_directory`), `chunk_points` steps at a time."""
     from datetime import UTC, datetime
 
     from tests.support.prometheus import start_prometheus, write_openmetrics
-    from training.collect import collect_metrics, load_collect_config
+    from training.collect import collect_to_directory, load_collect_config
+    from training.dataset import stream_metrics
     from training.synth import synth_fleet
 
     frame = synth_fleet(n_nodes, rows * STEP_S / 3600.0, STEP_S, seed)
@@ -176,14 +180,21 @@ def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int) -> dict:
     with start_prometheus(Path(work_dir), openmetrics_text=text) as prometheus:
         loaded = time.perf_counter()
         del samples, text
-        config = load_collect_config(None, url=prometheus.url, step_s=STEP_S, timeout_s=120)
+        config = load_collect_config(
+            None,
+            url=prometheus.url,
+            step_s=STEP_S,
+            timeout_s=120,
+            max_points_per_series=chunk_points,
+        )
         before_mib = status_mib("VmRSS")
         reset_peak_rss()  # the peak of collecting, not of making the test data
         client_cpu_before_s = _cpu_s_self()
-        collected = collect_metrics(
+        collect_to_directory(
             config,
             datetime.fromtimestamp(first_s + 5 * STEP_S, tz=UTC),
             datetime.fromtimestamp(last_s, tz=UTC),
+            Path(work_dir) / "collected",
             progress=False,
         )
         done = time.perf_counter()
@@ -198,8 +209,10 @@ def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int) -> dict:
         "collect_s": done - loaded,
         "client_cpu_s": client_cpu_s,
         "server_cpu_s": server_cpu_s,
-        "rows_collected": len(collected),
-        "nodes_collected": int(collected["node"].nunique()),
+        "rows_collected": sum(
+            len(batch.frame) for batch in stream_metrics(Path(work_dir) / "collected")
+        ),
+        "chunk_rows": n_nodes * chunk_points,
         "collect_peak_mib": status_mib("VmHWM"),
         "before_collect_mib": before_mib,
     }
@@ -271,7 +284,7 @@ class CollectCost:
     wall_s: float
     client_cpu_s: float  # training.collect: one Python thread
     server_cpu_s: float  # Prometheus (its start-up included)
-    mib: float
+    mib: float  # per row of one chunk (what collect_to_directory holds at once)
 
 
 def collect_slope(args: argparse.Namespace) -> CollectCost:
@@ -281,7 +294,8 @@ def collect_slope(args: argparse.Namespace) -> CollectCost:
         work = args.work / f"prometheus-{n_nodes}"
         shutil.rmtree(work, ignore_errors=True)
         result = run_child(
-            f"measure_collect({n_nodes}, {args.collect_rows}, {str(work)!r}, {args.seed})"
+            f"measure_collect({n_nodes}, {args.collect_rows}, {str(work)!r}, {args.seed}, "
+            f"{args.chunk_points})"
         )
         shutil.rmtree(work, ignore_errors=True)
         log.info("collect %d x %d: %s", n_nodes, args.collect_rows, result)
@@ -293,12 +307,16 @@ def collect_slope(args: argparse.Namespace) -> CollectCost:
     def slope(key: str) -> float:
         return max(0.0, (large[key] - small[key]) / rows)
 
+    # memory holds one chunk: the growth while collecting, per row of a chunk, as a slope too
+    growth_mib = [r["collect_peak_mib"] - r["before_collect_mib"] for r in (small, large)]
+    chunk_rows = max(1, large["chunk_rows"] - small["chunk_rows"])
+    per_chunk_row_mib = max(0.0, (growth_mib[1] - growth_mib[0]) / chunk_rows)
     return CollectCost(
         measured,
         slope("collect_s"),
         slope("client_cpu_s"),
         slope("server_cpu_s"),
-        slope("collect_peak_mib"),
+        per_chunk_row_mib,
     )
 
 
@@ -311,7 +329,7 @@ def cpu_bound_s(cpu_s: float, parent_cpu_s: float, jobs: int) -> float:
     return max(parent_cpu_s, cpu_s / jobs)
 
 
-def print_results(cases: list[Case], collect: CollectCost, jobs: int) -> None:
+def print_results(cases: list[Case], collect: CollectCost, jobs: int, chunk_points: int) -> None:
     families = ",".join(cases[0].fit["families"])
     print(
         f"\nfit + export (streamed from per-rack Parquet files, {jobs} worker(s), fresh process, "
@@ -382,7 +400,8 @@ def print_results(cases: list[Case], collect: CollectCost, jobs: int) -> None:
     print(
         f"  per collected row (slope between the two sizes): {collect.wall_s * 1e6:.1f} us wall, "
         f"{collect.client_cpu_s * 1e6:.1f} us client cpu, {collect.server_cpu_s * 1e6:.1f} us "
-        f"server cpu, {collect.mib * 1024:.2f} KiB held"
+        f"server cpu; memory holds one chunk (nodes x chunk points), "
+        f"{collect.mib * 1024:.2f} KiB per row of it"
     )
 
     print("\ncollected + fitted + exported; collection EXTRAPOLATED from the slope above")
@@ -407,8 +426,9 @@ def print_results(cases: list[Case], collect: CollectCost, jobs: int) -> None:
         print(
             f"{case.nodes:>6} x {case.rows:<6}: collect ~{collect_s:.0f} s + fit/export "
             f"{fit['wall_s']:.0f} s = ~{measured_s:.0f} s as measured, ~{bound_s:.0f} s cpu-bound "
-            f"(collect ~{collect_bound_s:.0f} + fit ~{fit_bound_s:.0f}); collect holds "
-            f"~{collect.mib * rows / 1024:.1f} GiB if run as one query range{verdict}"
+            f"(collect ~{collect_bound_s:.0f} + fit ~{fit_bound_s:.0f}); collecting holds "
+            f"~{collect.mib * case.nodes * chunk_points:.0f} MiB per {chunk_points}-step chunk"
+            f"{verdict}"
         )
 
 
@@ -449,6 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="rows per node of those collections (default 1000)",
     )  # fmt: skip
     parser.add_argument(
+        "--chunk-points", type=int, default=250,
+        help="steps per collection chunk (collect's max_points_per_series): memory while "
+        "collecting holds nodes x this many rows (default 250)",
+    )  # fmt: skip
+    parser.add_argument(
         "--jobs", type=int, default=0, help="fit worker processes (default 0 = all cores)"
     )
     parser.add_argument("--seed", type=int, default=7, help="synthetic fleet seed (default 7)")
@@ -476,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [Case(n, r) for r in sorted(args.rows) for n in sorted(args.nodes)]
     for case in cases:
         run_case(case, args)
-    print_results(cases, collect_slope(args), args.jobs)
+    print_results(cases, collect_slope(args), args.jobs, args.chunk_points)
     print(f"\nbench wall time {time.perf_counter() - started:.0f} s (data generation included)")
     return 0
 
