@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.fit_export import reset_peak_rss, status_mib
+from bench.fit_export import status_mib
 from predictor.bundle import read_bundle
 from training.fit import setup_logging
 from training.synth import write_fleet_files
@@ -158,14 +158,11 @@ def _exporter_samples(frame, step_s: float) -> list:
     return samples
 
 
-def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int, chunk_points: int) -> dict:
-    """Backfill a real Prometheus with `n_nodes` x `rows` samples, then collect them back into
-    a directory of node-group files (`collect_to_directory`), `chunk_points` steps at a time."""
-    from datetime import UTC, datetime
-
+def backfill_prometheus(n_nodes: int, rows: int, work_dir: str, seed: int) -> dict:
+    """Write `n_nodes` x `rows` exporter samples into a Prometheus data directory with promtool
+    (a server is started once to check the blocks load, then stopped). Runs in its own child,
+    so the memory of making the test data is not counted as the collector's."""
     from tests.support.prometheus import start_prometheus, write_openmetrics
-    from training.collect import collect_to_directory, load_collect_config
-    from training.dataset import stream_metrics
     from training.synth import synth_fleet
 
     frame = synth_fleet(n_nodes, rows * STEP_S / 3600.0, STEP_S, seed)
@@ -173,13 +170,27 @@ def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int, chunk_poi
     samples = _exporter_samples(frame, STEP_S)
     text = write_openmetrics(samples)
     written = time.perf_counter()
-    first_s = frame["timestamp"].min().timestamp()
-    last_s = frame["timestamp"].max().timestamp()
-    del frame
-    n_samples = len(samples)
-    with start_prometheus(Path(work_dir), openmetrics_text=text) as prometheus:
+    with start_prometheus(Path(work_dir), openmetrics_text=text):
         loaded = time.perf_counter()
-        del samples, text
+    return {
+        "samples": len(samples),
+        "openmetrics_s": written - started,
+        "backfill_and_start_s": loaded - written,
+        "first_s": frame["timestamp"].min().timestamp(),
+        "last_s": frame["timestamp"].max().timestamp(),
+    }
+
+
+def measure_collect(work_dir: str, first_s: float, last_s: float, chunk_points: int) -> dict:
+    """Serve a backfilled data directory and collect it into node-group files
+    (`collect_to_directory`), `chunk_points` steps at a time, in a fresh process."""
+    from datetime import UTC, datetime
+
+    from tests.support.prometheus import start_prometheus
+    from training.collect import collect_to_directory, load_collect_config
+    from training.dataset import stream_metrics
+
+    with start_prometheus(Path(work_dir)) as prometheus:
         config = load_collect_config(
             None,
             url=prometheus.url,
@@ -188,8 +199,8 @@ def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int, chunk_poi
             max_points_per_series=chunk_points,
         )
         before_mib = status_mib("VmRSS")
-        reset_peak_rss()  # the peak of collecting, not of making the test data
         client_cpu_before_s = _cpu_s_self()
+        started = time.perf_counter()
         collect_to_directory(
             config,
             datetime.fromtimestamp(first_s + 5 * STEP_S, tz=UTC),
@@ -199,21 +210,17 @@ def measure_collect(n_nodes: int, rows: int, work_dir: str, seed: int, chunk_poi
         )
         done = time.perf_counter()
         client_cpu_s = _cpu_s_self() - client_cpu_before_s
-        children_before_s = _cpu_s() - _cpu_s_self()  # promtool, not yet the server
+        peak_mib = status_mib("VmHWM")
+        children_before_s = _cpu_s() - _cpu_s_self()
     # stopped and waited for: the server's CPU (its start included) is now in RUSAGE_CHILDREN
     server_cpu_s = _cpu_s() - _cpu_s_self() - children_before_s
+    collected = Path(work_dir) / "collected"
     return {
-        "samples": n_samples,
-        "openmetrics_s": written - started,
-        "backfill_and_start_s": loaded - written,
-        "collect_s": done - loaded,
+        "collect_s": done - started,
         "client_cpu_s": client_cpu_s,
         "server_cpu_s": server_cpu_s,
-        "rows_collected": sum(
-            len(batch.frame) for batch in stream_metrics(Path(work_dir) / "collected")
-        ),
-        "chunk_rows": n_nodes * chunk_points,
-        "collect_peak_mib": status_mib("VmHWM"),
+        "rows_collected": sum(len(batch.frame) for batch in stream_metrics(collected)),
+        "collect_peak_mib": peak_mib,
         "before_collect_mib": before_mib,
     }
 
@@ -293,10 +300,14 @@ def collect_slope(args: argparse.Namespace) -> CollectCost:
     for n_nodes in args.collect_nodes:
         work = args.work / f"prometheus-{n_nodes}"
         shutil.rmtree(work, ignore_errors=True)
-        result = run_child(
-            f"measure_collect({n_nodes}, {args.collect_rows}, {str(work)!r}, {args.seed}, "
+        made = run_child(
+            f"backfill_prometheus({n_nodes}, {args.collect_rows}, {str(work)!r}, {args.seed})"
+        )
+        result = made | run_child(
+            f"measure_collect({str(work)!r}, {made['first_s']}, {made['last_s']}, "
             f"{args.chunk_points})"
         )
+        result["chunk_rows"] = n_nodes * args.chunk_points
         shutil.rmtree(work, ignore_errors=True)
         log.info("collect %d x %d: %s", n_nodes, args.collect_rows, result)
         measured.append((n_nodes, result))
