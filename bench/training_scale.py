@@ -86,7 +86,8 @@ def measure_fit(data_dir: str, out_dir: str, jobs: int) -> dict:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
     training_log = logging.getLogger("training")
     training_log.addHandler(handler)
-    level, training_log.level = training_log.level, logging.INFO
+    level = training_log.level
+    training_log.setLevel(logging.INFO)  # setLevel, not .level =: it clears isEnabledFor caches
     try:
         return _fit_and_measure(data_dir, out_dir, jobs)
     finally:
