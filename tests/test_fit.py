@@ -11,6 +11,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -205,7 +206,9 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
     assert check["max_drop_w"] > 20
 
     # every family that can dip does dip here; rfmono cannot (checked below)
-    settings = FitSettings(min_rows=100, families=("poly3", "poly5", "poly5t2", "gbr"))
+    settings = FitSettings(
+        min_rows=100, families=("poly3", "poly5", "poly5t2", "gbr"), last_resort_families=()
+    )
     chosen, _, candidates, _ = choose_model(
         rows.take(slice(0, 480)), rows.take(slice(480, None)), settings
     )
@@ -215,6 +218,12 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
     outcome = fit_node(rows, settings)
     assert outcome.onnx is None
     assert outcome.fallback_reason == "no family passed the monotonicity check"
+
+    # with the default last resort, the node keeps a model of its own: a monotone forest
+    rescued = fit_node(rows, replace(settings, last_resort_families=("rfmono",)))
+    assert rescued.family == "rfmono" and rescued.onnx is not None
+    assert rescued.monotonic["verdict"] == "pass"
+    assert [c["family"] for c in rescued.candidates][-1] == "rfmono"
 
     forest = fit_family(FAMILIES["rfmono"], rows.features, rows.power_w, seed=0)
     forest_check = monotonic_verdict(forest, np.median(rows.features, axis=0), tolerance_w=0.0)

@@ -244,6 +244,9 @@ FAMILIES[UTIL_ONLY_FAMILY] = Family(
 # synthetic 50-node fleet the smooth families alone keep the median held-out MAPE at ~1.4 %.
 # Trees stay available through `--families` for research.
 DEFAULT_FAMILIES: tuple[str, ...] = ("sqrt2", "sqrt3", "sqrt3t2")
+# Tried only for a node where no default family passes the monotonicity checks: a monotone
+# forest with its steps is still a far better picture of that server than the fleet fallback.
+LAST_RESORT_FAMILIES: tuple[str, ...] = ("rfmono",)
 
 
 def resolve_families(names: Sequence[str]) -> list[Family]:

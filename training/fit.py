@@ -38,7 +38,7 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,6 +75,7 @@ from training.export import (
 from training.families import (
     DEFAULT_FAMILIES,
     FAMILIES,
+    LAST_RESORT_FAMILIES,
     UTIL_ONLY_FAMILY,
     Family,
     fit_family,
@@ -126,6 +127,7 @@ class FitSettings:
     """Every choice a training run makes; the CLI sets the first five, the rest are tuned here."""
 
     families: tuple[str, ...] = DEFAULT_FAMILIES
+    last_resort_families: tuple[str, ...] = LAST_RESORT_FAMILIES
     test_fraction: float = DEFAULT_TEST_FRACTION
     min_rows: int = DEFAULT_MIN_ROWS
     seed: int = 0
@@ -406,6 +408,17 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
     model, choice, outcome.candidates, outcome.monotonic = choose_model(
         train, test, settings, thermal=outcome.thermal
     )
+    last_resort = [f for f in settings.last_resort_families if f not in settings.families]
+    if model is None and last_resort:
+        try:
+            model, choice, more_candidates, check = choose_model(
+                train, test, replace(settings, families=tuple(last_resort)), thermal=outcome.thermal
+            )
+        except FitError as exc:  # e.g. trees ruled out by a gap in utilisation
+            more_candidates = [{"family": ",".join(last_resort), "skipped": str(exc)}]
+        outcome.candidates += more_candidates
+        if model is not None:
+            outcome.monotonic = check
     if model is None:
         outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
         outcome.eval_rows = test
@@ -896,7 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--families",
         default=",".join(DEFAULT_FAMILIES),
-        help="comma-separated model families to try per node (default %(default)s)",
+        help="comma-separated model families to try per node (default %(default)s); a node "
+        f"where none passes the monotonicity checks tries {', '.join(LAST_RESORT_FAMILIES)} "
+        "before the fleet fallback",
     )
     parser.add_argument(
         "--max-model-bytes",
