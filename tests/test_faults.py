@@ -47,10 +47,10 @@ from extender.config import ExtenderConfig
 from extender.runtime import Runtime
 from extender.telemetry import TelemetryPoller
 from tests.support.bundles import PowerCurveSpec, edit_manifest, make_bundle
+from tests.support.exporters import two_nodes, wait_until
 from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus
 from tests.support.server import REPO_ROOT, serve_app
-from tests.test_telemetry import FakeHost, serve, wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -171,17 +171,8 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("faults")
-    node_a = serve(
-        FakeHost(
-            cpu_util=0.25,
-            temperatures_c={"Inlet Temp": 22.0, "CPU1 Temp": 55.0, "CPU2 Temp": 53.0},
-            power_w=310.0,
-            nodename="node-a",
-        )
-    )
-    node_b = serve(
-        FakeHost(cpu_util=0.6, temperatures_c={"Ambient": 24.0, "CPU1 Temp": 61.0}, power_w=150.0)
-    )
+    exporters = contextlib.ExitStack()
+    node_a, node_b = exporters.enter_context(two_nodes())
     # Both exporters listen on 127.0.0.1: node-b is mapped by instance, through the same
     # collect settings file training would use (--collect-config).
     collect_config = root / "collect.yaml"
@@ -205,8 +196,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     finally:
         kube.stop()
         prometheus.stop()
-        node_a.stop()
-        node_b.stop()
+        exporters.close()
 
 
 @contextlib.contextmanager
