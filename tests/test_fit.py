@@ -28,6 +28,7 @@ from tests.support.prometheus import (
 from training.dataset import (
     FEATURES,
     MetricsStream,
+    clean_metrics,
     load_metrics,
     stream_metrics,
     write_metrics,
@@ -524,3 +525,15 @@ def test_report_gives_model_bytes_by_family_as_written_in_the_bundle(fitted) -> 
     }
     for entry in fitted["report"]["nodes"]:
         assert (entry["onnx_bytes"] is None) == (entry["model"] != "own")
+
+
+def test_a_fleet_whose_pooled_curve_dips_still_gets_a_fallback(tmp_path) -> None:
+    # Seed 2's 16 nodes: big servers idling and small ones busy, so pooled power falls with
+    # utilisation and every smooth family dips; fitting once failed here as a whole.
+    cleaned = clean_metrics(synth_fleet(16, 72, 60, seed=2), source="synth seed 2")
+    run = fit_fleet(cleaned, tmp_path / "bundle", progress=False, jobs=1)
+    fallback = run.report["fallback"]
+    verdicts = {c["family"]: c.get("monotonic") for c in fallback["candidates"]}
+    assert {verdicts[f] for f in FitSettings().families} == {"fail"}
+    assert fallback["family"] == "rfmono" and verdicts["rfmono"] == "pass"
+    assert read_bundle(tmp_path / "bundle").fallback is not None

@@ -374,6 +374,33 @@ def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
     return "no family passed the monotonicity check"
 
 
+def choose_model_or_last_resort(
+    train: NodeRows,
+    test: NodeRows,
+    settings: FitSettings,
+    extra_families: Sequence[str] = (),
+    thermal: Mapping[str, float] | None = None,
+) -> tuple[object | None, dict | None, list[dict], dict]:
+    """`choose_model` over the smooth families, then over the last-resort ones if none passed.
+
+    The candidates list holds both rounds; the check is the passing model's, else the first's.
+    """
+    model, choice, candidates, check = choose_model(train, test, settings, extra_families, thermal)
+    last_resort = [f for f in settings.last_resort_families if f not in settings.families]
+    if model is not None or not last_resort:
+        return model, choice, candidates, check
+    try:
+        model, choice, more_candidates, last_check = choose_model(
+            train, test, replace(settings, families=tuple(last_resort)), thermal=thermal
+        )
+    except FitError as exc:  # e.g. trees ruled out by a gap in utilisation
+        more_candidates = [{"family": ",".join(last_resort), "skipped": str(exc)}]
+    else:
+        if model is not None:
+            check = last_check
+    return model, choice, candidates + more_candidates, check
+
+
 def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
     """Everything one node needs: split, fit, choose, check, convert, parity. Runs in a worker."""
     n_rows = len(rows)
@@ -405,20 +432,9 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
         "idle_w": round(line.idle_w, 2),
         "max_w": round(line.max_w, 2),
     }
-    model, choice, outcome.candidates, outcome.monotonic = choose_model(
+    model, choice, outcome.candidates, outcome.monotonic = choose_model_or_last_resort(
         train, test, settings, thermal=outcome.thermal
     )
-    last_resort = [f for f in settings.last_resort_families if f not in settings.families]
-    if model is None and last_resort:
-        try:
-            model, choice, more_candidates, check = choose_model(
-                train, test, replace(settings, families=tuple(last_resort)), thermal=outcome.thermal
-            )
-        except FitError as exc:  # e.g. trees ruled out by a gap in utilisation
-            more_candidates = [{"family": ",".join(last_resort), "skipped": str(exc)}]
-        outcome.candidates += more_candidates
-        if model is not None:
-            outcome.monotonic = check
     if model is None:
         outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
         outcome.eval_rows = test
@@ -691,7 +707,7 @@ def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, obje
     train, test = pool.merged(pool.train), pool.merged(pool.test)
     log.info("fitting the fleet fallback on %d pooled rows", len(train))
     thermal = node_thermal(train)
-    model, choice, candidates, check = choose_model(
+    model, choice, candidates, check = choose_model_or_last_resort(
         train, test, settings, extra_families=(UTIL_ONLY_FAMILY,), thermal=thermal
     )
     if model is None:
