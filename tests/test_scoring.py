@@ -94,9 +94,10 @@ def test_smallest_increase_scores_10_and_order_follows_increase(predictor: Predi
     result = run(predictor, state, ["steep", "mid", "flat"])
     np.testing.assert_allclose(result.increase_w, [37.5, 25.0, 12.5], atol=FLOAT32_W)
     np.testing.assert_allclose(result.d, [1 / 8] * 3)
-    np.testing.assert_allclose(result.power_score, [0.0, 5.0, 10.0], atol=0.01)
-    # Grid power everywhere: energy score 10, final = 0.7 * power + 3.
-    assert result.host_scores() == [("steep", 3), ("mid", 7), ("flat", 10)]
+    # 10 - 5 * log2(increase / 12.5): three times the cheapest loses log2(3) doublings.
+    np.testing.assert_allclose(result.power_score, [10 - 5 * math.log2(3), 5.0, 10.0], atol=0.01)
+    # Grid power everywhere: energy score 10, final = 0.6 * power + 4 (5.25 -> 5, 7.0 -> 7).
+    assert result.host_scores() == [("steep", 5), ("mid", 7), ("flat", 10)]
     assert result.failed == {}
     np.testing.assert_allclose(result.power_before_w, [190.0, 160.0, 110.0], atol=FLOAT32_W)
     np.testing.assert_allclose(
@@ -209,10 +210,11 @@ def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> N
     }
     result = run(predictor, make_state(nodes), ["mid", "mid-plus", "steep"])
     assert result.increase_w[0] < result.increase_w[1] < result.increase_w[2]
-    np.testing.assert_allclose(result.power_score, [10.0, 8.0, 0.0], atol=0.01)
+    power = [10.0, 10 - 5 * math.log2(1.1), 10 - 5 * math.log2(1.5)]
+    np.testing.assert_allclose(result.power_score, power, atol=0.01)
     np.testing.assert_allclose(result.energy_score, [3.0, 10.0, 10.0])
-    # 0.7 * 10 + 0.3 * 3 = 7.9 -> 8 ; 0.7 * 8 + 0.3 * 10 = 8.6 -> 9
-    assert result.host_scores() == [("mid", 8), ("mid-plus", 9), ("steep", 3)]
+    # 0.6 * 10 + 0.4 * 3 = 7.2 -> 7 ; 0.6 * 9.31 + 4 = 9.59 -> 10 ; 0.6 * 7.08 + 4 = 8.25 -> 8
+    assert result.host_scores() == [("mid", 7), ("mid-plus", 10), ("steep", 8)]
     # the explain view spells levels as the label does
     levels = [record["energy_level"] for record in result.explain()]
     assert levels == ["low-powered", "well-powered", "grid"]
@@ -220,7 +222,7 @@ def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> N
     power_only = run(
         predictor, make_state(nodes), ["mid", "mid-plus"], weights=ScoringWeights(1.0, 0.0)
     )
-    assert power_only.host_scores() == [("mid", 10), ("mid-plus", 0)]
+    assert power_only.host_scores() == [("mid", 10), ("mid-plus", 9)]
 
 
 def test_energy_levels_from_labels() -> None:
@@ -274,32 +276,45 @@ def grid_table(slopes_w: dict[str, float]) -> CurveTable:
     )
 
 
-def test_tiny_pods_do_not_tie() -> None:
-    # 10m on a 64-core node: d = 1/6400. Slopes 640.0 and 640.64 W per unit u give increases of
-    # 0.1 W and 0.1001 W; and a third node 0.01 W above the first.
-    state = make_state(
-        {"a": {"cpu": 64.0}, "b": {"cpu": 64.0}, "c": {"cpu": 64.0}},
-    )
-    table = grid_table({"a": 640.0, "b": 640.64, "c": 704.0})
+def test_tiny_pods_rank_nodes_as_large_pods_do() -> None:
+    # Linear curves: a 10m pod and a 4-core pod on 64-core nodes cost 0.1 W and 40 W on "a";
+    # the score depends on increases relative to the cheapest, so both rank alike (WAO's
+    # whole-watt rounding made small pods tie everywhere).
+    state = make_state({"a": {"cpu": 64.0}, "b": {"cpu": 64.0}, "c": {"cpu": 64.0}})
+    table = grid_table({"a": 640.0, "b": 640.64, "c": 1280.0})
+    view = state.view(NOW_S)
+    tiny = assess(view, table, ["a", "b", "c"], 0.01, now_s=NOW_S, telemetry_ttl_s=TTL_S)
+    large = assess(view, table, ["a", "b", "c"], 4.0, now_s=NOW_S, telemetry_ttl_s=TTL_S)
+    np.testing.assert_allclose(tiny.increase_w, [0.1, 0.1001, 0.2], rtol=1e-9)
+    np.testing.assert_allclose(tiny.power_score, large.power_score, atol=1e-9)
+    # Twice the cheapest's increase: 5 points; 0.1 % more: below 10, in float precision.
+    assert tiny.power_score[2] == pytest.approx(5.0)
+    assert tiny.power_score[0] == 10.0 > tiny.power_score[1] > 9.99
+    assert tiny.host_scores() == large.host_scores() == [("a", 10), ("b", 10), ("c", 7)]
+
+
+def test_power_score_falls_five_points_per_doubling_and_stops_at_0() -> None:
+    state = make_state({name: {} for name in "abcde"})
+    # d = 1/8 of the slope: increases 10, 11.5, 20, 40 and 80 W.
+    table = grid_table({"a": 80.0, "b": 92.0, "c": 160.0, "d": 320.0, "e": 640.0})
     result = assess(
-        state.view(NOW_S), table, ["a", "b", "c"], 0.01, now_s=NOW_S, telemetry_ttl_s=TTL_S
+        state.view(NOW_S), table, list("abcde"), 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S
     )
-    np.testing.assert_allclose(result.increase_w, [0.1, 0.1001, 0.11], rtol=1e-9)
-    assert result.increase_w[2] - result.increase_w[0] == pytest.approx(0.01)
-    scores = dict(result.host_scores())
-    assert scores["a"] == 10
-    assert scores["c"] == 3
-    assert scores["a"] > scores["c"]
-    assert len(set(result.power_score.tolist())) == 3
+    np.testing.assert_allclose(result.increase_w, [10.0, 11.5, 20.0, 40.0, 80.0], rtol=1e-9)
+    expected = [10.0, 10 - 5 * math.log2(1.15), 5.0, 0.0, 0.0]
+    np.testing.assert_allclose(result.power_score, expected, atol=1e-9)
+    # 15 % more power costs about one power point (0.6 of a final point at default weights).
+    assert result.power_score[0] - result.power_score[1] == pytest.approx(1.0, abs=0.01)
 
 
-def test_a_0_01_watt_difference_between_min_and_max_still_ranks() -> None:
-    state = make_state({"a": {}, "b": {}})
-    # d = 1/8; slopes differ by 0.08 W per unit u -> increases differ by 0.01 W.
-    table = grid_table({"a": 200.0, "b": 200.08})
-    result = assess(state.view(NOW_S), table, ["a", "b"], 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S)
-    assert result.increase_w[1] - result.increase_w[0] == pytest.approx(0.01)
-    assert result.host_scores() == [("a", 10), ("b", 3)]
+def test_a_zero_watt_increase_does_not_divide_by_zero() -> None:
+    state = make_state({"flat": {}, "rising": {}})
+    table = grid_table({"flat": 0.0, "rising": 200.0})
+    result = assess(
+        state.view(NOW_S), table, ["flat", "rising"], 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S
+    )
+    assert result.increase_w[0] == pytest.approx(0.0, abs=1e-9)
+    assert result.power_score.tolist() == [10.0, 0.0]
 
 
 def test_recently_bound_pods_raise_the_increase_and_spread_a_burst(predictor: Predictor) -> None:
@@ -361,7 +376,7 @@ def test_no_curves_at_all_and_empty_candidates(predictor: Predictor) -> None:
         state.view(NOW_S), None, ["steep", "flat"], 1.0, now_s=NOW_S, telemetry_ttl_s=None
     )
     assert result.power_score.tolist() == [0.0, 0.0]
-    assert result.host_scores() == [("steep", 3), ("flat", 3)]
+    assert result.host_scores() == [("steep", 4), ("flat", 4)]
     assert result.no_curve_nodes == 2
     empty = assess(state.view(NOW_S), None, [], 1.0, now_s=NOW_S, telemetry_ttl_s=None)
     assert empty.host_scores() == []

@@ -40,10 +40,11 @@ from bench.sim.kube_default import (
     fits,
     select_host,
 )
-from extender.scoring import DEFAULT_WEIGHTS
+from extender.scoring import ENERGY_SCORES, EnergyLevel, final_scores, power_scores
 from extender.state import ClusterState, NodeInfo
 
 SCHEDULER_NAME = "power-aware-scheduler"
+GRID_ENERGY_SCORE = float(ENERGY_SCORES[EnergyLevel.GRID])
 MIB = 1024 * 1024
 
 
@@ -106,9 +107,9 @@ class RandomPolicy(Policy):
 class OraclePolicy(Policy):
     """A ceiling for the extender: its ranking from the simulator's true power curves.
 
-    Like the extender (power score = min-max of the power increase, lowest 10; mixed with a
-    grid node's energy score 10 at the extender's default weights), but the increase comes
-    from the true curve at the node's *requested* load: no model error and no telemetry lag.
+    The extender's own scoring (`extender.scoring.power_scores` and `final_scores`, as for
+    grid-powered nodes at the default weights), but the increase comes from the true curve at
+    the node's *requested* load: no model error and no telemetry lag.
     Not deployable (nobody knows true curves); it shows how much of the possible saving the
     learned models and lagging telemetry leave on the table.
     """
@@ -136,15 +137,8 @@ class OraclePolicy(Policy):
         increase_w = (self.true_power_w(util + demand) - self.true_power_w(util))[feasible]
         if feasible.size == 1:
             return Decision(int(feasible[0]), predicted_increase_w=float(increase_w[0]))
-        spread = increase_w.max() - increase_w.min()
-        power_score = (
-            np.full(feasible.size, 10.0)
-            if spread <= 1e-9
-            else 10.0 * (increase_w.max() - increase_w) / spread
-        )
-        w = DEFAULT_WEIGHTS
-        mixed = (w.power * power_score + w.energy * 10.0) / (w.power + w.energy)
-        extender_scores = np.floor(mixed + 0.5 + 1e-9).astype(np.int64)
+        power_score = power_scores(increase_w, np.ones(feasible.size, dtype=bool))
+        extender_scores = final_scores(power_score, np.full(feasible.size, GRID_ENERGY_SCORE))
         totals = default_plugin_scores(ledger, pod, feasible) + extender_contribution(
             extender_scores, self.weight
         )
