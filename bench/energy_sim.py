@@ -28,7 +28,10 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
 watts per core of work, and on nodes already busy (SPECpower curves are concave at low load).
-The table shows total and dynamic (above-idle) energy. `--empty-node-power W` instead lets a
+The table shows total and dynamic (above-idle) energy, and a ceiling line the least energy any
+placement of the trace could use with every node on (`bench.sim.ceiling`: a lower bound with
+hindsight, fluid load and convex power curves), so a saving can be read against what is
+possible at all. `--empty-node-power W` instead lets a
 node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
 consolidation is worth when empty nodes can be powered down.
 """
@@ -50,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.cluster import SimCluster, build_cluster, node_power_w
 from bench.sim.engine import PolicyResult, SimSettings, simulate
 from bench.sim.policies import (
@@ -542,6 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     report = summary(results, extras)
+    if sim_settings.empty_node_power_w is None:
+        # The same horizon and step as the runs: trace end + tail, in physics ticks.
+        ceiling_kwh = ceiling_energy_kwh(cluster, trace, results[0].duration_s, sim_settings.tick_s)
+        report["ceiling"] = {"energy_kwh": round(ceiling_kwh, 4)}
+        baseline = report["policies"].get("default")
+        if baseline is not None:
+            report["ceiling"]["energy_vs_default"] = round(ceiling_kwh / baseline["energy_kwh"], 4)
     report["settings"] = {
         **asdict(settings),
         **asdict(sim_settings),
@@ -565,6 +576,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"max {cl['max_power_w']:.0f} W; trace: {len(trace)} pods; requested CPU share "
         f"{results[0].mean_requested_share:.2f} (time mean)"
     )
+    ceiling = report.get("ceiling")
+    if ceiling is not None:
+        versus = (
+            f" ({1.0 - ceiling['energy_vs_default']:.1%} less than default)"
+            if "energy_vs_default" in ceiling
+            else ""
+        )
+        print(
+            f"ceiling: no placement of this trace with every node on uses less than "
+            f"{ceiling['energy_kwh']:.2f} kWh{versus} (bench.sim.ceiling: hindsight, fluid "
+            "load, convex envelopes of the true curves)"
+        )
     print(f"plot: {png}\ndecisions: {decisions_csv} ({rows} rows)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from bench.sim.kube_default import (
 from bench.sim.policies import DefaultPolicy
 from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
 from extender.config import DEFAULT_BUNDLE_DIR
-from training.synth import fleet_spec
+from tests.support.sim import sim_cluster
 
 GIB = 1024**3
 A, B, C = 0, 1, 2
@@ -103,21 +103,7 @@ def test_extender_scores_count_weight_times_ten() -> None:
 
 
 def one_node_cluster(curve_share: np.ndarray, max_power_w: float, cores: float) -> SimCluster:
-    spec = dataclasses.replace(
-        fleet_spec(1, 0),
-        curve_share=curve_share[None, :],
-        curvature_exp=np.ones(1),
-        max_power_w=np.array([max_power_w]),
-        fan_w_per_c=np.zeros(1),
-    )
-    return SimCluster(
-        spec=spec,
-        cores=np.array([cores]),
-        memory_bytes=np.array([16 * GIB]),
-        on_battery=np.zeros(1, dtype=bool),
-        battery_capacity_wh=np.zeros(1),
-        solar_peak_w=np.zeros(1),
-    )
+    return sim_cluster([curve_share], [max_power_w], [cores])
 
 
 def one_pod_trace(cpu_m: int, duration_s: float) -> Trace:

@@ -1,0 +1,80 @@
+"""The energy bench's ceiling (`bench.sim.ceiling`): a true lower bound, computed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.sim.ceiling import (
+    ceiling_energy_kwh,
+    cheapest_dynamic_power_w,
+    lower_convex_envelope,
+    used_cores_series,
+)
+from bench.sim.cluster import build_cluster, node_power_w
+from bench.sim.engine import SimSettings, simulate
+from bench.sim.policies import DefaultPolicy, RandomPolicy
+from bench.sim.workload import Trace, generate_trace
+from tests.support.sim import sim_cluster
+
+LINEAR = np.linspace(0.5, 1.0, 11)  # idle half of max, linear to max
+CONCAVE = 0.5 + 0.5 * np.sqrt(np.linspace(0.0, 1.0, 11))  # steep first, flat later
+
+
+def test_lower_convex_envelope_drops_points_above_the_chords() -> None:
+    x = np.array([0.0, 1.0, 2.0, 3.0])
+    y = np.array([0.0, 3.0, 4.0, 9.0])
+    vx, vy = lower_convex_envelope(x, y)
+    # (1, 3) lies above the chord from (0, 0) to (2, 4), which passes through (1, 2).
+    assert vx.tolist() == [0.0, 2.0, 3.0]
+    assert vy.tolist() == [0.0, 4.0, 9.0]
+
+
+def test_cheapest_power_fills_the_flattest_node_first() -> None:
+    # Node 0: 4 cores, 100 -> 200 W linear (25 W/core). Node 1: 2 cores, 100 -> 200 W concave:
+    # its envelope is the chord, 50 W/core.
+    cluster = sim_cluster([LINEAR, CONCAVE], [200.0, 200.0], [4.0, 2.0])
+    bound_w = cheapest_dynamic_power_w(cluster, np.array([0.0, 1.0, 4.0, 5.0, 6.0]))
+    np.testing.assert_allclose(bound_w, [0.0, 25.0, 100.0, 150.0, 200.0], atol=1e-9)
+
+
+def test_bound_is_never_above_the_best_split_of_the_real_curves() -> None:
+    cluster = build_cluster(2, seed=11)
+    no_fans_c = np.zeros(2)
+    idle_w = node_power_w(cluster, np.zeros(2), no_fans_c)
+    total_cores = float(cluster.cores.sum())
+    for load in np.linspace(0.0, total_cores, 9):
+        # Every split of `load` over the two nodes that fits, on a fine grid.
+        on_first = np.linspace(max(0.0, load - cluster.cores[1]), min(load, cluster.cores[0]), 401)
+        utils = np.stack([on_first / cluster.cores[0], (load - on_first) / cluster.cores[1]])
+        dynamic_w = [
+            (node_power_w(cluster, utils[:, k], no_fans_c) - idle_w).sum()
+            for k in range(on_first.size)
+        ]
+        bound_w = cheapest_dynamic_power_w(cluster, np.array([load]))[0]
+        # The envelope is of curves sampled at 2001 points: good to well under 0.01 %.
+        assert bound_w <= min(dynamic_w) * (1 + 1e-4)
+
+
+def test_used_cores_follow_arrivals_durations_and_usage() -> None:
+    trace = Trace(
+        names=["a", "b"],
+        arrival_s=np.array([0.0, 60.0]),
+        cpu_m=np.array([2000, 1000]),
+        memory_bytes=np.zeros(2, dtype=np.int64),
+        duration_s=np.array([120.0, 120.0]),
+        usage_ratio=np.array([0.5, 1.0]),
+    )
+    used = used_cores_series(trace, np.arange(0.0, 300.0, 60.0))
+    # a uses 1 core over [0, 120), b 1 core over [60, 180).
+    np.testing.assert_allclose(used, [1.0, 2.0, 1.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("policy", [DefaultPolicy, RandomPolicy])
+def test_no_simulated_policy_beats_the_ceiling(policy: type) -> None:
+    cluster = build_cluster(6, seed=3)
+    trace = generate_trace(float(cluster.cores.sum()), hours=3.0, load=0.4, seed=3)
+    settings = SimSettings(tail_s=1800.0)
+    result = simulate(cluster, trace, policy(np.random.default_rng(0)), settings)
+    ceiling_kwh = ceiling_energy_kwh(cluster, trace, result.duration_s, settings.tick_s)
+    assert result.idle_energy_kwh < ceiling_kwh < result.energy_kwh
