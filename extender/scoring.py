@@ -18,7 +18,7 @@ candidates: min-max sets the scale by the most expensive node, so one inefficien
 every reasonable candidate into the top point or two, and kube-scheduler's spreading plugins
 (LeastAllocated, BalancedAllocation), whose scores are added to ours, then overturn differences
 of 50 % in watts. In `bench.energy_sim` (16 nodes, 45 % of the CPU requested, seeds 1, 3, 7)
-the extender saved 6.8-8.3 % of the default placement's energy with min-max and 8.0-9.5 % with
+the extender saved 6.8-8.3 % of the default placement's energy with min-max and 8.1-9.5 % with
 the ratio, as much as always taking the cheapest node does. Increases below 1 mW count as
 1 mW. A node without telemetry (none, stale, or no allocatable CPU) or without a curve gets
 power score 0, so a missing metric never looks best. The energy score comes from the node
