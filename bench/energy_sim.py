@@ -20,7 +20,8 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    `extender.app.create_app` on a `Runtime` whose clock is the simulated clock),
    `power-aware-battery` (the same, while battery nodes' `energy-status` labels change), and
    `oracle` (the extender's ranking computed from the simulator's true curves and requested
-   load: a ceiling showing what model error and telemetry lag cost, not a deployable policy).
+   load: what model error and telemetry lag cost, not a deployable policy; the ceiling line
+   below is the bound on every policy).
 5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
    `energy_sim_decisions.csv` (every placement decision), and with --json a summary
    `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
@@ -332,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
             "BalancedAllocation; random = any node that fits; power-aware = default plugins + "
             "our extender (/filter, /prioritize) at --extender-weight; power-aware-battery = "
             "the same while battery nodes' energy-status labels change; oracle = the "
-            "extender's ranking from the simulator's true curves (a ceiling, not deployable)."
+            "extender's ranking from the simulator's true curves (a reference, not deployable)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(

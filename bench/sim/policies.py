@@ -105,7 +105,7 @@ class RandomPolicy(Policy):
 
 
 class OraclePolicy(Policy):
-    """A ceiling for the extender: its ranking from the simulator's true power curves.
+    """A reference for the extender: its ranking from the simulator's true power curves.
 
     The extender's own scoring (`extender.scoring.power_scores` and `final_scores`, as for
     grid-powered nodes at the default weights), but the increase comes from the true curve at
