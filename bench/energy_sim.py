@@ -282,7 +282,9 @@ def plot_power(path: Path, results: Sequence[PolicyResult]) -> None:
     plt.close(fig)
 
 
-def summary(results: Sequence[PolicyResult], extras: dict[str, dict]) -> dict:
+def summary(
+    results: Sequence[PolicyResult], extras: dict[str, dict], ceiling_kwh: float | None = None
+) -> dict:
     baseline = next((r for r in results if r.policy == "default"), None)
     policies: dict[str, dict] = {}
     for result in results:
@@ -296,7 +298,12 @@ def summary(results: Sequence[PolicyResult], extras: dict[str, dict]) -> dict:
             entry["mean_power_vs_default"] = round(result.mean_power_w / baseline.mean_power_w, 4)
             entry["peak_power_vs_default"] = round(result.peak_power_w / baseline.peak_power_w, 4)
         policies[result.policy] = entry
-    return {"policies": policies}
+    report: dict = {"policies": policies}
+    if ceiling_kwh is not None:
+        report["ceiling"] = {"energy_kwh": round(ceiling_kwh, 4)}
+        if baseline is not None and baseline.energy_kwh > 0:
+            report["ceiling"]["energy_vs_default"] = round(ceiling_kwh / baseline.energy_kwh, 4)
+    return report
 
 
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
@@ -546,14 +553,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "%s: %.3f kWh, %d unplaced (%s)", name, result.energy_kwh, result.unplaced_pods, figures
         )
 
-    report = summary(results, extras)
-    if sim_settings.empty_node_power_w is None:
+    ceiling_kwh = None
+    if sim_settings.empty_node_power_w is None:  # the bound assumes every node stays on
         # The same horizon and step as the runs: trace end + tail, in physics ticks.
         ceiling_kwh = ceiling_energy_kwh(cluster, trace, results[0].duration_s, sim_settings.tick_s)
-        report["ceiling"] = {"energy_kwh": round(ceiling_kwh, 4)}
-        baseline = report["policies"].get("default")
-        if baseline is not None:
-            report["ceiling"]["energy_vs_default"] = round(ceiling_kwh / baseline["energy_kwh"], 4)
+    report = summary(results, extras, ceiling_kwh)
     report["settings"] = {
         **asdict(settings),
         **asdict(sim_settings),
