@@ -227,19 +227,25 @@ class MetricsStream:
     """A metrics input read and cleaned one group of files at a time (see `stream_metrics`).
 
     Iterating yields one `CleanedMetrics` per group; every node's rows are in exactly one of
-    them. `n_nodes` counts the distinct node names in the files (before cleaning).
+    them. `n_nodes` counts the distinct node names in the files (before cleaning). `source`, if
+    set, names the input in messages and reports instead of the files (files that are only a
+    temporary spill of something else, such as a Prometheus collection).
     """
 
     groups: tuple[tuple[Path, ...], ...]
     n_nodes: int
     cpu_util_percent: bool = False
+    source: str | None = None
 
     def __iter__(self) -> Iterator[CleanedMetrics]:
         tally = CleaningTally()
         for group in self.groups:
+            raw = _read_files(group)
+            if self.source is not None:  # clean_metrics then names rows after `source`
+                raw = raw.drop(columns=[SOURCE_COLUMN, LINE_COLUMN])
             batch = clean_metrics(
-                _read_files(group),
-                source=", ".join(map(str, group)),
+                raw,
+                source=self.source or ", ".join(map(str, group)),
                 cpu_util_percent=self.cpu_util_percent,
                 allow_empty=True,
                 log_summary=False,
@@ -252,13 +258,15 @@ class MetricsStream:
             "kept %d of %d rows from %d file(s) in %d group(s); dropped %d",
             tally.rows_kept,
             tally.rows_read,
-            len(tally.sources),
+            sum(len(group) for group in self.groups),
             len(self.groups),
             tally.rows_read - tally.rows_kept,
         )
 
 
-def stream_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> MetricsStream:
+def stream_metrics(
+    path: str | Path, *, cpu_util_percent: bool = False, source: str | None = None
+) -> MetricsStream:
     """Plan reading `path` in groups of files that share no node (see `MetricsStream`).
 
     Only each file's header and node column are read here. Files that hold rows of the same
@@ -287,6 +295,7 @@ def stream_metrics(path: str | Path, *, cpu_util_percent: bool = False) -> Metri
         groups=tuple(tuple(group) for group in groups.values()),
         n_nodes=len(first_file_of),
         cpu_util_percent=cpu_util_percent,
+        source=source,
     )
 
 

@@ -30,11 +30,13 @@ held-out predictions for the plot.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import multiprocessing
 import os
 import sys
+import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -51,7 +53,7 @@ from predictor.reload import probe_model
 from training.collect import (
     CollectError,
     attach_relative_times,
-    collect_metrics,
+    collect_to_directory,
     load_collect_config,
     parse_time,
 )
@@ -61,7 +63,6 @@ from training.dataset import (
     CleaningTally,
     MetricsInputError,
     MetricsStream,
-    clean_metrics,
     stream_metrics,
 )
 from training.export import (
@@ -834,24 +835,49 @@ def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> No
 # --- command line --------------------------------------------------------------------------
 
 
-def _load_input(args: argparse.Namespace) -> CleanedMetrics | MetricsStream:
+@contextlib.contextmanager
+def _metrics_input(args: argparse.Namespace) -> Iterator[MetricsStream]:
+    """The input as a stream of node groups: files as they are, or a Prometheus collection
+    spilled to node-group Parquet files (a temporary directory unless --keep-collected), so
+    that neither collecting nor fitting holds the whole fleet in memory."""
     if args.input is not None:
-        return stream_metrics(args.input, cpu_util_percent=args.cpu_util_percent)
-    raw, source = _collect(args)
-    return clean_metrics(raw, source=source, cpu_util_percent=args.cpu_util_percent)
-
-
-def _collect(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
+        yield stream_metrics(args.input, cpu_util_percent=args.cpu_util_percent)
+        return
     overrides: dict[str, object] = {"url": args.prometheus}
     if args.step is not None:
         overrides["step_s"] = args.step
-    try:
-        start, end = parse_time(args.start), parse_time(args.end)
-        config = load_collect_config(args.collect_config, **overrides)
-        raw = collect_metrics(config, start, end, progress=not args.quiet)
-    except CollectError as exc:  # a RuntimeError: say it as a user-facing failure
-        raise FitError(str(exc)) from None
-    return raw, f"{args.prometheus} [{start.isoformat()} .. {end.isoformat()}]"
+    now = datetime.now(UTC)
+    start, end = parse_time(args.start, now=now), parse_time(args.end, now=now)
+    if end < start:
+        raise FitError(f"--end ({end.isoformat()}) is before --start ({start.isoformat()})")
+    config = load_collect_config(args.collect_config, **overrides)
+    where = f"{config.url} [{start.isoformat()} .. {end.isoformat()}]"
+    with contextlib.ExitStack() as cleanup:
+        if args.keep_collected is not None:
+            spill_dir = Path(args.keep_collected)
+        else:
+            spill_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="fit-")))
+        try:
+            files = collect_to_directory(
+                config,
+                start,
+                end,
+                spill_dir,
+                progress=not args.quiet,
+            )
+        except CollectError as exc:  # a RuntimeError: say it as a user-facing failure
+            raise FitError(str(exc)) from None
+        if not files:
+            raise FitError(
+                f"Prometheus at {where} has no data for any node "
+                "(check the range, the queries and the node mapping)"
+            )
+        # Kept files are the input a refit would read: name them; temporary ones are not.
+        yield stream_metrics(
+            spill_dir,
+            cpu_util_percent=args.cpu_util_percent,
+            source=None if args.keep_collected is not None else where,
+        )
 
 
 def setup_logging(quiet: bool) -> None:
@@ -883,7 +909,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--prometheus",
         metavar="URL",
-        help="collect from this Prometheus first (needs --start and --end), then fit",
+        help="collect from this Prometheus first (needs --start and --end), then fit. The "
+        "collection is spilled to node-group Parquet files in a temporary directory ($TMPDIR, "
+        "about 40 bytes per row; or --keep-collected) and fitted group by group, so memory "
+        "stays flat however large the fleet",
     )
     parser.add_argument("--out", type=Path, required=True, help="bundle directory to write")
     parser.add_argument(
@@ -896,6 +925,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--step",
         type=float,
         help="collection resolution in seconds (default: the collect config's, 60 s)",
+    )
+    parser.add_argument(
+        "--keep-collected",
+        type=Path,
+        metavar="DIR",
+        help="with --prometheus: keep the collected metrics in DIR (node-group Parquet files, "
+        "what `training.collect --nodes-per-file` writes) to refit later with --input DIR",
     )
     parser.add_argument(
         "--collect-config",
@@ -969,8 +1005,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.quiet)
     if args.prometheus is not None and (args.start is None or args.end is None):
         parser.error("--prometheus needs --start and --end")
-    if args.prometheus is None and (args.start or args.end or args.collect_config or args.step):
-        parser.error("--start, --end, --step and --collect-config only apply with --prometheus")
+    if args.prometheus is None and (
+        args.start or args.end or args.collect_config or args.step or args.keep_collected
+    ):
+        parser.error(
+            "--start, --end, --step, --collect-config and --keep-collected only apply with "
+            "--prometheus"
+        )
     settings = FitSettings(
         families=tuple(name.strip() for name in args.families.split(",") if name.strip()),
         test_fraction=args.test_fraction,
@@ -980,15 +1021,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         resolve_families(settings.families)
-        cleaned = _load_input(args)
-        run = fit_fleet(
-            cleaned,
-            args.out,
-            report_dir=args.report_dir,
-            settings=settings,
-            jobs=args.jobs or None,
-            progress=not args.quiet,
-        )
+        with _metrics_input(args) as metrics:
+            run = fit_fleet(
+                metrics,
+                args.out,
+                report_dir=args.report_dir,
+                settings=settings,
+                jobs=args.jobs or None,
+                progress=not args.quiet,
+            )
     except (MetricsInputError, FitError, ExportError, ValueError, OSError) as exc:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
