@@ -21,7 +21,9 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    `power-aware-battery` (the same, while battery nodes' `energy-status` labels change), and
    `oracle` (the extender's ranking computed from the simulator's true curves and requested
    load: what model error and telemetry lag cost, not a deployable policy; the ceiling line
-   below is the bound on every policy).
+   below is the bound on every policy). On request (--policies), `cheapest`: the node whose
+   true curve adds the fewest watts, with no kube-scheduler scores and no 0..10 rounding (what
+   per-pod greedy placement reaches at best).
 5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
    `energy_sim_decisions.csv` (every placement decision), and with --json a summary
    `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
@@ -58,9 +60,11 @@ from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.cluster import SimCluster, build_cluster, node_power_w
 from bench.sim.engine import PolicyResult, SimSettings, simulate
 from bench.sim.policies import (
+    CheapestPolicy,
     DefaultPolicy,
     ExtenderPolicy,
     OraclePolicy,
+    Policy,
     RandomPolicy,
     SimClock,
 )
@@ -84,7 +88,8 @@ from training.synth import synth_fleet
 
 log = logging.getLogger("bench.energy_sim")
 
-POLICIES = ("default", "random", "power-aware", "power-aware-battery", "oracle")
+POLICIES = ("default", "random", "power-aware", "power-aware-battery", "oracle", "cheapest")
+DEFAULT_POLICIES = POLICIES[:5]
 BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
 HISTORY_STEP_S = 60.0
 DEFAULT_OUT_DIR = Path("out/energy_sim")
@@ -207,14 +212,18 @@ def run_policy(
         return simulate(cluster, trace, DefaultPolicy(rng), sim_settings, progress=progress), {}
     if name == "random":
         return simulate(cluster, trace, RandomPolicy(rng), sim_settings, progress=progress), {}
-    if name == "oracle":
+    if name in ("oracle", "cheapest"):
         no_fans_c = np.zeros(len(cluster))
 
         def true_power_w(util: np.ndarray) -> np.ndarray:
             return node_power_w(cluster, util, no_fans_c)
 
-        oracle = OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
-        return simulate(cluster, trace, oracle, sim_settings, progress=progress), {}
+        reference: Policy = (
+            OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
+            if name == "oracle"
+            else CheapestPolicy(true_power_w, cluster.cores)
+        )
+        return simulate(cluster, trace, reference, sim_settings, progress=progress), {}
     if bundle_dir is None:
         raise ValueError(f"policy {name} needs a model bundle")
     with extender_policy(name, cluster, bundle_dir, settings) as policy:
@@ -340,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
             "BalancedAllocation; random = any node that fits; power-aware = default plugins + "
             "our extender (/filter, /prioritize) at --extender-weight; power-aware-battery = "
             "the same while battery nodes' energy-status labels change; oracle = the "
-            "extender's ranking from the simulator's true curves (a reference, not deployable)."
+            "extender's ranking from the simulator's true curves (a reference, not deployable); "
+            "cheapest (not run by default) = the node whose true curve adds the fewest watts, "
+            "no kube-scheduler scores (the best per-pod greedy placement)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(
@@ -448,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--policies",
         metavar="LIST",
-        default=",".join(POLICIES),
+        default=",".join(DEFAULT_POLICIES),
         help=f"comma-separated policies to run, from {', '.join(POLICIES)}",
     )
     out = parser.add_argument_group("output")

@@ -23,7 +23,7 @@ from bench.sim.kube_default import (
     fits,
     least_allocated_scores,
 )
-from bench.sim.policies import DefaultPolicy
+from bench.sim.policies import CheapestPolicy, DefaultPolicy
 from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
 from extender.config import DEFAULT_BUNDLE_DIR
 from tests.support.sim import sim_cluster
@@ -100,6 +100,28 @@ def test_zero_requests_score_as_defaults_but_fit_anywhere() -> None:
 def test_extender_scores_count_weight_times_ten() -> None:
     # prioritizeNodes: score * weight * (MaxNodeScore 100 / MaxExtenderPriority 10)
     assert extender_contribution(np.array([0, 7, 10]), 5).tolist() == [0, 350, 500]
+
+
+def test_cheapest_reference_takes_the_fewest_true_watts_where_the_scheduler_spreads() -> None:
+    # Linear curves, so a pod's increase is (max - idle) x demand / cores, by hand:
+    #   a: 4 CPU, 100 -> 300 W: 1 CPU adds 50 W;  b: 8 CPU, 100 -> 260 W: 1 CPU adds 20 W;
+    #   c: 2 CPU, 100 -> 140 W: 1 CPU adds 20 W (tie with b: the lower index, b, wins).
+    ledger = tiny_ledger()
+
+    def true_power_w(util: np.ndarray) -> np.ndarray:
+        return 100.0 + np.array([200.0, 160.0, 40.0]) * util
+
+    cheapest = CheapestPolicy(true_power_w, np.array([4.0, 8.0, 2.0]))
+    pod = PodRequest(1000, 1 * GIB)
+    ledger.add(B, PodRequest(5000, 1 * GIB))  # b busy: kube-scheduler's spreading prefers a
+    assert default_schedule(ledger, pod, np.random.default_rng(0)) == A
+    decision = cheapest.place("pod-1", pod, ledger, 0.0)
+    assert (decision.node, decision.predicted_increase_w) == (B, pytest.approx(20.0))
+    ledger.add(B, pod)  # bound, as the engine does
+    ledger.add(B, PodRequest(2000, 0))  # b full (8 of 8 CPU): c adds the same 20 W
+    decision = cheapest.place("pod-2", pod, ledger, 0.0)
+    assert (decision.node, decision.predicted_increase_w) == (C, pytest.approx(20.0))
+    assert cheapest.place("pod-3", PodRequest(5000, 0), ledger, 0.0).node is None
 
 
 def one_node_cluster(curve_share: np.ndarray, max_power_w: float, cores: float) -> SimCluster:

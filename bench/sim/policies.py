@@ -18,6 +18,10 @@ and memory in MiB. Memory never reaches the extender's decision: NodeResourcesFi
 LeastAllocated/BalancedAllocation scores that are added to the extender's include memory. The
 Pod watch's `pod_bound` is given the same CPU request the extender was asked about.
 
+Two references, not deployable (nobody knows true curves): `OraclePolicy` (the extender's
+scoring on the simulator's true curves) and `CheapestPolicy` (the node whose true curve adds
+the fewest watts, kube-scheduler's own scores ignored).
+
 Every policy answers a `Decision`: the node (None = no node fits), the chosen node's total
 score and, for the extender, its predicted power increase (from `POST /explain`).
 """
@@ -104,14 +108,41 @@ class RandomPolicy(Policy):
         return Decision(int(self.rng.choice(feasible)))
 
 
-class OraclePolicy(Policy):
+class TrueCurvePolicy(Policy):
+    """A reference that prices pods on the simulator's true power curves (not deployable).
+
+    The increase of placing a pod is read from the true curve at the node's *requested* load:
+    no model error and no telemetry lag. Subclasses decide how to choose from it (`choose`).
+    """
+
+    def __init__(
+        self, true_power_w: Callable[[np.ndarray], np.ndarray], node_cores: np.ndarray
+    ) -> None:
+        self.true_power_w = true_power_w  # utilisation per node -> watts per node
+        self.node_cores = node_cores
+
+    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+        feasible = np.flatnonzero(fits(ledger, pod))
+        if feasible.size == 0:
+            return Decision(None, reason="NodeResourcesFit: no node has room")
+        util = ledger.requested_cpu_m / 1000.0 / self.node_cores
+        demand = pod.nonzero_cpu_m / 1000.0 / self.node_cores
+        increase_w = (self.true_power_w(util + demand) - self.true_power_w(util))[feasible]
+        return self.choose(pod, ledger, feasible, increase_w)
+
+    def choose(
+        self, pod: PodRequest, ledger: NodeLedger, feasible: np.ndarray, increase_w: np.ndarray
+    ) -> Decision:
+        raise NotImplementedError
+
+
+class OraclePolicy(TrueCurvePolicy):
     """A reference for the extender: its ranking from the simulator's true power curves.
 
     The extender's own scoring (`extender.scoring.power_scores` and `final_scores`, as for
-    grid-powered nodes at the default weights), but the increase comes from the true curve at
-    the node's *requested* load: no model error and no telemetry lag.
-    Not deployable (nobody knows true curves); it shows how much of the possible saving the
-    learned models and lagging telemetry leave on the table.
+    grid-powered nodes at the default weights) added to kube-scheduler's scores at `weight`,
+    on true increases. It shows how much of the possible saving the learned models and lagging
+    telemetry leave on the table.
     """
 
     name = "oracle"
@@ -123,18 +154,13 @@ class OraclePolicy(Policy):
         weight: int,
         rng: np.random.Generator,
     ) -> None:
-        self.true_power_w = true_power_w  # utilisation per node -> watts per node
-        self.node_cores = node_cores
+        super().__init__(true_power_w, node_cores)
         self.weight = weight
         self.rng = rng
 
-    def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
-        feasible = np.flatnonzero(fits(ledger, pod))
-        if feasible.size == 0:
-            return Decision(None, reason="NodeResourcesFit: no node has room")
-        util = ledger.requested_cpu_m / 1000.0 / self.node_cores
-        demand = pod.nonzero_cpu_m / 1000.0 / self.node_cores
-        increase_w = (self.true_power_w(util + demand) - self.true_power_w(util))[feasible]
+    def choose(
+        self, pod: PodRequest, ledger: NodeLedger, feasible: np.ndarray, increase_w: np.ndarray
+    ) -> Decision:
         if feasible.size == 1:
             return Decision(int(feasible[0]), predicted_increase_w=float(increase_w[0]))
         power_score = power_scores(increase_w, np.ones(feasible.size, dtype=bool))
@@ -147,6 +173,23 @@ class OraclePolicy(Policy):
         return Decision(
             node, score=float(totals[chosen]), predicted_increase_w=float(increase_w[chosen])
         )
+
+
+class CheapestPolicy(TrueCurvePolicy):
+    """A reference for per-pod greedy placement: the node whose true curve adds the fewest watts.
+
+    It takes the cheapest node outright: no kube-scheduler scores beside it and no rounding to
+    0..10 points (ties go to the lowest index). If it saves no more than the oracle, neither the
+    scheduler's spreading scores nor the protocol's integer scores hold the extender back.
+    """
+
+    name = "cheapest"
+
+    def choose(
+        self, pod: PodRequest, ledger: NodeLedger, feasible: np.ndarray, increase_w: np.ndarray
+    ) -> Decision:
+        chosen = int(np.argmin(increase_w))
+        return Decision(int(feasible[chosen]), predicted_increase_w=float(increase_w[chosen]))
 
 
 def pod_object(uid: str, pod: PodRequest) -> dict:
