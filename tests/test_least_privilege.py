@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tests.test_manifests import OBJECTS, SCHEDULER_NAME, _find, _pod_specs
+from tests.support.manifests import OBJECTS, SCHEDULER_NAME, find_object, pod_specs
 
 CLUSTER = "cluster"
 NAMESPACE = "namespace"
@@ -87,7 +87,7 @@ def granted(account: str, namespace: str) -> tuple[set[Right], set[str]]:
             where = f"{binding_namespace}/" if ref["kind"] == "Role" else ""
             built_ins.add(f"{ref['kind']}/{where}{ref['name']}")
             continue
-        role = _find(ref["kind"], ref["name"], binding_namespace)
+        role = find_object(ref["kind"], ref["name"], binding_namespace)
         # A ClusterRole bound by a RoleBinding only applies in that namespace.
         scope = CLUSTER if binding["kind"] == "ClusterRoleBinding" else NAMESPACE
         for rule in role["rules"]:
@@ -163,7 +163,7 @@ def test_no_role_grants_wildcards_or_cluster_wide_writes_to_namespaced_objects()
 
 
 def test_pods_without_api_needs_do_not_mount_a_token() -> None:
-    for ident, _owner, pod in _pod_specs():
+    for ident, _owner, pod in pod_specs():
         account = pod.get("serviceAccountName")
         if account in NEEDED:
             continue

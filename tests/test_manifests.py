@@ -16,7 +16,6 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,8 +23,16 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-MANIFESTS = REPO / "manifests"
+from tests.support.manifests import (
+    MANIFESTS,
+    OBJECTS,
+    REPO,
+    SCHEDULER_NAME,
+    find_object,
+    kustomization,
+    object_id,
+    pod_specs,
+)
 
 # (apiVersion, kind) -> the official client's model class for that object.
 MODELS: dict[tuple[str, str], type] = {
@@ -46,7 +53,6 @@ MODELS: dict[tuple[str, str], type] = {
 BUILT_IN_CLUSTER_ROLES = {"system:kube-scheduler", "system:volume-scheduler"}
 BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
-SCHEDULER_NAME = "power-aware-scheduler"
 MODEL_SHARD_PREFIX = "power-models-"
 
 # kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
@@ -92,49 +98,11 @@ PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "plugi
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading
-
-
-def _kustomization() -> dict:
-    return yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-
-
-def _load_objects() -> list[tuple[str, dict]]:
-    objects: list[tuple[str, dict]] = []
-    for name in _kustomization()["resources"]:
-        for document in yaml.safe_load_all((MANIFESTS / name).read_text()):
-            if document is not None:
-                objects.append((name, document))
-    return objects
-
-
-OBJECTS = _load_objects()
-
-
-def _ident(obj: dict) -> str:
-    meta = obj["metadata"]
-    return f"{obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
-
-
-def _find(kind: str, name: str, namespace: str | None = None) -> dict:
-    for _, obj in OBJECTS:
-        meta = obj["metadata"]
-        if obj["kind"] == kind and meta["name"] == name and meta.get("namespace") == namespace:
-            return obj
-    raise AssertionError(f"no {kind} {namespace}/{name} in manifests/")
-
-
-def _pod_specs() -> Iterator[tuple[str, dict, dict]]:
-    """(object id, owning object, pod spec) for every workload."""
-    for _, obj in OBJECTS:
-        if obj["kind"] == "Deployment":
-            yield _ident(obj), obj, obj["spec"]["template"]["spec"]
-        elif obj["kind"] == "CronJob":
-            yield _ident(obj), obj, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+# Helpers
 
 
 def _containers() -> Iterator[tuple[str, dict, dict, dict]]:
-    for ident, owner, pod in _pod_specs():
+    for ident, owner, pod in pod_specs():
         for container in pod.get("initContainers", []) + pod["containers"]:
             yield f"{ident} container {container['name']}", owner, pod, container
 
@@ -145,12 +113,12 @@ def _embedded_yaml(configmap: dict, key: str) -> dict:
 
 def _scheduler_config() -> dict:
     return _embedded_yaml(
-        _find("ConfigMap", "power-aware-scheduler-config", SCHEDULER_NAME), "config.yaml"
+        find_object("ConfigMap", "power-aware-scheduler-config", SCHEDULER_NAME), "config.yaml"
     )
 
 
 def _container(deployment: str, container: str) -> dict:
-    pod = _find("Deployment", deployment, SCHEDULER_NAME)["spec"]["template"]["spec"]
+    pod = find_object("Deployment", deployment, SCHEDULER_NAME)["spec"]["template"]["spec"]
     return next(c for c in pod["containers"] if c["name"] == container)
 
 
@@ -167,14 +135,16 @@ def _expand_args(container: dict, env: dict[str, str]) -> list[str]:
 
 
 def test_kustomization_lists_every_manifest_file() -> None:
-    listed = set(_kustomization()["resources"])
+    listed = set(kustomization()["resources"])
     on_disk = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk, (
         f"listed but missing: {listed - on_disk}; unlisted: {on_disk - listed}"
     )
 
 
-@pytest.mark.parametrize(("source", "obj"), OBJECTS, ids=[f"{s}:{_ident(o)}" for s, o in OBJECTS])
+@pytest.mark.parametrize(
+    ("source", "obj"), OBJECTS, ids=[f"{s}:{object_id(o)}" for s, o in OBJECTS]
+)
 def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None:
     key = (obj.get("apiVersion"), obj.get("kind"))
     assert key in MODELS, f"{source}: unexpected object type {key}"
@@ -184,7 +154,7 @@ def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None
 
 
 def test_object_names_are_unique() -> None:
-    idents = [_ident(obj) for _, obj in OBJECTS]
+    idents = [object_id(obj) for _, obj in OBJECTS]
     assert len(idents) == len(set(idents)), sorted(i for i in idents if idents.count(i) > 1)
 
 
@@ -193,7 +163,7 @@ def test_every_namespace_used_exists_or_is_standard() -> None:
     for _, obj in OBJECTS:
         namespace = obj["metadata"].get("namespace")
         if namespace is not None:
-            assert namespace in defined | {"default", "kube-system"}, _ident(obj)
+            assert namespace in defined | {"default", "kube-system"}, object_id(obj)
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
@@ -207,7 +177,7 @@ def test_kustomize_builds_the_same_objects() -> None:
     )
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    assert sorted(_ident(d) for d in built) == sorted(_ident(o) for _, o in OBJECTS)
+    assert sorted(object_id(d) for d in built) == sorted(object_id(o) for _, o in OBJECTS)
     images = {
         c["image"]
         for doc in built
@@ -259,8 +229,8 @@ def test_scheduler_profile_lock_and_extender_settings() -> None:
 def test_scheduler_can_take_its_own_lease() -> None:
     election = _scheduler_config()["leaderElection"]
     namespace = election["resourceNamespace"]
-    binding = _find("RoleBinding", "power-aware-scheduler-lease", namespace)
-    role = _find("Role", binding["roleRef"]["name"], namespace)
+    binding = find_object("RoleBinding", "power-aware-scheduler-lease", namespace)
+    role = find_object("Role", binding["roleRef"]["name"], namespace)
     granted = {
         verb
         for rule in role["rules"]
@@ -269,7 +239,7 @@ def test_scheduler_can_take_its_own_lease() -> None:
         for verb in rule["verbs"]
     }
     assert {"create", "get", "update"} <= granted
-    deployment = _find("Deployment", SCHEDULER_NAME, SCHEDULER_NAME)
+    deployment = find_object("Deployment", SCHEDULER_NAME, SCHEDULER_NAME)
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert {"kind": "ServiceAccount", "name": account, "namespace": SCHEDULER_NAME} in binding[
         "subjects"
@@ -282,7 +252,7 @@ def test_extender_url_reaches_the_service_and_the_container_port() -> None:
     assert url.scheme == ("https" if extender.get("enableHTTPS") else "http")
     service_name, namespace, *rest = url.hostname.split(".")
     assert rest in (["svc"], ["svc", "cluster", "local"]), url.hostname
-    service = _find("Service", service_name, namespace)
+    service = find_object("Service", service_name, namespace)
     (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
     # The Service selects the extender's pods and forwards to its named container port.
     deployment = next(
@@ -366,7 +336,7 @@ def test_container_is_locked_down_and_bounded(ident: str, pod: dict, container: 
     assert all("hostPath" not in volume for volume in pod.get("volumes", [])), ident
     # No image is left to float: every one has a tag (ours gets it from the kustomization).
     assert ":" in container["image"] or container["image"] in {
-        image["name"] for image in _kustomization()["images"]
+        image["name"] for image in kustomization()["images"]
     }, ident
 
 
@@ -380,8 +350,8 @@ def test_every_long_running_container_has_probes() -> None:
 def test_jobs_are_bounded_in_time_and_never_overlap() -> None:
     for _, obj in OBJECTS:
         if obj["kind"] == "CronJob":
-            assert obj["spec"]["concurrencyPolicy"] == "Forbid", _ident(obj)
-            assert obj["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] > 0, _ident(obj)
+            assert obj["spec"]["concurrencyPolicy"] == "Forbid", object_id(obj)
+            assert obj["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] > 0, object_id(obj)
 
 
 def test_extender_probes_health_and_readiness() -> None:
@@ -391,13 +361,13 @@ def test_extender_probes_health_and_readiness() -> None:
 
 
 def test_pods_run_as_their_own_service_accounts() -> None:
-    for ident, owner, pod in _pod_specs():
+    for ident, owner, pod in pod_specs():
         namespace = owner["metadata"].get("namespace")
         if owner["metadata"]["name"] == "power-demo":
             continue  # the example workload needs no API access
         account = pod.get("serviceAccountName")
         assert account, f"{ident} runs as the namespace's default service account"
-        _find("ServiceAccount", account, namespace)
+        find_object("ServiceAccount", account, namespace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +378,7 @@ def _rules() -> Iterator[tuple[str, dict]]:
     for _, obj in OBJECTS:
         if obj["kind"] in ("Role", "ClusterRole"):
             for rule in obj.get("rules", []):
-                yield _ident(obj), rule
+                yield object_id(obj), rule
 
 
 def test_rbac_has_no_wildcards_and_no_secrets() -> None:
@@ -427,12 +397,12 @@ def test_bindings_reference_defined_roles_and_service_accounts() -> None:
         namespace = obj["metadata"].get("namespace")
         if ref["kind"] == "ClusterRole":
             if ref["name"] not in BUILT_IN_CLUSTER_ROLES:
-                _find("ClusterRole", ref["name"])
+                find_object("ClusterRole", ref["name"])
         elif (namespace, ref["name"]) not in BUILT_IN_ROLES:
-            _find("Role", ref["name"], namespace)
+            find_object("Role", ref["name"], namespace)
         for subject in obj["subjects"]:
-            assert subject["kind"] == "ServiceAccount", _ident(obj)
-            _find("ServiceAccount", subject["name"], subject["namespace"])
+            assert subject["kind"] == "ServiceAccount", object_id(obj)
+            find_object("ServiceAccount", subject["name"], subject["namespace"])
 
 
 def _granted(account: str, namespace: str) -> set[tuple[str, str, str]]:
@@ -448,7 +418,7 @@ def _granted(account: str, namespace: str) -> set[tuple[str, str, str]]:
         scope = binding["metadata"].get("namespace")
         if ref["name"] in BUILT_IN_CLUSTER_ROLES or (scope, ref["name"]) in BUILT_IN_ROLES:
             continue
-        role = _find(ref["kind"], ref["name"], scope)
+        role = find_object(ref["kind"], ref["name"], scope)
         for rule in role["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -482,7 +452,7 @@ def test_descheduler_evicts_through_the_eviction_api_only() -> None:
 
 
 def _model_shard_sources() -> list[dict]:
-    pod = _find("Deployment", "power-extender", SCHEDULER_NAME)["spec"]["template"]["spec"]
+    pod = find_object("Deployment", "power-extender", SCHEDULER_NAME)["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
     return [source["configMap"] for source in volume["projected"]["sources"]]
 
@@ -495,7 +465,7 @@ def test_model_volume_mounts_consecutive_shards_first_required() -> None:
 
 
 def test_trainer_may_write_exactly_the_mounted_shards() -> None:
-    role = _find("Role", "power-model-trainer", SCHEDULER_NAME)
+    role = find_object("Role", "power-model-trainer", SCHEDULER_NAME)
     named = [rule for rule in role["rules"] if rule.get("resourceNames")]
     shard_names = [s["name"] for s in _model_shard_sources()]
     for rule in named:
@@ -511,7 +481,7 @@ def test_trainer_may_write_exactly_the_mounted_shards() -> None:
 
 def _trainer_steps() -> list[list[str]]:
     """The `python -m MODULE ARGS` commands of the trainer's script, shell-split."""
-    cronjob = _find("CronJob", "power-model-trainer", SCHEDULER_NAME)
+    cronjob = find_object("CronJob", "power-model-trainer", SCHEDULER_NAME)
     (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["/bin/sh", "-c"]
     script = container["args"][0].replace("\\\n", " ")
@@ -537,9 +507,9 @@ def test_trainer_steps_parse_with_each_tools_own_parser() -> None:
     assert parsed["training.publish"].bundle == parsed["training.fit"].out
     mounts = {
         m["mountPath"]
-        for m in _find("CronJob", "power-model-trainer", SCHEDULER_NAME)["spec"]["jobTemplate"][
-            "spec"
-        ]["template"]["spec"]["containers"][0]["volumeMounts"]
+        for m in find_object("CronJob", "power-model-trainer", SCHEDULER_NAME)["spec"][
+            "jobTemplate"
+        ]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     }
     for path in (parsed["training.collect"].out, parsed["training.fit"].out):
         assert any(str(path).startswith(m + "/") for m in mounts), f"{path} is not writable"
@@ -558,7 +528,7 @@ def test_trainer_steps_parse_with_each_tools_own_parser() -> None:
 
 
 def _descheduler_policy() -> dict:
-    configmap = _find("ConfigMap", "power-descheduler-policy", SCHEDULER_NAME)
+    configmap = find_object("ConfigMap", "power-descheduler-policy", SCHEDULER_NAME)
     return _embedded_yaml(configmap, "policy.yaml")
 
 
@@ -577,7 +547,7 @@ def test_descheduler_policy_evicts_only_for_the_powerless_taint() -> None:
     assert configs["RemovePodsViolatingNodeTaints"]["includedTaints"] == [
         "power-aware-scheduler/powerless"
     ]
-    cronjob = _find("CronJob", "power-descheduler", SCHEDULER_NAME)
+    cronjob = find_object("CronJob", "power-descheduler", SCHEDULER_NAME)
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "policy")
@@ -585,12 +555,12 @@ def test_descheduler_policy_evicts_only_for_the_powerless_taint() -> None:
 
 
 def test_example_workload_opts_in_and_has_a_disruption_budget() -> None:
-    deployment = _find("Deployment", "power-demo", "default")
+    deployment = find_object("Deployment", "power-demo", "default")
     template = deployment["spec"]["template"]
     assert template["spec"]["schedulerName"] == SCHEDULER_NAME
     profiles = [p["schedulerName"] for p in _scheduler_config()["profiles"]]
     assert template["spec"]["schedulerName"] in profiles
-    budget = _find("PodDisruptionBudget", "power-demo", "default")
+    budget = find_object("PodDisruptionBudget", "power-demo", "default")
     assert (
         budget["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
     )
@@ -615,7 +585,7 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     assert uid.isdigit() and int(uid) > 0, users[-1]
     pod_users = {
         (pod.get("securityContext") or {}).get("runAsUser")
-        for _, owner, pod in _pod_specs()
+        for _, owner, pod in pod_specs()
         if any(c["image"] == "power-aware-scheduler" for c in pod["containers"])
     }
     assert pod_users == {int(uid)}
