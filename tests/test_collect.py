@@ -27,13 +27,15 @@ from tests.support.prometheus import (
 from training.collect import (
     DEFAULT_CPU_QUERY,
     DEFAULT_POWER_QUERY,
+    FIRST_CHUNK_STEPS,
+    PROMETHEUS_MAX_POINTS,
     CollectConfig,
     CollectConfigError,
     CollectError,
     CollectStats,
     PrometheusReader,
     assign_sensor_columns,
-    chunk_bounds,
+    chunk_steps,
     collect_instant,
     collect_metrics,
     collect_to_directory,
@@ -252,6 +254,31 @@ def test_collect_metrics_matches_loaded_series_over_several_chunks(fleet_prometh
         "cpu1_temp_c": "Temp",
         "cpu2_temp_c": "Temp",
     }
+
+
+@pytest.mark.prometheus
+def test_a_sample_budget_bounds_every_chunk_and_changes_no_row(fleet_prometheus) -> None:
+    prom, truth = fleet_prometheus
+    end_s = T0_S + 3 * 3600
+    budget = 400  # tiny, as if the fleet were a thousand times larger
+    tight, roomy = CollectStats(), CollectStats()
+    chunked = collect_metrics(
+        _config(prom.url, max_samples_per_chunk=budget), _utc(T0_S), _utc(end_s),
+        progress=False, stats=tight,
+    )  # fmt: skip
+    whole = collect_metrics(_config(prom.url), _utc(T0_S), _utc(end_s), progress=False, stats=roomy)
+    # a short first chunk (the fleet's size is not known yet), then the rest in one go
+    assert roomy.chunks == 2 and roomy.largest_chunk_samples > budget
+    assert tight.chunks > 10
+    # every chunk after the first within the budget
+    first_chunk = collect_metrics(
+        _config(prom.url), _utc(T0_S), _utc(T0_S + (FIRST_CHUNK_STEPS - 1) * STEP_S),
+        progress=False, stats=(first := CollectStats()),
+    )  # fmt: skip
+    assert len(first_chunk) > 0
+    assert tight.largest_chunk_samples <= max(budget, first.largest_chunk_samples)
+    pd.testing.assert_frame_equal(chunked, whole)
+    _assert_matches_truth(chunked, truth, T0_S, end_s)
 
 
 @pytest.mark.prometheus
@@ -533,9 +560,17 @@ def test_times_durations_and_chunks() -> None:
     assert parse_duration_s("90") == 90
     with pytest.raises(CollectConfigError, match="bad duration '5 minutes'"):
         parse_duration_s("5 minutes")
-    assert chunk_bounds(0, 100, 10, 5) == [(0, 40), (50, 90), (100, 100)]
-    points = sum((end - start) // 10 + 1 for start, end in chunk_bounds(0, 100, 10, 5))
-    assert points == 11
+
+
+def test_chunks_get_shorter_as_the_fleet_grows_so_memory_does_not() -> None:
+    config = CollectConfig(max_samples_per_chunk=1_000_000)
+    assert chunk_steps(config, 0) == FIRST_CHUNK_STEPS  # size unknown before the first answer
+    assert chunk_steps(CollectConfig(max_points_per_series=40), 0) == 40
+    assert chunk_steps(config, 10) == PROMETHEUS_MAX_POINTS  # small fleet: Prometheus's limit
+    # 1,000 nodes x (CPU, 3 temperatures, power) series: 200 steps of 5,000 series each
+    assert chunk_steps(config, 5_000) == 200
+    assert chunk_steps(config, 50_000) == 20  # ten times the fleet, a tenth of the steps
+    assert chunk_steps(config, 5_000_000) == 1  # never an empty chunk
 
 
 def test_config_file_overrides_queries_and_some_sensor_columns(tmp_path: Path) -> None:
@@ -699,7 +734,7 @@ def test_collect_to_directory_writes_node_groups_chunk_by_chunk(
         config, _utc(T0_S), _utc(end_s), tmp_path / "out", nodes_per_file=2, progress=False,
         stats=stats,
     )  # fmt: skip
-    assert stats.chunks == len(chunk_bounds(T0_S, end_s, STEP_S, 40)) > 3
+    assert stats.chunks == -(-((end_s - T0_S) // STEP_S + 1) // 40) > 3
     assert len(files) == -(-len(HOSTS) // 2)
     # every chunk became one row group per file it touched, never a whole-range table
     assert pq.ParquetFile(files[0]).num_row_groups == stats.chunks

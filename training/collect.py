@@ -17,10 +17,12 @@ from YAML/JSON with `--config`):
   of `instance` (`node_from: uname`; node_exporter and ipmi_exporter listen on different ports
   of the same host). A series that maps to no node is counted and logged, never dropped quietly.
 
-Prometheus refuses range queries of more than 11,000 points per series, so long ranges are
-split into chunks. Every request has a timeout, and anything unexpected (unreachable server,
-HTTP errors, non-JSON, JSON of the wrong shape) raises `CollectError` naming the URL, the
-query and the problem.
+Long ranges are read in time chunks: Prometheus refuses range queries of more than 11,000
+points per series, and memory holds one chunk, so a chunk spans as many steps as keep its
+samples within a budget (`max_samples_per_chunk`): fewer steps for a larger fleet, so memory
+does not grow with the number of nodes. Every request has a timeout, and anything unexpected
+(unreachable server, HTTP errors, non-JSON, JSON of the wrong shape) raises `CollectError`
+naming the URL, the query and the problem.
 
 The same query and mapping functions serve `collect_instant`, which the extender's live
 telemetry poller uses, so that training and serving see a node's features the same way.
@@ -58,6 +60,9 @@ log = logging.getLogger("training.collect")  # also when run as __main__
 
 TEMPERATURE_COLUMNS: tuple[str, ...] = ("ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
 PROMETHEUS_MAX_POINTS = 11_000  # Prometheus rejects range queries with more points per series
+# Before the first answer the fleet's size is unknown: the first chunk is short, and later ones
+# are sized from the series it returned (see chunk_steps).
+FIRST_CHUNK_STEPS = 120
 
 DEFAULT_CPU_QUERY = '1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle"}[$window]))'
 DEFAULT_TEMPERATURE_QUERY = "ipmi_temperature_celsius"
@@ -119,6 +124,9 @@ class CollectConfig:
     uname_lookback_s: float = 3600.0  # how far back a node_uname_info sample still counts
     instance_nodes: Mapping[str, str] = field(default_factory=dict)  # host or instance -> node
     max_points_per_series: int = PROMETHEUS_MAX_POINTS
+    # Memory holds one time chunk's answers (about 110 bytes per sample): a larger fleet gets
+    # chunks of fewer steps, so collecting 1,000 nodes needs no more memory than 10.
+    max_samples_per_chunk: int = 1_000_000
 
     def __post_init__(self) -> None:
         if not (self.step_s >= 1 and float(self.step_s).is_integer()):
@@ -137,6 +145,10 @@ class CollectConfig:
             raise CollectConfigError(
                 f"max_points_per_series must be 2..{PROMETHEUS_MAX_POINTS}, "
                 f"got {self.max_points_per_series!r}"
+            )
+        if not self.max_samples_per_chunk >= 1:
+            raise CollectConfigError(
+                f"max_samples_per_chunk must be at least 1, got {self.max_samples_per_chunk!r}"
             )
         unknown = set(self.sensor_patterns) - set(TEMPERATURE_COLUMNS)
         if unknown:
@@ -247,17 +259,15 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def chunk_bounds(start_s: int, end_s: int, step_s: int, max_points: int) -> list[tuple[int, int]]:
-    """Consecutive `[start, end]` ranges on the step grid, each with at most `max_points` points."""
-    if end_s < start_s:
-        raise CollectConfigError(f"end ({end_s}) is before start ({start_s})")
-    span_s = (max_points - 1) * step_s
-    chunks = []
-    chunk_start = start_s
-    while chunk_start <= end_s:
-        chunks.append((chunk_start, min(chunk_start + span_s, end_s)))
-        chunk_start += span_s + step_s
-    return chunks
+def chunk_steps(config: CollectConfig, series_per_step: int) -> int:
+    """Steps in the next time chunk: as many as keep `series_per_step` x steps within
+    `max_samples_per_chunk`, at least one, at most `max_points_per_series` (Prometheus's
+    limit). `series_per_step` is the most series a chunk has returned so far, 0 before any."""
+    if series_per_step <= 0:
+        return min(FIRST_CHUNK_STEPS, config.max_points_per_series)
+    return max(
+        1, min(config.max_points_per_series, config.max_samples_per_chunk // series_per_step)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,23 +313,44 @@ def parse_result(result: object, *, instant: bool, where: str) -> list[Series]:
                 f"{where}: result[{index}] has no 'metric' object: {_describe(item)}"
             )
         points = [item.get(key)] if instant else item.get(key)
-        if not isinstance(points, list) or not all(
-            isinstance(p, list | tuple) and len(p) == 2 for p in points
-        ):
-            raise CollectError(
-                f"{where}: result[{index}].{key} is not a list of [time, value] pairs: "
-                f"{_describe(item.get(key))}"
-            )
+        pairs = _points_array(points)
+        if pairs is None:  # say exactly what is wrong, point by point (the slow path)
+            _explain_bad_points(points, item, f"{where}: result[{index}]", key)
+        labels = {str(k): str(v) for k, v in item["metric"].items()}
+        parsed.append(Series(labels, pairs[:, 0].copy(), pairs[:, 1].copy()))
+    return parsed
+
+
+def _points_array(points: object) -> np.ndarray | None:
+    """`[[time, "value"], ...]` as an (n, 2) float array, or None if it is not one. numpy parses
+    the value strings ("NaN", "+Inf" too) in C: a 1,000-node chunk has millions of points."""
+    if not isinstance(points, list):
+        return None
+    if not points:
+        return np.empty((0, 2))
+    try:
+        pairs = np.array(points, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    return pairs if pairs.ndim == 2 and pairs.shape[1] == 2 else None
+
+
+def _explain_bad_points(points: object, item: dict, where: str, key: str) -> None:
+    """Raise the `CollectError` that says what is wrong with points `_points_array` refused."""
+    if not isinstance(points, list) or not all(
+        isinstance(p, list | tuple) and len(p) == 2 for p in points
+    ):
+        raise CollectError(
+            f"{where}.{key} is not a list of [time, value] pairs: {_describe(item.get(key))}"
+        )
+    for point in points:
         try:
-            timestamps_s = np.array([float(p[0]) for p in points], dtype=float)
-            values = np.array([float(p[1]) for p in points], dtype=float)
+            float(point[0]), float(point[1])
         except (TypeError, ValueError) as error:
             raise CollectError(
-                f"{where}: result[{index}] ({item['metric']}) has a non-numeric point: {error}"
+                f"{where} ({item['metric']}) has a non-numeric point: {error}"
             ) from error
-        labels = {str(k): str(v) for k, v in item["metric"].items()}
-        parsed.append(Series(labels, timestamps_s, values))
-    return parsed
+    raise CollectError(f"{where}.{key} is not a list of [time, value] pairs")
 
 
 def instance_host(instance: str) -> str:
@@ -439,6 +470,7 @@ class CollectStats:
     """What a collection saw: chunks, unmapped series (by metric), sensors chosen per node."""
 
     chunks: int = 0
+    largest_chunk_samples: int = 0  # the most samples one chunk's answers held at once
     unmapped_series: dict[str, set[tuple[tuple[str, str], ...]]] = field(
         default_factory=lambda: defaultdict(set)
     )
@@ -500,7 +532,7 @@ def build_table(
                 continue
             per_node[node][metric].append(series)
 
-    node_frames = []
+    node_parts: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
     for node in sorted(per_node):
         by_metric = per_node[node]
         columns: dict[str, list[Series]] = {
@@ -520,10 +552,20 @@ def build_table(
             if len(series_list) > 1:
                 stats.duplicates[node].add(column)
         times_s, values = _node_columns(columns)
-        node_frames.append(_contract_frame(np.full(len(times_s), node), times_s, values))
-    if not node_frames:
+        node_parts.append((node, times_s, values))
+    if not node_parts:
         return empty_table()
-    return pd.concat(node_frames, ignore_index=True)
+    # one frame per chunk, not per node: a DataFrame per node costs more than its rows
+    return _contract_frame(
+        np.repeat([node for node, _, _ in node_parts], [len(t) for _, t, _ in node_parts]),
+        np.concatenate([times_s for _, times_s, _ in node_parts]),
+        {
+            column: np.concatenate(
+                [values.get(column, np.full(len(t), np.nan)) for _, t, values in node_parts]
+            )
+            for column in CONTRACT_COLUMNS[2:]
+        },
+    )
 
 
 def _contract_frame(
@@ -722,19 +764,31 @@ def iter_collected(
     progress: bool = True,
     stats: CollectStats | None = None,
 ) -> Iterator[pd.DataFrame]:
-    """Contract-1 rows for `[start, end]`, one time chunk at a time (every node, at most
-    `config.max_points_per_series` steps): what is held at once is one chunk, not the range."""
+    """Contract-1 rows for `[start, end]`, one time chunk at a time (every node, as many steps
+    as `chunk_steps` allows): what is held at once is one chunk, not the range."""
     stats = stats if stats is not None else CollectStats()
     step_s = int(config.step_s)
     start_s = math.floor(start.timestamp())
     end_s = math.floor(end.timestamp())
-    chunks = chunk_bounds(start_s, end_s, step_s, config.max_points_per_series)
+    if end_s < start_s:
+        raise CollectConfigError(f"end ({end_s}) is before start ({start_s})")
     rules = compile_sensor_rules(config)
     show = progress and sys.stderr.isatty()
-    with PrometheusReader(config) as reader:
-        for chunk_start_s, chunk_end_s in tqdm(
-            chunks, desc="collect", unit="chunk", file=sys.stderr, disable=not show
-        ):
+    series_per_step = 0
+    chunk_start_s = start_s
+    with (
+        PrometheusReader(config) as reader,
+        tqdm(
+            total=(end_s - start_s) // step_s + 1,
+            desc="collect",
+            unit="step",
+            file=sys.stderr,
+            disable=not show,
+        ) as bar,
+    ):
+        while chunk_start_s <= end_s:
+            steps = chunk_steps(config, series_per_step)
+            chunk_end_s = min(chunk_start_s + (steps - 1) * step_s, end_s)
             host_nodes: dict[str, str] = {}
             if config.node_from == "uname":
                 window_s = chunk_end_s - chunk_start_s + config.uname_lookback_s
@@ -744,8 +798,15 @@ def iter_collected(
             answers = _query_all(
                 config, lambda q, s=chunk_start_s, e=chunk_end_s: reader.range(q, s, e)
             )
+            series_per_step = max(series_per_step, sum(map(len, answers.values())))
             stats.chunks += 1
+            stats.largest_chunk_samples = max(
+                stats.largest_chunk_samples,
+                sum(len(one.values) for found in answers.values() for one in found),
+            )
             yield build_table(answers, config, host_nodes, stats, rules)
+            bar.update((chunk_end_s - chunk_start_s) // step_s + 1)
+            chunk_start_s = chunk_end_s + step_s
 
 
 def collect_metrics(
@@ -783,7 +844,7 @@ def collect_to_directory(
     """Collect into a directory of Parquet files of `nodes_per_file` nodes each.
 
     Each time chunk is split by node group and appended to the group's file as a row group,
-    so memory holds one chunk (lower `max_points_per_series` for smaller chunks), and the
+    so memory holds one chunk (lower `max_samples_per_chunk` for smaller chunks), and the
     directory streams into `training.fit --input DIR` one file at a time. Nodes are numbered
     in the order they are first seen. Returns the files written, in group order.
     """
