@@ -282,6 +282,31 @@ def test_a_sample_budget_bounds_every_chunk_and_changes_no_row(fleet_prometheus)
 
 
 @pytest.mark.prometheus
+def test_an_idle_counter_running_fast_reads_as_zero_utilisation_not_a_dropped_row(
+    tmp_path: Path,
+) -> None:
+    # Scrape jitter makes rate(idle) of an idle node exceed 1 now and then; 1 - rate would be
+    # negative and cleaning would drop the idle rows, the ones that pin the curve's low end.
+    samples = []
+    for i in range(30):
+        at_s = T0_S + i * SCRAPE_S
+        host = {"instance": "10.0.0.1:9100", "job": "node"}
+        idle = {**host, "cpu": "0", "mode": "idle"}
+        samples += [
+            ("node_cpu_seconds_total", idle, at_s, 5000.0 + 1.01 * i * SCRAPE_S),
+            ("node_uname_info", {**host, "nodename": "node-a"}, at_s, 1.0),
+            ("ipmi_dcmi_power_consumption_watts", {"instance": "10.0.0.1:9290"}, at_s, 90.0),
+        ]
+    with start_prometheus(tmp_path, openmetrics_text=write_openmetrics(samples)) as prom:
+        frame = collect_metrics(
+            CollectConfig(url=prom.url, step_s=SCRAPE_S), _utc(T0_S + 5 * SCRAPE_S),
+            _utc(T0_S + 29 * SCRAPE_S), progress=False,
+        )  # fmt: skip
+    assert len(frame) == 25
+    assert (frame["cpu_util"] == 0.0).all()
+
+
+@pytest.mark.prometheus
 def test_one_unchunked_query_would_exceed_the_prometheus_limit(fleet_prometheus) -> None:
     prom, _ = fleet_prometheus
     with (
@@ -604,7 +629,7 @@ def test_config_file_overrides_queries_and_some_sensor_columns(tmp_path: Path) -
 
 def test_render_query_groups_by_node_label_in_label_mode() -> None:
     assert render_query(DEFAULT_CPU_QUERY, CollectConfig(cpu_rate_window="5m")) == (
-        '1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[5m]))'
+        'clamp(1 - avg by (instance) (rate(node_cpu_seconds_total{mode="idle"}[5m])), 0, 1)'
     )
     assert "by (instance, node)" in render_query(
         DEFAULT_CPU_QUERY, CollectConfig(node_from="label")

@@ -64,7 +64,11 @@ PROMETHEUS_MAX_POINTS = 11_000  # Prometheus rejects range queries with more poi
 # are sized from the series it returned (see chunk_steps).
 FIRST_CHUNK_STEPS = 120
 
-DEFAULT_CPU_QUERY = '1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle"}[$window]))'
+# rate() of the idle counter can exceed 1 by float rounding or scrape jitter, which would make
+# an idle node's utilisation slightly negative and its row dropped as out of range: clamp.
+DEFAULT_CPU_QUERY = (
+    'clamp(1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle"}[$window])), 0, 1)'
+)
 DEFAULT_TEMPERATURE_QUERY = "ipmi_temperature_celsius"
 DEFAULT_POWER_QUERY = "ipmi_dcmi_power_consumption_watts"
 
