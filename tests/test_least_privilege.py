@@ -19,7 +19,7 @@ CLUSTER = "cluster"
 NAMESPACE = "namespace"
 READ = ("get", "list", "watch")
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-MODEL_SHARDS = ("power-models-0", "power-models-1", "power-models-2", "power-models-3")
+MODEL_SHARDS = tuple(f"power-models-{i}" for i in range(8))
 
 Right = tuple[str, str, str, str, tuple[str, ...]]  # scope, group, resource, verb, names
 
