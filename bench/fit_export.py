@@ -31,9 +31,10 @@ from training.synth import synth_fleet
 log = logging.getLogger("bench.fit_export")
 
 
-def status_mib(field: str) -> float:
-    """A memory figure of this process from /proc/self/status (VmRSS now, VmHWM peak)."""
-    with open("/proc/self/status") as status:
+def status_mib(field: str, pid: int | str = "self") -> float:
+    """A memory figure of a process (this one by default) from /proc/<pid>/status
+    (VmRSS now, VmHWM peak)."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024

@@ -1,6 +1,7 @@
 """Benchmark training at fleet scale: collect, fit and export time and peak memory vs fleet size.
 
-For every (nodes, rows per node) case (default 100 and 1000 nodes x 1k and 10k rows at 60 s):
+Fit and export, for every (nodes, rows per node) case (default 100 and 1000 nodes x 1k and 10k
+rows at 60 s):
 
 1. a synthetic fleet is written as a directory of per-rack Parquet files
    (`training.synth.write_fleet_files`, `--nodes-per-file` nodes each; not timed as training);
@@ -11,21 +12,19 @@ For every (nodes, rows per node) case (default 100 and 1000 nodes x 1k and 10k r
    of its largest worker (`getrusage` SELF and CHILDREN: honest high-water marks, no sampling);
 3. the bundle's size per node and per family is read back.
 
-Collection from Prometheus is measured for real, at sizes that fit the time budget: a fleet is
-turned into node_exporter / ipmi_exporter series, backfilled into a real Prometheus with
-`promtool tsdb create-blocks-from openmetrics`, and read back in a fresh process with
-`training.collect.collect_to_directory` (node-group Parquet files written one time chunk at a
-time, what `python -m training.collect --nodes-per-file` does), so memory holds one chunk.
-Two sizes give a cost per collected row (the slope, which leaves out fixed costs such as the
-server's start); the collection time of the large cases is that slope times their rows:
-EXTRAPOLATED, and printed as such.
+End to end, for the `--end-to-end` cases (default 1000 nodes x 10k rows, the issue's target):
+the fleet's node_exporter / ipmi_exporter series (6 per node) are backfilled into a real
+Prometheus with `promtool tsdb create-blocks-from openmetrics` (not timed), then
+`python -m training.fit --prometheus URL --start --end --out DIR` runs as a user would run it,
+default settings, in a fresh process: collected (spilled to node-group files one time chunk at
+a time), fitted and exported, timed from start to exit, with its peak memory and the server's.
 
 Printed: one row per case with per-node costs, ratios against the smallest case measured in the
 same run (time per node should stay flat; peak memory should not grow with nodes), the bundle
-size by family with the ConfigMap limit, and the 5-minute target for 1000 nodes x 10k rows.
+size by family with the ConfigMap limit, and the end-to-end runs against the 5-minute target.
 
-    python3 -m bench.training_scale            # default cases, ~6 minutes on 2 cores
-    python3 -m bench.training_scale --nodes 20,100 --rows 1000 --collect-nodes 4,8   # quick
+    python3 -m bench.training_scale            # default cases, ~9 minutes on 2 cores
+    python3 -m bench.training_scale --nodes 20,100 --rows 1000 --end-to-end 100x1000   # quick
 """
 
 from __future__ import annotations
@@ -40,7 +39,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ import pandas as pd
 
 from bench.fit_export import status_mib
 from predictor.bundle import read_bundle
+from training.dataset import read_metrics
 from training.fit import setup_logging
 from training.synth import write_fleet_files
 
@@ -124,105 +126,190 @@ def _fit_and_measure(data_dir: str, out_dir: str, jobs: int) -> dict:
     }
 
 
-def _exporter_samples(frame, step_s: float) -> list:
-    """node_exporter idle-CPU counters, node_uname_info, ipmi temperatures and DCMI power for a
-    contract-1 table, as Prometheus would have scraped them."""
-    samples: list = []
+# (family, type) in the order written: OpenMetrics wants each family's samples together
+EXPORTER_FAMILIES = (
+    ("node_cpu_seconds", "counter"),
+    ("node_uname_info", "gauge"),
+    ("ipmi_temperature_celsius", "gauge"),
+    ("ipmi_dcmi_power_consumption_watts", "gauge"),
+)
+
+
+def _exporter_series(frame: pd.DataFrame, step_s: float) -> Iterator[tuple[str, str, dict, list]]:
+    """(family, sample name, labels, [(timestamp_s, value)]) per series: node_exporter
+    idle-CPU counters, node_uname_info, ipmi temperatures and DCMI power for a contract-1
+    table, as Prometheus would have scraped them (missing temperatures are not scraped)."""
     for node, rows in frame.groupby("node", sort=True):
         times_s = (rows["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
         util = rows["cpu_util"].to_numpy()
         idle_s = 10_000.0 + np.cumsum((1.0 - util) * step_s)
         cpu = {"instance": f"{node}:9100", "job": "node", "cpu": "0", "mode": "idle"}
-        samples += [
-            ("node_cpu_seconds_total", cpu, t, v) for t, v in zip(times_s, idle_s, strict=True)
-        ]
+        yield (
+            "node_cpu_seconds",
+            "node_cpu_seconds_total",
+            cpu,
+            list(zip(times_s, idle_s, strict=True)),
+        )
         uname = {"instance": f"{node}:9100", "job": "node", "nodename": node}
-        samples += [("node_uname_info", uname, t, 1.0) for t in times_s]
+        yield "node_uname_info", "node_uname_info", uname, [(t, 1.0) for t in times_s]
         ipmi = {"instance": f"{node}:9290", "job": "ipmi"}
         for column, name, sensor_id in (
             ("ambient_temp_c", "Inlet Temp", "1"),
             ("cpu1_temp_c", "CPU1 Temp", "2"),
             ("cpu2_temp_c", "CPU2 Temp", "3"),
         ):
-            labels = {**ipmi, "name": name, "id": sensor_id}
             values = rows[column].to_numpy()
-            samples += [
-                ("ipmi_temperature_celsius", labels, t, v)
-                for t, v in zip(times_s, values, strict=True)
-                if not math.isnan(v)
-            ]
+            points = [(t, v) for t, v in zip(times_s, values, strict=True) if not math.isnan(v)]
+            labels = {**ipmi, "name": name, "id": sensor_id}
+            yield "ipmi_temperature_celsius", "ipmi_temperature_celsius", labels, points
         power = rows["power_w"].to_numpy()
-        samples += [
-            ("ipmi_dcmi_power_consumption_watts", ipmi, t, v)
-            for t, v in zip(times_s, power, strict=True)
-        ]
+        yield (
+            "ipmi_dcmi_power_consumption_watts",
+            "ipmi_dcmi_power_consumption_watts",
+            ipmi,
+            list(zip(times_s, power, strict=True)),
+        )
+
+
+def write_exporter_openmetrics(files: list[Path], path: Path, step_s: float) -> int:
+    """`_exporter_series` of a fleet's node-group files, streamed into an OpenMetrics file too
+    large to build in memory; each file is read once per family. Returns the samples written."""
+    from tests.support.prometheus import openmetrics_series
+
+    samples = 0
+    with path.open("w") as out:
+        for family, kind in EXPORTER_FAMILIES:
+            out.write(f"# TYPE {family} {kind}\n")
+            for file in files:
+                frame = read_metrics(file)
+                for series_family, name, labels, points in _exporter_series(frame, step_s):
+                    if series_family == family:
+                        out.write(openmetrics_series(name, labels, points))
+                        samples += len(points)
+        out.write("# EOF\n")
     return samples
 
 
-def backfill_prometheus(n_nodes: int, rows: int, work_dir: str, seed: int) -> dict:
-    """Write `n_nodes` x `rows` exporter samples into a Prometheus data directory with promtool
-    (a server is started once to check the blocks load, then stopped). Runs in its own child,
-    so the memory of making the test data is not counted as the collector's."""
-    from tests.support.prometheus import start_prometheus, write_openmetrics
-    from training.synth import synth_fleet
+def backfill_prometheus(
+    n_nodes: int, rows: int, work_dir: str | Path, seed: int, nodes_per_file: int = 10
+) -> dict:
+    """A synthetic fleet's exporter series in a Prometheus data directory (promtool, one block),
+    for `start_prometheus(work_dir)` to serve. Streamed through files: 1000 nodes fit."""
+    from tests.support.prometheus import backfill
 
-    frame = synth_fleet(n_nodes, rows * STEP_S / 3600.0, STEP_S, seed)
+    work = Path(work_dir)
     started = time.perf_counter()
-    samples = _exporter_samples(frame, STEP_S)
-    text = write_openmetrics(samples)
+    files = write_fleet_files(
+        work / "data", n_nodes, rows * STEP_S / 3600.0, STEP_S, seed, nodes_per_file
+    )
+    stamps = read_metrics(files[0])["timestamp"]
+    first_s, last_s = stamps.min().timestamp(), stamps.max().timestamp()
+    source = work / "backfill.om"
+    samples = write_exporter_openmetrics(files, source, STEP_S)
+    shutil.rmtree(work / "data")
     written = time.perf_counter()
-    with start_prometheus(Path(work_dir), openmetrics_text=text):
-        loaded = time.perf_counter()
+    log.info(
+        "%d x %d: %d samples (%.2f GiB of OpenMetrics) in %.0f s; backfilling",
+        n_nodes, rows, samples, source.stat().st_size / 2**30, written - started,
+    )  # fmt: skip
+    hours = _one_block_hours(first_s, last_s)
+    backfill(
+        source,
+        work / "prometheus" / "data",
+        extra_args=[f"--max-block-duration={hours}h"],
+        timeout_s=3600,
+    )
+    source.unlink()
     return {
-        "samples": len(samples),
+        "samples": samples,
         "openmetrics_s": written - started,
-        "backfill_and_start_s": loaded - written,
-        "first_s": frame["timestamp"].min().timestamp(),
-        "last_s": frame["timestamp"].max().timestamp(),
+        "backfill_s": time.perf_counter() - written,
+        "first_s": first_s,
+        "last_s": last_s,
     }
 
 
-def measure_collect(work_dir: str, first_s: float, last_s: float, chunk_points: int) -> dict:
-    """Serve a backfilled data directory and collect it into node-group files
-    (`collect_to_directory`), `chunk_points` steps at a time, in a fresh process."""
-    from datetime import UTC, datetime
+def _one_block_hours(first_s: float, last_s: float) -> int:
+    """A promtool block duration (whole hours, >= 2) whose aligned window holds the whole
+    range: one block, so the server has nothing to compact while it is measured."""
+    hours = max(2, math.ceil((last_s - first_s) / 3600) + 1)
+    while int(first_s // (hours * 3600)) != int(last_s // (hours * 3600)):
+        hours += 1
+    return hours
 
+
+def _log_time_s(line: str) -> float | None:
+    """The Unix time of a `training.fit` log line (its asctime is local time, milliseconds)."""
+    try:
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+    return stamp.timestamp()
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_end_to_end(
+    n_nodes: int, rows: int, work: Path, seed: int, jobs: int, nodes_per_file: int
+) -> dict:
+    """What a user runs, for real, at fleet scale: the fleet is backfilled into a real
+    Prometheus (not timed), then `python -m training.fit --prometheus URL --start --end --out`
+    runs in a fresh process with its default collect settings, timed from start to exit. Peak
+    memory is the kernel's high-water RSS of the largest single process among fit and its
+    workers (`wait4`); Prometheus's own peak and CPU are read from /proc before it stops."""
     from tests.support.prometheus import start_prometheus
-    from training.collect import collect_to_directory, load_collect_config
-    from training.dataset import stream_metrics
 
-    with start_prometheus(Path(work_dir)) as prometheus:
-        config = load_collect_config(
-            None,
-            url=prometheus.url,
-            step_s=STEP_S,
-            timeout_s=120,
-            max_points_per_series=chunk_points,
-        )
-        before_mib = status_mib("VmRSS")
-        client_cpu_before_s = _cpu_s_self()
-        started = time.perf_counter()
-        collect_to_directory(
-            config,
-            datetime.fromtimestamp(first_s + 5 * STEP_S, tz=UTC),
-            datetime.fromtimestamp(last_s, tz=UTC),
-            Path(work_dir) / "collected",
-            progress=False,
-        )
-        done = time.perf_counter()
-        client_cpu_s = _cpu_s_self() - client_cpu_before_s
-        peak_mib = status_mib("VmHWM")
-        children_before_s = _cpu_s() - _cpu_s_self()
-    # stopped and waited for: the server's CPU (its start included) is now in RUSAGE_CHILDREN
-    server_cpu_s = _cpu_s() - _cpu_s_self() - children_before_s
-    collected = Path(work_dir) / "collected"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    loaded = backfill_prometheus(n_nodes, rows, work, seed, nodes_per_file)
+    log.info("%d x %d: backfilled; running training.fit --prometheus", n_nodes, rows)
+    fit_log = work / "fit.log"
+    with start_prometheus(work, ready_timeout_s=300) as prometheus:
+        command = [
+            sys.executable, "-m", "training.fit",
+            "--prometheus", prometheus.url,
+            "--start", f"{loaded['first_s']:.0f}", "--end", f"{loaded['last_s']:.0f}",
+            "--out", str(work / "bundle"), "--jobs", str(jobs),
+        ]  # fmt: skip
+        server_cpu_before_s = _proc_cpu_s(prometheus.process.pid)
+        with fit_log.open("w") as log_file:
+            started_s = time.time()
+            started = time.perf_counter()
+            fit = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(fit.pid, 0)
+            wall_s = time.perf_counter() - started
+        server_cpu_s = _proc_cpu_s(prometheus.process.pid) - server_cpu_before_s
+        server_peak_mib = status_mib("VmHWM", prometheus.process.pid)
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = "\n".join(fit_log.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"{' '.join(command)} failed; {fit_log} ends:\n{tail}")
+    # where the minutes went: the collector logs when the collection is on disk
+    collected_at_s = [
+        _log_time_s(line)
+        for line in fit_log.read_text(errors="replace").splitlines()
+        if "training.collect: collected" in line
+    ]
+    collect_s = collected_at_s[-1] - started_s if collected_at_s and collected_at_s[-1] else None
+    report = json.loads((work / "bundle-report" / "report.json").read_text())
     return {
-        "collect_s": done - started,
-        "client_cpu_s": client_cpu_s,
+        "nodes": n_nodes,
+        "rows_per_node": rows,
+        "samples": loaded["samples"],
+        "prepare_s": loaded["openmetrics_s"] + loaded["backfill_s"],
+        "wall_s": wall_s,
+        "collect_s": collect_s,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
         "server_cpu_s": server_cpu_s,
-        "rows_collected": sum(len(batch.frame) for batch in stream_metrics(collected)),
-        "collect_peak_mib": peak_mib,
-        "before_collect_mib": before_mib,
+        "server_peak_mib": server_peak_mib,
+        "rows_used": report["input"]["rows_used"],
+        "nodes_own": report["summary"]["nodes_own_model"],
+        "median_mape_pct": report["summary"]["median_mape_pct"],
+        "log": str(fit_log),
     }
 
 
@@ -284,64 +371,10 @@ def run_case(case: Case, args: argparse.Namespace) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-@dataclass
-class CollectCost:
-    """Per collected row, from the difference between two measured sizes."""
-
-    measured: list[tuple[int, dict]]
-    wall_s: float
-    client_cpu_s: float  # training.collect: one Python thread
-    server_cpu_s: float  # Prometheus (its start-up included)
-    mib: float  # per row of one chunk (what collect_to_directory holds at once)
-
-
-def collect_slope(args: argparse.Namespace) -> CollectCost:
-    """Collect two fleet sizes from a real Prometheus; the slope between them is per-row cost."""
-    measured = []
-    for n_nodes in args.collect_nodes:
-        work = args.work / f"prometheus-{n_nodes}"
-        shutil.rmtree(work, ignore_errors=True)
-        made = run_child(
-            f"backfill_prometheus({n_nodes}, {args.collect_rows}, {str(work)!r}, {args.seed})"
-        )
-        result = made | run_child(
-            f"measure_collect({str(work)!r}, {made['first_s']}, {made['last_s']}, "
-            f"{args.chunk_points})"
-        )
-        result["chunk_rows"] = n_nodes * args.chunk_points
-        shutil.rmtree(work, ignore_errors=True)
-        log.info("collect %d x %d: %s", n_nodes, args.collect_rows, result)
-        measured.append((n_nodes, result))
-    (_, small), (_, large) = measured[0], measured[-1]
-    rows = large["rows_collected"] - small["rows_collected"]
-    rows = max(1, rows)
-
-    def slope(key: str) -> float:
-        return max(0.0, (large[key] - small[key]) / rows)
-
-    # memory holds one chunk: the growth while collecting, per row of a chunk, as a slope too
-    growth_mib = [r["collect_peak_mib"] - r["before_collect_mib"] for r in (small, large)]
-    chunk_rows = max(1, large["chunk_rows"] - small["chunk_rows"])
-    per_chunk_row_mib = max(0.0, (growth_mib[1] - growth_mib[0]) / chunk_rows)
-    return CollectCost(
-        measured,
-        slope("collect_s"),
-        slope("client_cpu_s"),
-        slope("server_cpu_s"),
-        per_chunk_row_mib,
-    )
-
-
 # --- printing -----------------------------------------------------------------------------------
 
 
-def cpu_bound_s(cpu_s: float, parent_cpu_s: float, jobs: int) -> float:
-    """Wall time the same work would take with the cores to itself: the workers' CPU shared
-    over `jobs` cores, but never less than the one-threaded parent's own CPU."""
-    return max(parent_cpu_s, cpu_s / jobs)
-
-
-def print_results(cases: list[Case], collect: CollectCost, jobs: int, chunk_points: int) -> None:
+def print_results(cases: list[Case], end_to_end: list[dict], jobs: int) -> None:
     families = ",".join(cases[0].fit["families"])
     print(
         f"\nfit + export (streamed from per-rack Parquet files, {jobs} worker(s), fresh process, "
@@ -398,50 +431,38 @@ def print_results(cases: list[Case], collect: CollectCost, jobs: int, chunk_poin
             f"{fits} one ConfigMap; {parts}"
         )
 
-    print("\ncollection from a real Prometheus (promtool backfill, then training.collect)")
-    for n_nodes, result in collect.measured:
-        print(
-            f"  measured {n_nodes} nodes: {result['rows_collected']} rows "
-            f"({result['samples']} samples): backfill + start "
-            f"{result['backfill_and_start_s']:.1f} s; collect {result['collect_s']:.2f} s wall, "
-            f"{result['client_cpu_s']:.2f} s client "
-            f"cpu, {result['server_cpu_s']:.2f} s server cpu (start included); peak "
-            f"{result['collect_peak_mib']:.0f} MiB while collecting (from "
-            f"{result['before_collect_mib']:.0f})"
-        )
-    print(
-        f"  per collected row (slope between the two sizes): {collect.wall_s * 1e6:.1f} us wall, "
-        f"{collect.client_cpu_s * 1e6:.1f} us client cpu, {collect.server_cpu_s * 1e6:.1f} us "
-        f"server cpu; memory holds one chunk (nodes x chunk points), "
-        f"{collect.mib * 1024:.2f} KiB per row of it"
-    )
+    for run in end_to_end:
+        print_end_to_end(run)
 
-    print("\ncollected + fitted + exported; collection EXTRAPOLATED from the slope above")
-    print("  (cpu-bound: the same CPU seconds with both cores to ourselves)")
-    for case in cases:
-        fit, rows = case.fit, case.fit["rows_used"]
-        parent_cpu_s = fit["cpu_s"] - fit["workers_cpu_s"]
-        fit_bound_s = cpu_bound_s(fit["cpu_s"], parent_cpu_s, jobs)
-        # Collection is one client thread and the server, each on its own core.
-        collect_bound_s = max(collect.client_cpu_s, collect.server_cpu_s) * rows
-        collect_s = collect.wall_s * rows
-        measured_s = collect_s + fit["wall_s"]
-        bound_s = collect_bound_s + fit_bound_s
-        verdict = ""
-        if case.nodes >= 1000 and case.rows >= 10_000:
-            if measured_s < TARGET_S:
-                verdict = f"; target < {TARGET_S:.0f} s: met"
-            elif bound_s < TARGET_S:
-                verdict = f"; target < {TARGET_S:.0f} s: met only cpu-bound"
-            else:
-                verdict = f"; target < {TARGET_S:.0f} s: NOT met"
-        print(
-            f"{case.nodes:>6} x {case.rows:<6}: collect ~{collect_s:.0f} s + fit/export "
-            f"{fit['wall_s']:.0f} s = ~{measured_s:.0f} s as measured, ~{bound_s:.0f} s cpu-bound "
-            f"(collect ~{collect_bound_s:.0f} + fit ~{fit_bound_s:.0f}); collecting holds "
-            f"~{collect.mib * case.nodes * chunk_points:.0f} MiB per {chunk_points}-step chunk"
-            f"{verdict}"
-        )
+
+def print_end_to_end(run: dict) -> None:
+    nodes, rows = run["nodes"], run["rows_per_node"]
+    collect_s = run["collect_s"]
+    split = (
+        f"collect {collect_s:.0f} s ({collect_s / run['rows_used'] * 1e6:.1f} us/row) + "
+        f"fit/export {run['wall_s'] - collect_s:.0f} s"
+        if collect_s is not None
+        else "split unknown (no collect line in the log)"
+    )
+    verdict = ""
+    if nodes >= 1000 and rows >= 10_000:
+        verdict = f"; target < {TARGET_S:.0f} s: {'met' if run['wall_s'] < TARGET_S else 'NOT met'}"
+    print(
+        f"\ncollected + fitted + exported, measured end to end: `training.fit --prometheus` on "
+        f"{nodes} nodes x {rows} rows ({run['samples']:,} samples backfilled in "
+        f"{run['prepare_s']:.0f} s, not counted)"
+    )
+    print(
+        f"  {run['wall_s']:.0f} s wall = {split}; {run['wall_s'] / nodes * 1000:.0f} ms/node"
+        f"{verdict}"
+    )
+    print(
+        f"  {run['cpu_s']:.0f} s cpu (fit and its workers); peak {run['peak_mib']:.0f} MiB "
+        f"(largest single process); Prometheus: {run['server_cpu_s']:.0f} s cpu, peak "
+        f"{run['server_peak_mib']:.0f} MiB; {run['rows_used']:,} rows used, "
+        f"{run['nodes_own']} own models, median held-out MAPE {run['median_mape_pct']:.2f} %"
+    )
+    print(f"  log: {run['log']}")
 
 
 def parse_ints(text: str) -> list[int]:
@@ -451,6 +472,24 @@ def parse_ints(text: str) -> list[int]:
             f"expected positive integers separated by commas: {text!r}"
         )
     return values
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """`1000x10000,100x1000` -> [(1000, 10000), (100, 1000)]; `none` -> []."""
+    if text.strip().lower() == "none":
+        return []
+    sizes = []
+    for part in text.split(","):
+        nodes, _, rows = part.strip().partition("x")
+        try:
+            sizes.append((int(nodes), int(rows)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected NODESxROWS, comma-separated, or 'none': {part.strip()!r} in {text!r}"
+            ) from None
+        if min(sizes[-1]) < 1:
+            raise argparse.ArgumentTypeError(f"sizes must be positive: {part.strip()!r}")
+    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -472,18 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="nodes per Parquet file of the input directory (default 10)",
     )  # fmt: skip
     parser.add_argument(
-        "--collect-nodes", type=parse_ints, default=[20, 100],
-        help="fleet sizes collected from a real Prometheus to measure the cost per row; "
-        "at least two (default 20,100)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--collect-rows", type=int, default=1000,
-        help="rows per node of those collections (default 1000)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--chunk-points", type=int, default=250,
-        help="steps per collection chunk (collect's max_points_per_series): memory while "
-        "collecting holds nodes x this many rows (default 250)",
+        "--end-to-end", type=parse_sizes, default=[(1000, 10_000)], metavar="NODESxROWS",
+        help="fleets backfilled into a real Prometheus and run through `training.fit "
+        "--prometheus` end to end, comma-separated, or 'none' (default 1000x10000: ~7 minutes, "
+        "~7 GiB of scratch files at the peak)",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=0, help="fit worker processes (default 0 = all cores)"
@@ -503,9 +534,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
-    if len(args.collect_nodes) < 2:
-        print("error: --collect-nodes needs at least two sizes for a slope", file=sys.stderr)
-        return 2
     args.jobs = args.jobs or os.cpu_count() or 1
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -513,7 +541,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = [Case(n, r) for r in sorted(args.rows) for n in sorted(args.nodes)]
     for case in cases:
         run_case(case, args)
-    print_results(cases, collect_slope(args), args.jobs, args.chunk_points)
+    end_to_end = [
+        measure_end_to_end(
+            nodes, rows, args.work / f"end-to-end-{nodes}x{rows}", args.seed, args.jobs,
+            args.nodes_per_file,
+        )
+        for nodes, rows in args.end_to_end
+    ]  # fmt: skip
+    print_results(cases, end_to_end, args.jobs)
     print(f"\nbench wall time {time.perf_counter() - started:.0f} s (data generation included)")
     return 0
 

@@ -98,7 +98,9 @@ def test_collect_and_fit_in_one_command_equals_collect_then_fit(
     assert sorted(p.name for p in kept.iterdir()) == ["nodes-00000.parquet"]
     reports = {name: _report(tmp_path / name) for name in ("one-go", "keep", "refit")}
     for report in reports.values():
-        assert report["summary"]["nodes_own_model"] == NODES
+        # 15 h is little data: a node may fall back to the fleet model, the same in all three
+        own = report["summary"]["nodes_own_model"]
+        assert own == reports["refit"]["summary"]["nodes_own_model"] > 0
         assert report["input"]["rows_used"] == reports["refit"]["input"]["rows_used"] > 0
     # Same rows, same fits: the models and their held-out errors agree node by node.
     figures = {

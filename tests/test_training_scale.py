@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.training_scale import bundle_sizes, cpu_bound_s, measure_fit, parse_ints
+from bench.training_scale import (
+    _one_block_hours,
+    bundle_sizes,
+    measure_end_to_end,
+    measure_fit,
+    parse_ints,
+    parse_sizes,
+)
 from predictor.bundle import read_bundle
 from training.synth import write_fleet_files
 
@@ -29,21 +36,40 @@ def test_help_documents_every_flag_with_its_default() -> None:
         ("--nodes", "default 100,1000"),
         ("--rows", "default 1000,10000"),
         ("--nodes-per-file", "default 10"),
-        ("--collect-nodes", "default 20,100"),
-        ("--collect-rows", "default 1000"),
+        ("--end-to-end", "default 1000x10000"),
         ("--jobs", "default 0"),
         ("--work", "default out/bench-training-scale"),
     ):
         assert flag in text and default in text
-    assert "EXTRAPOLATED" in text  # says which figure is not measured
+    assert "training.fit --prometheus" in text  # says what the end-to-end figure runs
 
 
-def test_parse_ints_and_the_cpu_bound_estimate() -> None:
+def test_parse_ints_and_sizes() -> None:
     assert parse_ints("100, 1000") == [100, 1000]
     with pytest.raises(Exception, match="positive integers"):
         parse_ints("0,10")
-    assert cpu_bound_s(cpu_s=100.0, parent_cpu_s=10.0, jobs=2) == 50.0
-    assert cpu_bound_s(cpu_s=100.0, parent_cpu_s=70.0, jobs=2) == 70.0  # the parent is the limit
+    assert parse_sizes("1000x10000, 100x1000") == [(1000, 10_000), (100, 1000)]
+    assert parse_sizes("none") == []
+    with pytest.raises(Exception, match=r"NODESxROWS.*'1000'"):
+        parse_sizes("1000")
+
+
+@pytest.mark.parametrize("first_s", [0.0, 1_767_571_200.0, 1_767_650_000.0])
+def test_one_backfilled_block_holds_the_whole_range(first_s: float) -> None:
+    last_s = first_s + 10_000 * 60
+    hours = _one_block_hours(first_s, last_s)
+    assert hours >= 2 and first_s // (hours * 3600) == last_s // (hours * 3600)
+
+
+@pytest.mark.prometheus
+def test_end_to_end_runs_fit_against_a_real_prometheus(tmp_path: Path) -> None:
+    run = measure_end_to_end(4, 900, tmp_path / "e2e", seed=3, jobs=1, nodes_per_file=2)
+    assert run["nodes_own"] > 0 and run["rows_used"] > 4 * 800  # fitted what it collected
+    assert run["samples"] > 4 * 6 * 800  # CPU counter, uname, 3 temperatures, power per node
+    # the split comes from the collector's log line: it must have been found
+    assert 0 < run["collect_s"] < run["wall_s"]
+    assert run["peak_mib"] > 100 and run["server_peak_mib"] > 10
+    assert Path(run["log"]).read_text().count("training.collect: collected") == 1
 
 
 def test_measure_fit_streams_a_directory_and_sizes_the_bundle(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@ only test our idea of it. These helpers run Debian's `prometheus` binary instead
   OpenMetrics text that `promtool tsdb create-blocks-from openmetrics` backfills;
 - `start_prometheus(tmp_path, openmetrics_text=..., scrape_targets=...)` backfills that text
   and/or scrapes exporters the test serves on 127.0.0.1, starts the server on a free port and
-  waits until it is ready (bounded; the error carries the server's log tail).
+  waits until it is ready (bounded; the error carries the server's log tail);
+- for data too large to hold as text (a 1,000-node fleet), write the file series by series
+  with `openmetrics_series`, load it with `backfill(file, tmp_path / "prometheus" / "data")`
+  and start the server on it with `start_prometheus(tmp_path)`.
 
 Typical use::
 
@@ -115,16 +118,26 @@ def write_openmetrics(samples: Iterable[Sample], *, types: Mapping[str, str] | N
         key = (name, tuple(sorted(labels.items())))
         series.setdefault(key, []).append((float(timestamp_s), float(value)))
 
-    lines: list[str] = []
+    parts: list[str] = []
     for family, (kind, series) in families.items():
-        lines.append(f"# TYPE {family} {kind}")
+        parts.append(f"# TYPE {family} {kind}\n")
         for (name, labels), points in series.items():
-            label_text = ",".join(f'{k}="{_escape_label_value(str(v))}"' for k, v in labels)
-            head = f"{name}{{{label_text}}}" if label_text else name
-            for timestamp_s, value in sorted(points):
-                lines.append(f"{head} {_format_number(value)} {timestamp_s:.3f}")
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+            parts.append(openmetrics_series(name, dict(labels), sorted(points)))
+    parts.append("# EOF\n")
+    return "".join(parts)
+
+
+def openmetrics_series(
+    name: str, labels: Mapping[str, str], points: Iterable[tuple[float, float]]
+) -> str:
+    """The sample lines of one series, `(timestamp_s, value)` points in the order given
+    (promtool wants ascending time). For writers that stream a file too large to build with
+    `write_openmetrics`: write `# TYPE` once per family, all of its series, then `# EOF`."""
+    label_text = ",".join(f'{k}="{_escape_label_value(str(v))}"' for k, v in sorted(labels.items()))
+    head = f"{name}{{{label_text}}}" if label_text else name
+    return "".join(
+        f"{head} {_format_number(value)} {timestamp_s:.3f}\n" for timestamp_s, value in points
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,16 +230,24 @@ def _write_config(path: Path, scrape_targets: Sequence[str], scrape_interval_s: 
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def _backfill(openmetrics_text: str, workdir: Path, data_dir: Path) -> None:
-    source = workdir / "backfill.om"
-    source.write_text(openmetrics_text)
+def backfill(
+    source: Path, data_dir: Path, *, extra_args: Sequence[str] = (), timeout_s: float = 300.0
+) -> None:
+    """Load an OpenMetrics file into a Prometheus data directory with promtool (for data too
+    large for `start_prometheus(openmetrics_text=...)`; start the server on it afterwards
+    with `start_prometheus(tmp_path)`, whose data directory is `tmp_path/prometheus/data`)."""
+    require_prometheus()
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
-        [PROMTOOL_BIN, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
+        [
+            PROMTOOL_BIN, "tsdb", "create-blocks-from", "openmetrics",
+            *extra_args, str(source), str(data_dir),
+        ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
         check=False,
-    )
+    )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(
             f"promtool backfill of {source} failed (exit {result.returncode}): "
@@ -275,7 +296,9 @@ def start_prometheus(
     data_dir = workdir / "data"
     data_dir.mkdir(exist_ok=True)
     if openmetrics_text is not None:
-        _backfill(openmetrics_text, workdir, data_dir)
+        source = workdir / "backfill.om"
+        source.write_text(openmetrics_text)
+        backfill(source, data_dir)
     config_path = workdir / "prometheus.yml"
     _write_config(config_path, scrape_targets, scrape_interval_s)
     log_path = workdir / "prometheus.log"
