@@ -12,12 +12,13 @@ rows at 60 s):
    of its largest worker (`getrusage` SELF and CHILDREN: honest high-water marks, no sampling);
 3. the bundle's size per node and per family is read back.
 
-End to end, for the `--end-to-end` cases (default 1000 nodes x 10k rows, the issue's target):
-the fleet's node_exporter / ipmi_exporter series (6 per node) are backfilled into a real
-Prometheus with `promtool tsdb create-blocks-from openmetrics` (not timed), then
-`python -m training.fit --prometheus URL --start --end --out DIR` runs as a user would run it,
-default settings, in a fresh process: collected (spilled to node-group files one time chunk at
-a time), fitted and exported, timed from start to exit, with its peak memory and the server's.
+End to end, for the `--end-to-end` cases (default 100 and 1000 nodes x 10k rows; the latter is
+the 5-minute target): the fleet's node_exporter / ipmi_exporter series (6 per node) are
+backfilled into a real Prometheus with `promtool tsdb create-blocks-from openmetrics` (not
+timed), then `python -m training.fit --prometheus URL --start --end --out DIR` runs as a user
+would run it, default settings, in a fresh process: collected (spilled to node-group files one
+time chunk at a time), fitted and exported, timed from start to exit, with its peak memory and
+the server's; ratios against the smallest end-to-end case show whether memory grows.
 
 Printed: one row per case with per-node costs, ratios against the smallest case measured in the
 same run (time per node should stay flat; peak memory should not grow with nodes), the bundle
@@ -433,6 +434,21 @@ def print_results(cases: list[Case], end_to_end: list[dict], jobs: int) -> None:
 
     for run in end_to_end:
         print_end_to_end(run)
+    if len(end_to_end) > 1:
+        base = min(end_to_end, key=lambda r: (r["rows_per_node"], r["nodes"]))
+        print(
+            f"\nend to end, ratios against {base['nodes']} x {base['rows_per_node']} (ideal: "
+            "per node 1.0 at the same rows; peak 1.0 = memory does not grow with the fleet)"
+        )
+        for run in end_to_end:
+            scale = run["nodes"] / base["nodes"]
+            wall = run["wall_s"] / base["wall_s"]
+            print(
+                f"  {run['nodes']:>6} x {run['rows_per_node']:<6}: x nodes {scale:.1f}, "
+                f"x wall {wall:.2f}, x wall/node {wall / scale:.2f}, "
+                f"x peak {run['peak_mib'] / base['peak_mib']:.2f}, "
+                f"x server peak {run['server_peak_mib'] / base['server_peak_mib']:.2f}"
+            )
 
 
 def print_end_to_end(run: dict) -> None:
@@ -511,10 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="nodes per Parquet file of the input directory (default 10)",
     )  # fmt: skip
     parser.add_argument(
-        "--end-to-end", type=parse_sizes, default=[(1000, 10_000)], metavar="NODESxROWS",
+        "--end-to-end", type=parse_sizes, default=[(100, 10_000), (1000, 10_000)],
+        metavar="NODESxROWS",
         help="fleets backfilled into a real Prometheus and run through `training.fit "
-        "--prometheus` end to end, comma-separated, or 'none' (default 1000x10000: ~7 minutes, "
-        "~7 GiB of scratch files at the peak)",
+        "--prometheus` end to end, comma-separated, or 'none' (default 100x10000,1000x10000: "
+        "~8 minutes, ~7 GiB of scratch files at the peak)",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=0, help="fit worker processes (default 0 = all cores)"

@@ -36,7 +36,7 @@ def test_help_documents_every_flag_with_its_default() -> None:
         ("--nodes", "default 100,1000"),
         ("--rows", "default 1000,10000"),
         ("--nodes-per-file", "default 10"),
-        ("--end-to-end", "default 1000x10000"),
+        ("--end-to-end", "default 100x10000,1000x10000"),
         ("--jobs", "default 0"),
         ("--work", "default out/bench-training-scale"),
     ):
