@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -131,7 +131,7 @@ class CollectConfig:
     instance_nodes: Mapping[str, str] = field(default_factory=dict)  # host or instance -> node
     max_points_per_series: int = PROMETHEUS_MAX_POINTS
     # Memory holds one time chunk's answers (about 110 bytes per sample): a larger fleet gets
-    # chunks of fewer steps, so collecting 1,000 nodes needs no more memory than 10.
+    # chunks of fewer steps, so 1,000 nodes collect in about the memory of 100 (measured 1.14x).
     max_samples_per_chunk: int = 1_000_000
 
     def __post_init__(self) -> None:
@@ -341,7 +341,7 @@ def _points_array(points: object) -> np.ndarray | None:
     return pairs if pairs.ndim == 2 and pairs.shape[1] == 2 else None
 
 
-def _explain_bad_points(points: object, item: dict, where: str, key: str) -> None:
+def _explain_bad_points(points: object, item: dict, where: str, key: str) -> NoReturn:
     """Raise the `CollectError` that says what is wrong with points `_points_array` refused."""
     if not isinstance(points, list) or not all(
         isinstance(p, list | tuple) and len(p) == 2 for p in points
