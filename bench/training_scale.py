@@ -281,11 +281,12 @@ def measure_end_to_end(
             started_s = time.time()
             started = time.perf_counter()
             fit = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
-            _, status, usage = os.wait4(fit.pid, 0)
+            _, status, usage = os.wait4(fit.pid, 0)  # reaped here: its rusage is the point
             wall_s = time.perf_counter() - started
+            fit.returncode = os.waitstatus_to_exitcode(status)
         server_cpu_s = _proc_cpu_s(prometheus.process.pid) - server_cpu_before_s
         server_peak_mib = status_mib("VmHWM", prometheus.process.pid)
-    if os.waitstatus_to_exitcode(status) != 0:
+    if fit.returncode != 0:
         tail = "\n".join(fit_log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{' '.join(command)} failed; {fit_log} ends:\n{tail}")
     # where the minutes went: the collector logs when the collection is on disk
