@@ -136,45 +136,42 @@ EXPORTER_FAMILIES = (
 )
 
 
-def _exporter_series(frame: pd.DataFrame, step_s: float) -> Iterator[tuple[str, str, dict, list]]:
-    """(family, sample name, labels, [(timestamp_s, value)]) per series: node_exporter
-    idle-CPU counters, node_uname_info, ipmi temperatures and DCMI power for a contract-1
-    table, as Prometheus would have scraped them (missing temperatures are not scraped)."""
+def _exporter_series(
+    frame: pd.DataFrame, step_s: float, family: str
+) -> Iterator[tuple[str, dict, list]]:
+    """(sample name, labels, [(timestamp_s, value)]) per series of one `EXPORTER_FAMILIES`
+    family for a contract-1 table, as Prometheus would have scraped it: node_exporter idle-CPU
+    counters, node_uname_info, ipmi temperatures (missing ones not scraped), DCMI power."""
     for node, rows in frame.groupby("node", sort=True):
         times_s = (rows["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
-        util = rows["cpu_util"].to_numpy()
-        idle_s = 10_000.0 + np.cumsum((1.0 - util) * step_s)
-        cpu = {"instance": f"{node}:9100", "job": "node", "cpu": "0", "mode": "idle"}
-        yield (
-            "node_cpu_seconds",
-            "node_cpu_seconds_total",
-            cpu,
-            list(zip(times_s, idle_s, strict=True)),
-        )
-        uname = {"instance": f"{node}:9100", "job": "node", "nodename": node}
-        yield "node_uname_info", "node_uname_info", uname, [(t, 1.0) for t in times_s]
-        ipmi = {"instance": f"{node}:9290", "job": "ipmi"}
-        for column, name, sensor_id in (
-            ("ambient_temp_c", "Inlet Temp", "1"),
-            ("cpu1_temp_c", "CPU1 Temp", "2"),
-            ("cpu2_temp_c", "CPU2 Temp", "3"),
-        ):
-            values = rows[column].to_numpy()
-            points = [(t, v) for t, v in zip(times_s, values, strict=True) if not math.isnan(v)]
-            labels = {**ipmi, "name": name, "id": sensor_id}
-            yield "ipmi_temperature_celsius", "ipmi_temperature_celsius", labels, points
-        power = rows["power_w"].to_numpy()
-        yield (
-            "ipmi_dcmi_power_consumption_watts",
-            "ipmi_dcmi_power_consumption_watts",
-            ipmi,
-            list(zip(times_s, power, strict=True)),
-        )
+        host = {"instance": f"{node}:9100", "job": "node"}
+        bmc = {"instance": f"{node}:9290", "job": "ipmi"}
+        if family == "node_cpu_seconds":
+            idle_s = 10_000.0 + np.cumsum((1.0 - rows["cpu_util"].to_numpy()) * step_s)
+            idle = {**host, "cpu": "0", "mode": "idle"}
+            yield "node_cpu_seconds_total", idle, list(zip(times_s, idle_s, strict=True))
+        elif family == "node_uname_info":
+            yield "node_uname_info", {**host, "nodename": node}, [(t, 1.0) for t in times_s]
+        elif family == "ipmi_temperature_celsius":
+            for column, name, sensor_id in (
+                ("ambient_temp_c", "Inlet Temp", "1"),
+                ("cpu1_temp_c", "CPU1 Temp", "2"),
+                ("cpu2_temp_c", "CPU2 Temp", "3"),
+            ):
+                values = rows[column].to_numpy()
+                points = [(t, v) for t, v in zip(times_s, values, strict=True) if not math.isnan(v)]
+                yield family, {**bmc, "name": name, "id": sensor_id}, points
+        elif family == "ipmi_dcmi_power_consumption_watts":
+            power_w = rows["power_w"].to_numpy()
+            yield family, bmc, list(zip(times_s, power_w, strict=True))
+        else:
+            raise ValueError(f"unknown exporter family {family!r}")
 
 
 def write_exporter_openmetrics(files: list[Path], path: Path, step_s: float) -> int:
     """`_exporter_series` of a fleet's node-group files, streamed into an OpenMetrics file too
-    large to build in memory; each file is read once per family. Returns the samples written."""
+    large to build in memory. OpenMetrics wants each family's samples together, so each file is
+    read once per family (only that family's series are built). Returns the samples written."""
     from tests.support.prometheus import openmetrics_series
 
     samples = 0
@@ -182,11 +179,9 @@ def write_exporter_openmetrics(files: list[Path], path: Path, step_s: float) -> 
         for family, kind in EXPORTER_FAMILIES:
             out.write(f"# TYPE {family} {kind}\n")
             for file in files:
-                frame = read_metrics(file)
-                for series_family, name, labels, points in _exporter_series(frame, step_s):
-                    if series_family == family:
-                        out.write(openmetrics_series(name, labels, points))
-                        samples += len(points)
+                for name, labels, points in _exporter_series(read_metrics(file), step_s, family):
+                    out.write(openmetrics_series(name, labels, points))
+                    samples += len(points)
         out.write("# EOF\n")
     return samples
 
