@@ -23,7 +23,9 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    load: what model error and telemetry lag cost, not a deployable policy; the ceiling line
    below is the bound on every policy). On request (--policies), `cheapest`: the node whose
    true curve adds the fewest watts, with no kube-scheduler scores and no 0..10 rounding (what
-   per-pod greedy placement reaches at best).
+   per-pod greedy placement reaches at best); and `rescheduling`: `cheapest` plus free,
+   instant moves of running pods to cheaper nodes every --reschedule-every seconds (an
+   optimistic bound on what a descheduler consolidating pods could add).
 5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
    `energy_sim_decisions.csv` (every placement decision), and with --json a summary
    `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
@@ -66,6 +68,7 @@ from bench.sim.policies import (
     OraclePolicy,
     Policy,
     RandomPolicy,
+    ReschedulingPolicy,
     SimClock,
 )
 from bench.sim.workload import (
@@ -88,7 +91,16 @@ from training.synth import synth_fleet
 
 log = logging.getLogger("bench.energy_sim")
 
-POLICIES = ("default", "random", "power-aware", "power-aware-battery", "oracle", "cheapest")
+POLICIES = (
+    "default",
+    "random",
+    "power-aware",
+    "power-aware-battery",
+    "oracle",
+    "cheapest",
+    "rescheduling",
+)
+REFERENCE_POLICIES = ("oracle", "cheapest", "rescheduling")  # priced on the true curves
 DEFAULT_POLICIES = POLICIES[:5]
 BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
 HISTORY_STEP_S = 60.0
@@ -105,6 +117,7 @@ class BenchSettings:
     extender_weight: int = 5
     battery_share: float = 0.25
     assumed_window_s: float = 120.0
+    reschedule_interval_s: float = 60.0
 
 
 # ---- the extender's model bundle, trained on the sim nodes' synthetic history ------------------
@@ -212,17 +225,21 @@ def run_policy(
         return simulate(cluster, trace, DefaultPolicy(rng), sim_settings, progress=progress), {}
     if name == "random":
         return simulate(cluster, trace, RandomPolicy(rng), sim_settings, progress=progress), {}
-    if name in ("oracle", "cheapest"):
+    if name in REFERENCE_POLICIES:
         no_fans_c = np.zeros(len(cluster))
 
         def true_power_w(util: np.ndarray) -> np.ndarray:
             return node_power_w(cluster, util, no_fans_c)
 
-        reference: Policy = (
-            OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
-            if name == "oracle"
-            else CheapestPolicy(true_power_w, cluster.cores)
-        )
+        reference: Policy
+        if name == "oracle":
+            reference = OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
+        elif name == "cheapest":
+            reference = CheapestPolicy(true_power_w, cluster.cores)
+        else:
+            reference = ReschedulingPolicy(
+                true_power_w, cluster.cores, settings.reschedule_interval_s
+            )
         return simulate(cluster, trace, reference, sim_settings, progress=progress), {}
     if bundle_dir is None:
         raise ValueError(f"policy {name} needs a model bundle")
@@ -318,7 +335,7 @@ def summary(
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     header = (
         f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'dyn kWh':>8} {'vs def':>7} {'mean W':>8} "
-        f"{'peak W':>8} {'unplaced':>8} "
+        f"{'peak W':>8} {'unplaced':>8} {'moved':>6} "
         f"{'slowdown':>8} {'p95 slow':>8} {'ovc n-h':>8} {'pwrless n-h':>11}"
     )
     print(header)
@@ -328,7 +345,8 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
             f"{result.policy:<20} {result.energy_kwh:8.2f} "
             f"{entry.get('energy_vs_default', math.nan):7.3f} {result.dynamic_energy_kwh:8.2f} "
             f"{entry.get('dynamic_energy_vs_default', math.nan):7.3f} {result.mean_power_w:8.0f} "
-            f"{result.peak_power_w:8.0f} {result.unplaced_pods:8d} {result.mean_slowdown:8.3f} "
+            f"{result.peak_power_w:8.0f} {result.unplaced_pods:8d} {result.moved_pods:6d} "
+            f"{result.mean_slowdown:8.3f} "
             f"{result.p95_slowdown:8.3f} {result.overcommitted_node_hours:8.2f} "
             f"{result.powerless_node_hours:11.2f}"
         )
@@ -351,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
             "the same while battery nodes' energy-status labels change; oracle = the "
             "extender's ranking from the simulator's true curves (a reference, not deployable); "
             "cheapest (not run by default) = the node whose true curve adds the fewest watts, "
-            "no kube-scheduler scores (the best per-pod greedy placement)."
+            "no kube-scheduler scores (the best per-pod greedy placement); rescheduling (not "
+            "run by default) = cheapest plus free moves of running pods to cheaper nodes every "
+            "--reschedule-every seconds (an optimistic bound on what a descheduler adds)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(
@@ -442,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="extender weight in KubeSchedulerConfiguration (manifests/scheduler.yaml uses 5)",
     )
     sim.add_argument(
+        "--reschedule-every",
+        metavar="SECONDS",
+        type=float,
+        default=d.reschedule_interval_s,
+        help="seconds between the rescheduling reference's rounds of free pod moves",
+    )
+    sim.add_argument(
         "--max-pending",
         metavar="SECONDS",
         type=float,
@@ -501,7 +528,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"--battery-share must be 0..1, got {args.battery_share}")
     if args.trace is None and not 0 < args.load < 1:
         return fail(f"--load must be between 0 and 1, got {args.load}")
-    for flag, value in (("--tick", args.tick), ("--scrape-interval", args.scrape_interval)):
+    for flag, value in (
+        ("--tick", args.tick),
+        ("--scrape-interval", args.scrape_interval),
+        ("--reschedule-every", args.reschedule_every),
+    ):
         if not value > 0:
             return fail(f"{flag} must be positive, got {value}")
     settings = BenchSettings(
@@ -513,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extender_weight=args.extender_weight,
         battery_share=args.battery_share,
         assumed_window_s=args.assumed_window,
+        reschedule_interval_s=args.reschedule_every,
     )
     sim_settings = SimSettings(
         tick_s=args.tick,

@@ -4,6 +4,7 @@ accounting, the trace loader, and a tiny power-aware run through a real uvicorn 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from bench.sim.kube_default import (
     fits,
     least_allocated_scores,
 )
-from bench.sim.policies import CheapestPolicy, DefaultPolicy
+from bench.sim.policies import CheapestPolicy, DefaultPolicy, ReschedulingPolicy
 from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
 from extender.config import DEFAULT_BUNDLE_DIR
 from tests.support.sim import sim_cluster
@@ -199,6 +200,85 @@ def test_overcommitted_node_slows_its_pods() -> None:
     result = simulate(cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
     assert result.mean_slowdown == pytest.approx(2.0)
     assert result.overcommitted_node_hours == pytest.approx(1200.0 / 3600.0)
+
+
+def blocked_then_freed_trace() -> Trace:
+    # p1 takes all 4 cores of the efficient node a for 600 s; p2 (2 cores, 3000 s) arrives at
+    # 10 s, finds a full and goes to b, the inefficient node.
+    return dataclasses.replace(
+        one_pod_trace(4000, 600.0),
+        names=["p1", "p2"],
+        arrival_s=np.array([0.0, 10.0]),
+        cpu_m=np.array([4000, 2000]),
+        memory_bytes=np.zeros(2, dtype=np.int64),
+        duration_s=np.array([600.0, 3000.0]),
+        usage_ratio=np.ones(2),
+    )
+
+
+def test_rescheduling_moves_a_pod_to_the_efficient_node_once_it_has_room() -> None:
+    # Linear curves, 100 W idle each: a adds 20 W per busy core (180 W at 4 cores), b 50 W
+    # (300 W). Rounds every 60 s = every 12th tick of 5 s. p1 leaves a in the tick ending at
+    # 600 s; the round at 600 s moves p2 from b to a. By hand, p2 then draws 40 W instead of
+    # 100 W for the rest of its work: ticks 120..601, 2410 s -> 60 W x 2410 s less.
+    cluster = sim_cluster(
+        [np.linspace(100 / 180, 1.0, 11), np.linspace(100 / 300, 1.0, 11)],
+        [180.0, 300.0],
+        [4.0, 4.0],
+    )
+
+    def true_power_w(util: np.ndarray) -> np.ndarray:
+        return 100.0 + np.array([80.0, 200.0]) * util
+
+    settings = SimSettings(tick_s=5.0, tail_s=3600.0)
+    trace = blocked_then_freed_trace()
+    stays = simulate(cluster, trace, CheapestPolicy(true_power_w, cluster.cores), settings)
+    moves = simulate(
+        cluster, trace, ReschedulingPolicy(true_power_w, cluster.cores, 60.0), settings
+    )
+    assert [d.node for d in stays.decisions] == ["node-01", "node-02"]
+    assert stays.moved_pods == 0
+    assert moves.moved_pods == 1
+    moved = moves.decisions[-1]
+    assert (moved.pod, moved.node, moved.note) == ("p2", "node-01", "moved from node-02")
+    # Not earlier: while p1 ran, a had no room for p2's requests.
+    assert moved.time_s == pytest.approx(600.0)
+    assert stays.energy_kwh - moves.energy_kwh == pytest.approx(60.0 * 2410.0 / 3.6e6)
+    # A move is free: the pod's work is done as fast as it would have been.
+    assert moves.mean_slowdown == pytest.approx(1.0)
+    assert moves.placed_pods == stays.placed_pods == 2
+
+
+def test_rescheduling_leaves_the_scheduler_ledger_to_the_engine() -> None:
+    ledger = NodeLedger(np.array([4000, 4000]), np.array([8 * GIB, 8 * GIB]))
+    pod = PodRequest(2000, 0)
+    ledger.add(1, pod)
+    before = (ledger.requested_cpu_m.copy(), ledger.pod_count.copy())
+    policy = ReschedulingPolicy(
+        lambda util: 100.0 + np.array([80.0, 200.0]) * util, np.array([4.0, 4.0]), 60.0
+    )
+    assert policy.reschedule(np.array([1]), np.array([2.0]), [pod], ledger) == [(0, 0)]
+    assert np.array_equal(ledger.requested_cpu_m, before[0])
+    assert np.array_equal(ledger.pod_count, before[1])
+    with pytest.raises(ValueError, match="interval must be positive"):
+        ReschedulingPolicy(policy.true_power_w, policy.node_cores, 0.0)
+
+
+def test_cli_runs_the_rescheduling_reference_and_reports_moves(tmp_path: Path) -> None:
+    trace_csv = tmp_path / "trace.csv"
+    trace_csv.write_text(
+        "arrival_s,cpu_request,duration_s\n"
+        + "".join(f"{10 * i},{1 + i % 3},{600 + 300 * i}\n" for i in range(12))
+    )
+    summary_json = tmp_path / "summary.json"
+    args = ["--trace", str(trace_csv), "--nodes", "3", "--quiet", "--out-dir", str(tmp_path)]
+    code = main([*args, "--policies", "cheapest,rescheduling", "--json", str(summary_json)])
+    assert code == 0
+    policies = json.loads(summary_json.read_text())["policies"]
+    assert policies["cheapest"]["moved_pods"] == 0
+    assert policies["rescheduling"]["moved_pods"] >= 0
+    assert policies["rescheduling"]["placed_pods"] == 12
+    assert main([*args, "--policies", "rescheduling", "--reschedule-every", "0"]) == 2
 
 
 def test_trace_csv_loads_sorted_with_quantities(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
 1. pods that arrived in the tick are placed in arrival order, then pending pods due for a
    retry (kube-scheduler's backoff, simplified to a fixed `retry_interval_s`); a pod still
    unplaced `max_pending_s` after arrival counts as unplaced;
+   A policy that reschedules (`Policy.reschedule_interval_s`) is then offered the running
+   pods and its moves are applied (free and instant; recorded as decisions);
 2. running pods progress: a pod uses `cpu_request x usage_ratio` cores; a node whose pods
    want more CPU than it has runs them all slower by the same factor (processor sharing), so
    work is conserved and overcommit shows up as slowdown (wall time / work);
@@ -81,6 +83,7 @@ class PolicyResult:
     placed_pods: int
     unplaced_pods: int
     unfinished_pods: int
+    moved_pods: int  # moves of running pods by a rescheduling policy
     mean_slowdown: float
     p95_slowdown: float
     overcommitted_node_hours: float
@@ -107,6 +110,7 @@ class PolicyResult:
             "placed_pods": self.placed_pods,
             "unplaced_pods": self.unplaced_pods,
             "unfinished_pods": self.unfinished_pods,
+            "moved_pods": self.moved_pods,
             "mean_slowdown": round(self.mean_slowdown, 4),
             "p95_slowdown": round(self.p95_slowdown, 4),
             "overcommitted_node_hours": round(self.overcommitted_node_hours, 3),
@@ -134,6 +138,11 @@ def simulate(
     scrape_every = max(1, round(settings.scrape_interval_s / tick_s))
     lag_ticks = max(0, round(settings.telemetry_lag_s / tick_s))
     series_every = max(1, round(settings.power_series_step_s / tick_s))
+    reschedule_every = (
+        None
+        if policy.reschedule_interval_s is None
+        else max(1, round(policy.reschedule_interval_s / tick_s))
+    )
 
     ledger = NodeLedger(np.round(cluster.cores * 1000.0), cluster.memory_bytes)
     requests = [
@@ -148,7 +157,7 @@ def simulate(
     run_started_s = np.zeros(0)
     slowdowns: list[float] = []
     pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
-    placed = unplaced = 0
+    placed = unplaced = moved = 0
     decisions: list[DecisionRecord] = []
 
     # Thermal state and the telemetry history the lag reads from.
@@ -255,6 +264,29 @@ def simulate(
             else:
                 pending[pod] = (retry_s + settings.retry_interval_s, attempts + 1)
 
+        if reschedule_every is not None and tick % reschedule_every == 0 and run_pod.size:
+            pods_running = [requests[pod] for pod in run_pod.tolist()]
+            for slot, node in policy.reschedule(run_node, run_used_cores, pods_running, ledger):
+                pod, source = int(run_pod[slot]), int(run_node[slot])
+                uid = trace.names[pod]
+                ledger.remove(source, requests[pod])
+                ledger.add(node, requests[pod])
+                run_node[slot] = node
+                policy.gone(uid)
+                policy.bound(node, uid, trace.cpu_m[pod] / 1000.0, t0_s)
+                decisions.append(
+                    DecisionRecord(
+                        time_s=t0_s,
+                        pod=uid,
+                        node=names[node],
+                        predicted_increase_w=math.nan,
+                        score=math.nan,
+                        attempt=0,
+                        note=f"moved from {names[source]}",
+                    )
+                )
+                moved += 1
+
         # 2. progress of running pods (processor sharing on overcommitted nodes)
         wanted = np.bincount(run_node, weights=run_used_cores, minlength=n_nodes)
         hosts_pods = np.bincount(run_node, minlength=n_nodes) > 0  # during this tick
@@ -328,6 +360,7 @@ def simulate(
         placed_pods=placed,
         unplaced_pods=unplaced,
         unfinished_pods=int(run_pod.size),
+        moved_pods=moved,
         mean_slowdown=float(slowdown_array.mean()),
         p95_slowdown=float(np.percentile(slowdown_array, 95)),
         overcommitted_node_hours=overcommitted_ticks * tick_s / 3600.0,

@@ -18,9 +18,10 @@ and memory in MiB. Memory never reaches the extender's decision: NodeResourcesFi
 LeastAllocated/BalancedAllocation scores that are added to the extender's include memory. The
 Pod watch's `pod_bound` is given the same CPU request the extender was asked about.
 
-Two references, not deployable (nobody knows true curves): `OraclePolicy` (the extender's
-scoring on the simulator's true curves) and `CheapestPolicy` (the node whose true curve adds
-the fewest watts, kube-scheduler's own scores ignored).
+Three references, not deployable (nobody knows true curves): `OraclePolicy` (the extender's
+scoring on the simulator's true curves), `CheapestPolicy` (the node whose true curve adds
+the fewest watts, kube-scheduler's own scores ignored) and `ReschedulingPolicy` (the same, plus
+free moves of running pods to cheaper nodes every so often: what a descheduler could add).
 
 Every policy answers a `Decision`: the node (None = no node fits), the chosen node's total
 score and, for the extender, its predicted power increase (from `POST /explain`).
@@ -28,6 +29,7 @@ score and, for the extender, its predicted power increase (from `POST /explain`)
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +66,8 @@ class Policy:
     """A placement policy; the hooks let a policy mirror what the watches would report."""
 
     name = "policy"
+    # Seconds between the engine's offers to move running pods (`reschedule`); None: never.
+    reschedule_interval_s: float | None = None
 
     def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
         raise NotImplementedError
@@ -79,6 +83,20 @@ class Policy:
 
     def labels_changed(self, node: int, labels: Mapping[str, str]) -> None:
         """A node's labels changed (the Node watch's event)."""
+
+    def reschedule(
+        self,
+        nodes: np.ndarray,
+        used_cores: np.ndarray,
+        pods: Sequence[PodRequest],
+        ledger: NodeLedger,
+    ) -> list[tuple[int, int]]:
+        """Moves of running pods: (index into `nodes`, new node); the engine applies them.
+
+        `nodes`, `used_cores` and `pods` describe the running pods, one entry each; `ledger`
+        is the scheduler's view and must not be changed here. No moves by default.
+        """
+        return []
 
 
 class DefaultPolicy(Policy):
@@ -190,6 +208,63 @@ class CheapestPolicy(TrueCurvePolicy):
     ) -> Decision:
         chosen = int(np.argmin(increase_w))
         return Decision(int(feasible[chosen]), predicted_increase_w=float(increase_w[chosen]))
+
+
+class ReschedulingPolicy(CheapestPolicy):
+    """A reference for consolidation by rescheduling: `CheapestPolicy` plus free moves.
+
+    Every `interval_s` it looks at the running pods, biggest CPU use first, and moves each to
+    the node whose true curve, at the CPU the pods there really use, adds the fewest watts,
+    when that saves more than `min_saving_w` against leaving it where it is and the pod's
+    requests fit there (NodeResourcesFit, as a re-created pod would be scheduled). Moves are
+    free and instant: no restart, no lost work, no disruption budget. What it saves beyond
+    `cheapest` is therefore an optimistic bound on what a descheduler evicting pods towards
+    efficient nodes could add to per-pod placement, not a deployable policy.
+    """
+
+    name = "rescheduling"
+
+    def __init__(
+        self,
+        true_power_w: Callable[[np.ndarray], np.ndarray],
+        node_cores: np.ndarray,
+        interval_s: float,
+        min_saving_w: float = 0.5,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"the rescheduling interval must be positive, got {interval_s}")
+        super().__init__(true_power_w, node_cores)
+        self.reschedule_interval_s = interval_s
+        self.min_saving_w = min_saving_w
+
+    def reschedule(
+        self,
+        nodes: np.ndarray,
+        used_cores: np.ndarray,
+        pods: Sequence[PodRequest],
+        ledger: NodeLedger,
+    ) -> list[tuple[int, int]]:
+        planned = copy.deepcopy(ledger)  # the ledger as the moves decided so far leave it
+        node_used_cores = np.bincount(nodes, weights=used_cores, minlength=self.node_cores.size)
+        moves: list[tuple[int, int]] = []
+        for slot in np.argsort(-used_cores, kind="stable").tolist():
+            source, pod = int(nodes[slot]), pods[slot]
+            planned.remove(source, pod)
+            without = node_used_cores.copy()
+            without[source] = max(without[source] - used_cores[slot], 0.0)
+            base_util = np.minimum(without / self.node_cores, 1.0)
+            with_pod_util = np.minimum(base_util + used_cores[slot] / self.node_cores, 1.0)
+            added_w = self.true_power_w(with_pod_util) - self.true_power_w(base_util)
+            added_w = np.where(fits(planned, pod), added_w, np.inf)
+            target = int(np.argmin(added_w))
+            if target != source and added_w[target] < added_w[source] - self.min_saving_w:
+                moves.append((slot, target))
+                node_used_cores = without
+                node_used_cores[target] += used_cores[slot]
+            else:
+                target = source
+            planned.add(target, pod)
+        return moves
 
 
 def pod_object(uid: str, pod: PodRequest) -> dict:
