@@ -36,7 +36,9 @@ watts per core of work, and on nodes already busy (SPECpower curves are concave 
 The table shows total and dynamic (above-idle) energy, and a ceiling line the least energy any
 placement of the trace could use with every node on (`bench.sim.ceiling`: a lower bound with
 hindsight, fluid load and convex power curves), so a saving can be read against what is
-possible at all. `--empty-node-power W` instead lets a
+possible at all. Two parts of each policy's energy that the bound leaves out are shown apart:
+`fans` (kWh fans added) and `abv env` (kWh drawn above the curves' convex envelopes: nodes
+running partly loaded where their curves are concave). `--empty-node-power W` instead lets a
 node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
 consolidation is worth when empty nodes can be powered down.
 """
@@ -334,7 +336,8 @@ def summary(
 
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     header = (
-        f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'dyn kWh':>8} {'vs def':>7} {'mean W':>8} "
+        f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'dyn kWh':>8} {'vs def':>7} "
+        f"{'fans':>6} {'abv env':>7} {'mean W':>8} "
         f"{'peak W':>8} {'unplaced':>8} {'moved':>6} "
         f"{'slowdown':>8} {'p95 slow':>8} {'ovc n-h':>8} {'pwrless n-h':>11}"
     )
@@ -344,7 +347,9 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
         print(
             f"{result.policy:<20} {result.energy_kwh:8.2f} "
             f"{entry.get('energy_vs_default', math.nan):7.3f} {result.dynamic_energy_kwh:8.2f} "
-            f"{entry.get('dynamic_energy_vs_default', math.nan):7.3f} {result.mean_power_w:8.0f} "
+            f"{entry.get('dynamic_energy_vs_default', math.nan):7.3f} "
+            f"{result.fan_energy_kwh:6.2f} {result.above_envelope_energy_kwh:7.2f} "
+            f"{result.mean_power_w:8.0f} "
             f"{result.peak_power_w:8.0f} {result.unplaced_pods:8d} {result.moved_pods:6d} "
             f"{result.mean_slowdown:8.3f} "
             f"{result.p95_slowdown:8.3f} {result.overcommitted_node_hours:8.2f} "

@@ -168,6 +168,50 @@ def test_energy_follows_load_on_a_linear_curve() -> None:
     assert result.mean_slowdown == pytest.approx(1.0)
 
 
+def test_energy_above_the_convex_envelope_is_the_price_of_a_concave_curve() -> None:
+    # 100 W idle, 180 W at 10 % load, then linear to 200 W at 100 %: concave, so the envelope
+    # is the chord 100 -> 200 W. A pod using 2 of 4 cores for 1800 s runs at u = 0.5: the curve
+    # gives 180 + 20 x 0.4 / 0.9 W, the chord 150 W; idle, curve and chord agree.
+    concave = [0.5] + [0.9 + 0.1 * (k / 10 - 0.1) / 0.9 for k in range(1, 11)]
+    settings = SimSettings(tick_s=5.0, tail_s=3600.0)
+    trace = one_pod_trace(2000, 1800.0)
+    result = simulate(
+        one_node_cluster(np.array(concave), 200.0, 4.0),
+        trace,
+        DefaultPolicy(np.random.default_rng()),
+        settings,
+    )
+    above_w = 180.0 + 20.0 * 0.4 / 0.9 - 150.0
+    assert result.above_envelope_energy_kwh == pytest.approx(above_w * 1800.0 / 3.6e6, rel=1e-6)
+    linear = simulate(
+        one_node_cluster(np.linspace(0.5, 1.0, 11), 200.0, 4.0),
+        trace,
+        DefaultPolicy(np.random.default_rng()),
+        settings,
+    )
+    assert linear.above_envelope_energy_kwh == pytest.approx(0.0, abs=1e-9)
+    assert result.fan_energy_kwh == linear.fan_energy_kwh == 0.0
+
+
+def test_fan_energy_is_what_fans_add_to_the_total() -> None:
+    # Hot CPUs (idle 40 C above a ~22 C inlet, +30 C at full load) with 0.5 W per degree
+    # above 50 C: the run with fans uses exactly its fan energy more than the run without.
+    cool = one_node_cluster(np.linspace(0.5, 1.0, 11), 200.0, 4.0)
+    hot_spec = dataclasses.replace(
+        cool.spec, idle_rise_c=np.array([40.0]), load_rise_c=np.array([30.0])
+    )
+    hot = dataclasses.replace(cool, spec=hot_spec)
+    fans = dataclasses.replace(hot, spec=dataclasses.replace(hot_spec, fan_w_per_c=np.array([0.5])))
+    trace = one_pod_trace(3000, 1800.0)
+    without = simulate(hot, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
+    with_fans = simulate(fans, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
+    assert without.fan_energy_kwh == 0.0
+    assert with_fans.fan_energy_kwh > 0.005  # >= ~12 C over the threshold for the whole run
+    assert with_fans.energy_kwh - without.energy_kwh == pytest.approx(
+        with_fans.fan_energy_kwh, rel=1e-9
+    )
+
+
 def test_an_empty_node_sleeps_only_when_allowed() -> None:
     # 200 W while the 600 s pod runs; then the node is empty for 3000 s: idle 100 W by default,
     # 10 W with empty_node_power_w=10.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.sim.cluster import SimCluster, node_power_w
+from bench.sim.cluster import SimCluster, curve_power_w
 from bench.sim.workload import Trace
 
 # Fine enough that the envelope of the sampled curves is within 0.01 % of the real curves' one.
@@ -44,22 +44,35 @@ def lower_convex_envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.
     return x[hull], y[hull]
 
 
+def sampled_curves_w(cluster: SimCluster) -> tuple[np.ndarray, np.ndarray]:
+    """The utilisation grid and every node's fan-free power on it ([nodes, grid points])."""
+    utils = np.linspace(0.0, 1.0, ENVELOPE_GRID_POINTS)
+    return utils, curve_power_w(cluster, np.tile(utils, (len(cluster), 1)))
+
+
+def envelope_curves_w(cluster: SimCluster) -> np.ndarray:
+    """Each node's lower convex envelope of its fan-free curve, on `sampled_curves_w`'s grid.
+
+    Where a node's curve is concave (most real servers near idle) the envelope is the chord
+    below it: power a node pays above its envelope is the price of running partly loaded.
+    """
+    utils, curves_w = sampled_curves_w(cluster)
+    return np.stack([np.interp(utils, *lower_convex_envelope(utils, row)) for row in curves_w])
+
+
 def cheapest_dynamic_power_w(cluster: SimCluster, used_cores: np.ndarray) -> np.ndarray:
     """The least above-idle power (W) that `used_cores` of busy CPU can cost, per entry.
 
     Water-filling over every node's envelope segments, flattest first; load beyond the
     cluster's cores is priced at the steepest segment (it cannot run anyway).
     """
-    utils = np.linspace(0.0, 1.0, ENVELOPE_GRID_POINTS)
-    no_fans_c = np.zeros(len(cluster))
-    idle_w = node_power_w(cluster, np.zeros(len(cluster)), no_fans_c)
-    curves_w = np.stack(
-        [node_power_w(cluster, np.full(len(cluster), u), no_fans_c) for u in utils], axis=1
-    )
+    utils, curves_w = sampled_curves_w(cluster)
     slopes_w_per_core: list[np.ndarray] = []
     lengths_cores: list[np.ndarray] = []
     for node in range(len(cluster)):
-        vx, vy = lower_convex_envelope(utils * cluster.cores[node], curves_w[node] - idle_w[node])
+        vx, vy = lower_convex_envelope(
+            utils * cluster.cores[node], curves_w[node] - curves_w[node, 0]
+        )
         lengths_cores.append(np.diff(vx))
         slopes_w_per_core.append(np.diff(vy) / np.diff(vx))
     slopes = np.concatenate(slopes_w_per_core)

@@ -120,11 +120,22 @@ def cpu_temperature_targets_c(
     return target1, target2
 
 
+def curve_power_w(cluster: SimCluster, util: np.ndarray) -> np.ndarray:
+    """Each node's SPECpower-shaped curve at `util` (one value per node, or [nodes, k]), no fans."""
+    util = np.asarray(util, dtype=float)
+    if util.ndim == 1:
+        return _curve_power_w(cluster.spec, util[:, None])[:, 0]
+    return _curve_power_w(cluster.spec, util)
+
+
+def fan_power_w(cluster: SimCluster, hottest_c: np.ndarray) -> np.ndarray:
+    """What fans (and leakage) add per node: watts per degree of the hottest CPU above 50 C."""
+    return cluster.spec.fan_w_per_c * np.maximum(hottest_c - FAN_THRESHOLD_C, 0.0)
+
+
 def node_power_w(cluster: SimCluster, util: np.ndarray, hottest_c: np.ndarray) -> np.ndarray:
     """True node input power: the SPECpower-shaped curve at `util` plus fans above 50 C."""
-    curve_w = _curve_power_w(cluster.spec, np.asarray(util, dtype=float)[:, None])[:, 0]
-    fan_w = cluster.spec.fan_w_per_c * np.maximum(hottest_c - FAN_THRESHOLD_C, 0.0)
-    return curve_w + fan_w
+    return curve_power_w(cluster, util) + fan_power_w(cluster, hottest_c)
 
 
 def solar_w(cluster: SimCluster, time_s: float) -> np.ndarray:

@@ -12,7 +12,9 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
    want more CPU than it has runs them all slower by the same factor (processor sharing), so
    work is conserved and overcommit shows up as slowdown (wall time / work);
 3. utilisation (capped at 1), CPU temperatures (first-order lag) and power are updated and
-   power x tick is added to the energy;
+   power x tick is added to the energy; so are, apart, what fans add and what nodes draw above
+   their curves' convex envelopes (running partly loaded where a curve is concave), the two
+   parts of the energy that `bench.sim.ceiling`'s bound leaves out;
 4. every `scrape_interval_s` the policy is sent the telemetry of `telemetry_lag_s` ago (what
    a Prometheus rate over a scrape window shows), so pods bound since then are only known
    through the assumed-load mechanism (`ClusterState.pod_bound`);
@@ -29,13 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from bench.sim.ceiling import envelope_curves_w
 from bench.sim.cluster import (
     SimCluster,
     ambient_c,
     cpu_temperature_targets_c,
+    curve_power_w,
     energy_kwh,
     energy_status,
-    node_power_w,
+    fan_power_w,
     solar_w,
 )
 from bench.sim.kube_default import NodeLedger, PodRequest
@@ -77,6 +81,8 @@ class PolicyResult:
     policy: str
     energy_kwh: float
     idle_energy_kwh: float  # what the nodes draw idle (at ambient) over the run: paid by any policy
+    fan_energy_kwh: float  # what fans added (CPUs above 50 C)
+    above_envelope_energy_kwh: float  # drawn above the curves' convex envelopes (partly loaded)
     mean_power_w: float
     peak_power_w: float
     pods: int
@@ -104,6 +110,8 @@ class PolicyResult:
         return {
             "energy_kwh": round(self.energy_kwh, 4),
             "dynamic_energy_kwh": round(self.dynamic_energy_kwh, 4),
+            "fan_energy_kwh": round(self.fan_energy_kwh, 4),
+            "above_envelope_energy_kwh": round(self.above_envelope_energy_kwh, 4),
             "mean_power_w": round(self.mean_power_w, 1),
             "peak_power_w": round(self.peak_power_w, 1),
             "pods": self.pods,
@@ -194,6 +202,11 @@ def simulate(
         policy.labels_changed(int(i), {ENERGY_LABEL: labels[i]})
 
     total_power = np.zeros(n_ticks)
+    fan_power = np.zeros(n_ticks)
+    above_envelope_power = np.zeros(n_ticks)
+    envelopes_w = envelope_curves_w(cluster)
+    envelope_steps = envelopes_w.shape[1] - 1
+    node_rows = np.arange(n_nodes)
     requested_share = np.zeros(n_ticks)
     used_share = np.zeros(n_ticks)
     overcommitted_ticks = 0
@@ -316,10 +329,23 @@ def simulate(
         cpu1_c = cpu1_c + alpha * (target1 - cpu1_c)
         cpu2_c = cpu2_c + alpha * (target2 - cpu2_c)
         hottest = np.where(two_sockets, np.maximum(cpu1_c, cpu2_c), cpu1_c)
-        power_w = node_power_w(cluster, util, hottest)
+        curve_w = curve_power_w(cluster, util)
+        fan_w = fan_power_w(cluster, hottest)
+        position = util * envelope_steps
+        lower = np.minimum(position.astype(np.intp), envelope_steps - 1)
+        envelope_w = envelopes_w[node_rows, lower] + (position - lower) * (
+            envelopes_w[node_rows, lower + 1] - envelopes_w[node_rows, lower]
+        )
+        # Clipped at 0: between grid points the curve can dip a hair below the envelope line.
+        above_envelope_w = np.maximum(curve_w - envelope_w, 0.0)
+        power_w = curve_w + fan_w
         if settings.empty_node_power_w is not None:
             power_w = np.where(hosts_pods, power_w, settings.empty_node_power_w)
+            fan_w = np.where(hosts_pods, fan_w, 0.0)
+            above_envelope_w = np.where(hosts_pods, above_envelope_w, 0.0)
         total_power[tick] = power_w.sum()
+        fan_power[tick] = fan_w.sum()
+        above_envelope_power[tick] = above_envelope_w.sum()
         requested_share[tick] = ledger.requested_cpu_m.sum() / 1000.0 / total_cores
         used_share[tick] = float(np.minimum(wanted, cluster.cores).sum()) / total_cores
         history.append((t0_s, util.copy(), ambient, cpu1_c.copy(), cpu2_c.copy()))
@@ -354,6 +380,8 @@ def simulate(
         policy=policy.name,
         energy_kwh=energy_kwh(total_power, tick_s),
         idle_energy_kwh=energy_kwh(np.full(n_ticks, cluster_idle_w), tick_s),
+        fan_energy_kwh=energy_kwh(fan_power, tick_s),
+        above_envelope_energy_kwh=energy_kwh(above_envelope_power, tick_s),
         mean_power_w=float(total_power.mean()),
         peak_power_w=float(total_power.max()),
         pods=len(trace),
