@@ -25,7 +25,7 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    true curve adds the fewest watts, with no kube-scheduler scores and no 0..10 rounding (what
    per-pod greedy placement reaches at best); and `rescheduling`: `cheapest` plus free,
    instant moves of running pods to cheaper nodes every --reschedule-every seconds (an
-   optimistic bound on what a descheduler consolidating pods could add).
+   optimistic estimate of what a descheduler consolidating pods could add).
 5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
    `energy_sim_decisions.csv` (every placement decision), and with --json a summary
    `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
             "cheapest (not run by default) = the node whose true curve adds the fewest watts, "
             "no kube-scheduler scores (the best per-pod greedy placement); rescheduling (not "
             "run by default) = cheapest plus free moves of running pods to cheaper nodes every "
-            "--reschedule-every seconds (an optimistic bound on what a descheduler adds)."
+            "--reschedule-every seconds (an optimistic estimate of what a descheduler adds)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(

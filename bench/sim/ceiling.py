@@ -60,6 +60,16 @@ def envelope_curves_w(cluster: SimCluster) -> np.ndarray:
     return np.stack([np.interp(utils, *lower_convex_envelope(utils, row)) for row in curves_w])
 
 
+def envelope_power_w(envelopes_w: np.ndarray, util: np.ndarray) -> np.ndarray:
+    """Each node's envelope (from `envelope_curves_w`) at its utilisation `util` (0..1)."""
+    steps = envelopes_w.shape[1] - 1
+    position = np.asarray(util, dtype=float) * steps
+    lower = np.minimum(position.astype(np.intp), steps - 1)
+    rows = np.arange(envelopes_w.shape[0])
+    low_w, high_w = envelopes_w[rows, lower], envelopes_w[rows, lower + 1]
+    return low_w + (position - lower) * (high_w - low_w)
+
+
 def cheapest_dynamic_power_w(cluster: SimCluster, used_cores: np.ndarray) -> np.ndarray:
     """The least above-idle power (W) that `used_cores` of busy CPU can cost, per entry.
 

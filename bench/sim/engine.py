@@ -5,9 +5,9 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
 
 1. pods that arrived in the tick are placed in arrival order, then pending pods due for a
    retry (kube-scheduler's backoff, simplified to a fixed `retry_interval_s`); a pod still
-   unplaced `max_pending_s` after arrival counts as unplaced;
-   A policy that reschedules (`Policy.reschedule_interval_s`) is then offered the running
-   pods and its moves are applied (free and instant; recorded as decisions);
+   unplaced `max_pending_s` after arrival counts as unplaced. A policy that reschedules
+   (`Policy.reschedule_interval_s`) is then offered the running pods, and its moves are
+   applied (free and instant; recorded as decisions);
 2. running pods progress: a pod uses `cpu_request x usage_ratio` cores; a node whose pods
    want more CPU than it has runs them all slower by the same factor (processor sharing), so
    work is conserved and overcommit shows up as slowdown (wall time / work);
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from bench.sim.ceiling import envelope_curves_w
+from bench.sim.ceiling import envelope_curves_w, envelope_power_w
 from bench.sim.cluster import (
     SimCluster,
     ambient_c,
@@ -205,8 +205,6 @@ def simulate(
     fan_power = np.zeros(n_ticks)
     above_envelope_power = np.zeros(n_ticks)
     envelopes_w = envelope_curves_w(cluster)
-    envelope_steps = envelopes_w.shape[1] - 1
-    node_rows = np.arange(n_nodes)
     requested_share = np.zeros(n_ticks)
     used_share = np.zeros(n_ticks)
     overcommitted_ticks = 0
@@ -331,13 +329,8 @@ def simulate(
         hottest = np.where(two_sockets, np.maximum(cpu1_c, cpu2_c), cpu1_c)
         curve_w = curve_power_w(cluster, util)
         fan_w = fan_power_w(cluster, hottest)
-        position = util * envelope_steps
-        lower = np.minimum(position.astype(np.intp), envelope_steps - 1)
-        envelope_w = envelopes_w[node_rows, lower] + (position - lower) * (
-            envelopes_w[node_rows, lower + 1] - envelopes_w[node_rows, lower]
-        )
         # Clipped at 0: between grid points the curve can dip a hair below the envelope line.
-        above_envelope_w = np.maximum(curve_w - envelope_w, 0.0)
+        above_envelope_w = np.maximum(curve_w - envelope_power_w(envelopes_w, util), 0.0)
         power_w = curve_w + fan_w
         if settings.empty_node_power_w is not None:
             power_w = np.where(hosts_pods, power_w, settings.empty_node_power_w)

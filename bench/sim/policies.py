@@ -218,8 +218,9 @@ class ReschedulingPolicy(CheapestPolicy):
     when that saves more than `min_saving_w` against leaving it where it is and the pod's
     requests fit there (NodeResourcesFit, as a re-created pod would be scheduled). Moves are
     free and instant: no restart, no lost work, no disruption budget. What it saves beyond
-    `cheapest` is therefore an optimistic bound on what a descheduler evicting pods towards
-    efficient nodes could add to per-pod placement, not a deployable policy.
+    `cheapest` is therefore an optimistic estimate of what a descheduler evicting pods towards
+    efficient nodes could add to per-pod placement (a greedy one: a global re-packing could
+    move more), not a deployable policy.
     """
 
     name = "rescheduling"
