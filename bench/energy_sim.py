@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.sim.ceiling import ceiling_energy_kwh
-from bench.sim.cluster import SimCluster, build_cluster, node_power_w
+from bench.sim.cluster import SimCluster, build_cluster, curve_power_w
 from bench.sim.engine import PolicyResult, SimSettings, simulate
 from bench.sim.policies import (
     CheapestPolicy,
@@ -228,10 +228,9 @@ def run_policy(
     if name == "random":
         return simulate(cluster, trace, RandomPolicy(rng), sim_settings, progress=progress), {}
     if name in REFERENCE_POLICIES:
-        no_fans_c = np.zeros(len(cluster))
 
         def true_power_w(util: np.ndarray) -> np.ndarray:
-            return node_power_w(cluster, util, no_fans_c)
+            return curve_power_w(cluster, util)  # fans left out, as the ceiling does
 
         reference: Policy
         if name == "oracle":
