@@ -46,6 +46,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from extender.logs import LOG_FORMATS, configure_logging
 from extender.scoring import ENERGY_LABEL
+from livedata.kube_client import KubeConfigError, kube_api_client
 from training.collect import (
     CollectConfig,
     CollectConfigError,
@@ -57,7 +58,6 @@ from training.collect import (
     parse_duration_s,
     uname_query,
 )
-from training.publish import KubeConfigError, kube_api_client
 
 log = logging.getLogger("extender.energy_adapter")
 

@@ -403,20 +403,15 @@ def _source_status(source: LiveSource) -> dict[str, Any]:
 def build_live_sources(runtime: Runtime) -> list[LiveSource]:
     """Kubernetes watches and the Prometheus poller for live mode (thin wiring only)."""
     from kubernetes import client
-    from kubernetes import config as kube_config
 
     from extender.kube import ClusterWatcher
+    from livedata.kube_client import kube_api_client
 
     # The collect settings first: a bad --collect-config is the likelier mistake to report.
     telemetry = _prometheus_source(runtime)
-    configuration = client.Configuration()
-    if runtime.config.in_cluster:
-        kube_config.load_incluster_config(client_configuration=configuration)
-    else:
-        kube_config.load_kube_config(
-            config_file=str(runtime.config.kubeconfig), client_configuration=configuration
-        )
-    api = client.CoreV1Api(client.ApiClient(configuration))
+    api = client.CoreV1Api(
+        kube_api_client(kubeconfig=runtime.config.kubeconfig, in_cluster=runtime.config.in_cluster)
+    )
     return [ClusterWatcher(api, runtime.state, clock=runtime.clock), telemetry]
 
 

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tqdm import tqdm
 
+from livedata.kube_client import KubeConfigError, describe_api_error, kube_api_client
 from predictor.bundle import MANIFEST_NAME, Bundle, BundleError, read_bundle
 
 log = logging.getLogger("training.publish")
@@ -65,14 +66,11 @@ _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?$")
 _CONFIGMAP_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 LABEL_VALUE_MAX = 63
+RBAC_MANIFEST = "manifests/trainer.yaml"  # the trainer's rights, named in a 403's hint
 
 
 class PublishError(RuntimeError):
     """The bundle cannot be published; the message says which file, ConfigMap or answer."""
-
-
-class KubeConfigError(ValueError):
-    """No usable Kubernetes client configuration (kubeconfig or in-cluster)."""
 
 
 @dataclass(frozen=True)
@@ -281,47 +279,6 @@ def render_dry_run(objects: Sequence[dict[str, Any]], version: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def kube_api_client(
-    *, kubeconfig: Path | None = None, in_cluster: bool = False
-) -> client.ApiClient:
-    """A client from the pod's service account (`in_cluster`) or a kubeconfig file.
-
-    Without either, the kubeconfig kubectl would use ($KUBECONFIG or ~/.kube/config).
-    """
-    try:
-        if in_cluster:
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return config.new_client_from_config(
-            config_file=str(kubeconfig) if kubeconfig is not None else None
-        )
-    except (config.ConfigException, OSError) as error:
-        source = (
-            "in-cluster service account" if in_cluster else (kubeconfig or "default kubeconfig")
-        )
-        raise KubeConfigError(
-            f"cannot configure the Kubernetes client from {source}: {error}"
-        ) from None
-
-
-def describe_api_error(error: ApiException, what: str) -> str:
-    """One line: what was refused, the HTTP status and the server's own message."""
-    message = ""
-    try:
-        status = json.loads(error.body or "")
-        message = status.get("message", "") if isinstance(status, dict) else ""
-    except (ValueError, TypeError):
-        message = (error.body or "").strip()[:200] if isinstance(error.body, str) else ""
-    hint = {
-        413: " (the request body is larger than the API server accepts)",
-        422: " (the API server's validation refused it; a ConfigMap holds at most 1 MiB)",
-        403: " (the service account lacks the right; see manifests/trainer.yaml)",
-    }.get(error.status or 0, "")
-    detail = f": {message}" if message else ""
-    return f"{what}: HTTP {error.status} {error.reason}{hint}{detail}"
-
-
 def publish_configmaps(
     core_api: client.CoreV1Api,
     objects: Sequence[dict[str, Any]],
@@ -348,7 +305,9 @@ def publish_configmaps(
                 core_api.replace_namespaced_config_map(name, namespace, obj)
                 result.replaced.append(name)
         except ApiException as error:
-            raise PublishError(describe_api_error(error, f"writing {where}")) from None
+            raise PublishError(
+                describe_api_error(error, f"writing {where}", rbac_manifest=RBAC_MANIFEST)
+            ) from None
         log.info("wrote %s (%d files)", where, len(obj["binaryData"]))
     result.deleted = _delete_stale_shards(core_api, namespace, bundle_name, set(names))
     return result
@@ -365,7 +324,11 @@ def _delete_stale_shards(
         listed = json.loads(response.data)["items"]
     except ApiException as error:
         raise PublishError(
-            describe_api_error(error, f"listing old shards of {bundle_name} in {namespace}")
+            describe_api_error(
+                error,
+                f"listing old shards of {bundle_name} in {namespace}",
+                rbac_manifest=RBAC_MANIFEST,
+            )
         ) from None
     deleted = []
     for item in listed:
@@ -378,7 +341,9 @@ def _delete_stale_shards(
             if error.status == 404:
                 continue
             raise PublishError(
-                describe_api_error(error, f"deleting stale shard {namespace}/{name}")
+                describe_api_error(
+                    error, f"deleting stale shard {namespace}/{name}", rbac_manifest=RBAC_MANIFEST
+                )
             ) from None
         log.info("deleted stale shard ConfigMap %s/%s", namespace, name)
         deleted.append(name)

@@ -1,0 +1,61 @@
+"""Kubernetes client set-up, shared by training.publish, the extender and the controllers.
+
+Thin on purpose: the official `kubernetes` client, configured from the pod's service account
+(`in_cluster`) or a kubeconfig file, and one readable line for an API error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+
+class KubeConfigError(ValueError):
+    """No usable Kubernetes client configuration (kubeconfig or in-cluster)."""
+
+
+def kube_api_client(
+    *, kubeconfig: Path | None = None, in_cluster: bool = False
+) -> client.ApiClient:
+    """A client from the pod's service account (`in_cluster`) or a kubeconfig file.
+
+    Without either, the kubeconfig kubectl would use ($KUBECONFIG or ~/.kube/config).
+    """
+    try:
+        if in_cluster:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        return config.new_client_from_config(
+            config_file=str(kubeconfig) if kubeconfig is not None else None
+        )
+    except (config.ConfigException, OSError) as error:
+        source = (
+            "in-cluster service account" if in_cluster else (kubeconfig or "default kubeconfig")
+        )
+        raise KubeConfigError(
+            f"cannot configure the Kubernetes client from {source}: {error}"
+        ) from None
+
+
+def describe_api_error(error: ApiException, what: str, *, rbac_manifest: str = "manifests/") -> str:
+    """One line: what was refused, the HTTP status and the server's own message.
+
+    `rbac_manifest` names the manifest that grants the caller's rights, for a 403's hint.
+    """
+    message = ""
+    try:
+        status = json.loads(error.body or "")
+        message = status.get("message", "") if isinstance(status, dict) else ""
+    except (ValueError, TypeError):
+        message = (error.body or "").strip()[:200] if isinstance(error.body, str) else ""
+    hint = {
+        413: " (the request body is larger than the API server accepts)",
+        422: " (the API server's validation refused it; a ConfigMap holds at most 1 MiB)",
+        403: f" (the service account lacks the right; see {rbac_manifest})",
+    }.get(error.status or 0, "")
+    detail = f": {message}" if message else ""
+    return f"{what}: HTTP {error.status} {error.reason}{hint}{detail}"
