@@ -292,7 +292,7 @@ def in_process_request_us(runtime: Runtime, body: bytes, repeats: int) -> float:
             model.curves if model is not None else None,
             args.candidates,
             pod_cpu_demand_cores(args.pod),
-            runtime.weights,
+            runtime.profile,
             now_s=now_s,
             telemetry_ttl_s=runtime.telemetry_ttl_s,
         )

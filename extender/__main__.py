@@ -23,6 +23,7 @@ import uvicorn
 from extender.app import create_app
 from extender.config import ConfigError, ExtenderConfig, parse_config
 from extender.logs import configure_logging
+from extender.profile import ProfileError
 from extender.runtime import Runtime, build_live_sources
 from extender.snapshot import SnapshotError
 
@@ -117,10 +118,17 @@ def tls_context(config: ExtenderConfig) -> ssl.SSLContext | None:
 
 def prepare(config: ExtenderConfig) -> Runtime:
     """Build the runtime and load what the mode needs; StartupError on bad input."""
-    runtime = Runtime(config)
+    try:
+        runtime = Runtime(config)
+    except ProfileError as exc:
+        raise StartupError(f"--config: {exc}") from None
     log.info(
         "starting",
-        extra={"mode": runtime.mode, "bundle_dir": str(config.bundle_dir)},
+        extra={
+            "mode": runtime.mode,
+            "bundle_dir": str(config.bundle_dir),
+            "profile": runtime.profile.describe(),
+        },
     )
     try:
         runtime.load_cluster()

@@ -140,7 +140,8 @@ def _explain_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> obj
         "demand_cores": assessment.demand_cores,
         "bundle_version": model.predictor.version if model else None,
         "curves_built_at_s": model.built_at_s if model else None,
-        "weights": {"power": runtime.weights.power, "energy": runtime.weights.energy},
+        "weights": runtime.profile.weights,
+        "filters": [plugin.name for plugin in runtime.profile.filters],
         "telemetry_ttl_s": runtime.telemetry_ttl_s,
         "nodes": assessment.explain(),
     }
@@ -184,9 +185,10 @@ def create_app(runtime: Runtime) -> FastAPI:
             model.curves if model is not None else None,
             args.candidates,
             demand_cores,
-            runtime.weights,
+            runtime.profile,
             now_s=now_s,
             telemetry_ttl_s=runtime.telemetry_ttl_s,
+            pod=args.pod,
         )
         if assessment.unknown_nodes:
             metrics.unknown_nodes.inc(assessment.unknown_nodes)

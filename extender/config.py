@@ -16,6 +16,7 @@ Three modes follow from the flags:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,6 @@ from extender.limits import (
     InputLimits,
 )
 from extender.logs import LOG_FORMATS
-from extender.scoring import DEFAULT_WEIGHTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
@@ -63,10 +63,12 @@ class ExtenderConfig:
     # A pod bound this recently adds its CPU demand to the node's assumed load: the metrics do
     # not show its load until a scrape and the rate window have passed.
     assumed_window_s: float = 120.0
-    # The final score is power_weight * power score + energy_weight * energy score, scaled
-    # to 0..10.
-    power_weight: float = DEFAULT_WEIGHTS.power
-    energy_weight: float = DEFAULT_WEIGHTS.energy
+    # The scoring profile (extender.profile): enabled filter and score plugins, their weights
+    # and arguments; None = the built-in defaults.
+    config_file: Path | None = None
+    # Shortcuts that override the PowerIncrease and EnergyLevel weights of the profile.
+    power_weight: float | None = None
+    energy_weight: float | None = None
     # Input limits (extender.limits explains the defaults: a 5000-node cluster).
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_nodes: int = DEFAULT_MAX_NODES
@@ -128,10 +130,12 @@ class ExtenderConfig:
                 raise ConfigError(f"{flag} must be positive, got {value}")
         if self.assumed_window_s < 0:
             raise ConfigError(f"--assumed-window must be >= 0, got {self.assumed_window_s}")
-        if self.power_weight < 0 or self.energy_weight < 0:
-            raise ConfigError("--power-weight and --energy-weight must be >= 0")
-        if self.power_weight + self.energy_weight <= 0:
-            raise ConfigError("--power-weight and --energy-weight cannot both be 0")
+        for flag, weight in (
+            ("--power-weight", self.power_weight),
+            ("--energy-weight", self.energy_weight),
+        ):
+            if weight is not None and not (math.isfinite(weight) and weight >= 0):
+                raise ConfigError(f"{flag} must be a finite number >= 0, got {weight}")
         if not 0 <= self.ready_min_fresh_share <= 1:
             raise ConfigError(
                 f"--ready-min-fresh-share must be 0..1, got {self.ready_min_fresh_share}"
@@ -311,7 +315,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.ready_min_fresh_share,
         help="live mode: /readyz needs at least this share (0..1) of nodes with fresh telemetry",
     )
-    scoring = parser.add_argument_group("scoring")
+    scoring = parser.add_argument_group(
+        "scoring",
+        "Which plugins filter and score, their weights and arguments, come from --config: a "
+        "YAML file shaped like KubeSchedulerConfiguration's plugins/pluginConfig (see "
+        "docs/architecture.md). Without it: filters EnergyLevel (powerless nodes fail) and "
+        "PowerCap (power-aware-scheduler/max-power-w); scores PowerIncrease (weight 0.6: "
+        "lowest predicted increase best) and EnergyLevel (0.4: label energy-status).",
+    )
+    scoring.add_argument(
+        "--config",
+        dest="config_file",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="scoring profile (YAML/JSON, kind ExtenderConfiguration); default: built-in",
+    )
     scoring.add_argument(
         "--assumed-window",
         dest="assumed_window_s",
@@ -325,14 +344,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WEIGHT",
         type=float,
         default=d.power_weight,
-        help="weight of the power-increase score (lowest predicted increase best)",
+        help="override the weight of the PowerIncrease score plugin (default 0.6 unless "
+        "--config says otherwise)",
     )
     scoring.add_argument(
         "--energy-weight",
         metavar="WEIGHT",
         type=float,
         default=d.energy_weight,
-        help="weight of the energy-level score (label energy-status; no label = grid power)",
+        help="override the weight of the EnergyLevel score plugin (default 0.4 unless "
+        "--config says otherwise)",
     )
     logs = parser.add_argument_group("logging")
     logs.add_argument(

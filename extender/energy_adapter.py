@@ -45,8 +45,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from extender.logs import LOG_FORMATS, configure_logging
-from extender.scoring import ENERGY_LABEL
 from livedata.kube_client import KubeConfigError, kube_api_client
+from livedata.labels import ENERGY_LABEL
 from training.collect import (
     CollectConfig,
     CollectConfigError,

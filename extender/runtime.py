@@ -28,7 +28,7 @@ import numpy as np
 
 from extender.config import ExtenderConfig
 from extender.metrics import ServiceMetrics, StateSample
-from extender.scoring import ScoringWeights
+from extender.profile import Profile, ProfileError, load_profile
 from extender.snapshot import demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
 from predictor.curves import CurveBuilder
@@ -79,8 +79,11 @@ class Runtime:
         self.config = config
         self.clock = clock
         self.mode = config.mode
-        self.state = state or ClusterState(assumed_window_s=config.assumed_window_s)
-        self.weights = ScoringWeights(power=config.power_weight, energy=config.energy_weight)
+        self.profile = _profile(config)
+        self.state = state or ClusterState(
+            assumed_window_s=config.assumed_window_s,
+            node_attributes=self.profile.node_attributes,
+        )
         # Snapshot telemetry is fixed and never goes stale (contract 3).
         self.telemetry_ttl_s: float | None = config.telemetry_ttl_s if self.mode == "live" else None
         self.holder = ModelHolder(self._telemetry_for_curves, CurveBuilder(), clock=clock)
@@ -341,8 +344,8 @@ class Runtime:
             },
             "curves": curves,
             "scoring": {
-                "power_weight": self.weights.power,
-                "energy_weight": self.weights.energy,
+                "profile": self.profile.describe(),
+                "weights": self.profile.weights,
                 "assumed_window_s": self.state.assumed_window_s,
             },
             "live_sources": [_source_status(s) for s in self.live_sources],
@@ -360,6 +363,25 @@ class Runtime:
                 "candidates without telemetry or curve get the lowest power score",
                 extra={"nodes_in_request": count},
             )
+
+
+def _profile(config: ExtenderConfig) -> Profile:
+    """The scoring profile from --config, with --power-weight/--energy-weight applied."""
+    profile = load_profile(config.config_file)
+    overrides = {
+        name: weight
+        for name, weight in (
+            ("PowerIncrease", config.power_weight),
+            ("EnergyLevel", config.energy_weight),
+        )
+        if weight is not None
+    }
+    if not overrides:
+        return profile
+    try:
+        return profile.with_weights(**overrides)
+    except ProfileError as exc:
+        raise ProfileError(f"--power-weight/--energy-weight: {exc}") from None
 
 
 def _watch_not_ready_reasons(

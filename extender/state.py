@@ -20,15 +20,16 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from extender.scoring import EnergyLevel, PowerCurves, energy_level_of, max_power_of
+if TYPE_CHECKING:
+    from predictor.curves import CurveTable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,32 @@ class NodeInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
+NodeValue = float | int | bool
+
+
+@dataclass(frozen=True, eq=False)
+class NodeAttribute:
+    """A per-node value that a plugin derives from a node's labels and annotations.
+
+    The state computes it once per node layout (a node's info changes far less often than pods
+    arrive) and once per candidate list, so the request path reads a ready array. `missing` is
+    the value for names the state has no node info for (unknown names, telemetry-only nodes).
+    `check` says, at the time a node is written, what the plugin will treat as a default (an
+    unknown label value, an unreadable annotation): the state logs it once per write. Compared
+    by identity: define each attribute once, at module level.
+    """
+
+    name: str
+    of: Callable[[NodeInfo], NodeValue]
+    dtype: type | np.dtype
+    missing: NodeValue
+    check: Callable[[NodeInfo], str | None] | None = None
+
+    def values(self, nodes: Sequence[NodeInfo]) -> np.ndarray:
+        """The attribute of each of `nodes`, as one read-only array."""
+        return _frozen(np.fromiter(map(self.of, nodes), self.dtype, len(nodes)))
+
+
 @dataclass(frozen=True)
 class _Telemetry:
     values: Mapping[str, float]
@@ -69,7 +96,12 @@ class Candidates:
 
     `positions` index the view's arrays (-1 for a name the view does not know). The node-info
     arrays are gathered here once: they change with the node layout only, not with telemetry
-    or bindings, so a candidate list the scheduler sends again costs one comparison.
+    or bindings, so a candidate list the scheduler sends again costs one comparison; so are
+    the plugins' node attributes (`node_values`), on first use.
+
+    Candidates built from the request's own Node objects (`nodeCacheCapable: false`) carry
+    those objects in `nodes`: allocatable CPU and the node attributes come from them, only
+    telemetry and assumed load from the view.
     """
 
     names: tuple[str, ...]
@@ -79,14 +111,32 @@ class Candidates:
     all_in_view: bool
     has_node_info: np.ndarray
     allocatable_cpu: np.ndarray
-    energy_level: np.ndarray
-    max_power_w: np.ndarray
+    _layout: _NodeArrays | None = field(default=None, repr=False)
+    nodes: tuple[NodeInfo, ...] | None = field(default=None, repr=False)
     # Slot 0: (view curve rows, these candidates' rows in them), as in ClusterView.
     _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
+    _attributes: dict = field(default_factory=dict, repr=False)
 
     def gather(self, array: np.ndarray, missing: float | bool | int) -> np.ndarray:
         """`array` (aligned to the view) at the candidates; `missing` where not in the view."""
         return _gather(array, self.positions, self.in_view, self.all_in_view, missing)
+
+    def node_values(self, attribute: NodeAttribute) -> np.ndarray:
+        """`attribute` of each candidate (read-only); computed once per candidate list."""
+        values = self._attributes.get(attribute)
+        if values is not None:
+            return values
+        if self.nodes is not None:
+            values = attribute.values(self.nodes)
+        else:
+            assert self._layout is not None
+            values = _frozen(
+                self.gather(self._layout.node_values(attribute), attribute.missing).astype(
+                    attribute.dtype, copy=False
+                )
+            )
+        self._attributes[attribute] = values
+        return values
 
     def curve_rows(self, view_rows: np.ndarray) -> np.ndarray:
         """Curve row of each candidate from the view's (`ClusterView.curve_rows`); -1 = none."""
@@ -110,13 +160,22 @@ class _NodeArrays:
     positions: Mapping[str, int]
     has_node_info: np.ndarray
     allocatable_cpu: np.ndarray
-    energy_level: np.ndarray
-    max_power_w: np.ndarray
+    nodes: tuple[NodeInfo, ...]  # the nodes with node info, in view order (they come first)
     # (count, first name, last name) -> Candidates: a cheap key, checked by full comparison.
     _candidates: dict = field(default_factory=dict, repr=False)
     _candidates_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Slot 0 holds one (curve table, rows) pair; one atomic store replaces it.
     _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
+    _attributes: dict = field(default_factory=dict, repr=False)
+
+    def node_values(self, attribute: NodeAttribute) -> np.ndarray:
+        """`attribute` of every view node (`missing` for telemetry-only names), cached."""
+        values = self._attributes.get(attribute)
+        if values is None:
+            values = np.full(len(self.names), attribute.missing, dtype=attribute.dtype)
+            values[: len(self.nodes)] = attribute.values(self.nodes)
+            values = self._attributes[attribute] = _frozen(values)
+        return values
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:
         return np.fromiter(
@@ -148,8 +207,7 @@ class _NodeArrays:
             all_in_view=all_in_view,
             has_node_info=gathered(self.has_node_info, False),
             allocatable_cpu=gathered(self.allocatable_cpu, np.nan),
-            energy_level=gathered(self.energy_level, EnergyLevel.UNKNOWN),
-            max_power_w=gathered(self.max_power_w, np.nan),
+            _layout=self,
         )
         if not cacheable:
             return resolved
@@ -160,7 +218,7 @@ class _NodeArrays:
                 del self._candidates[next(iter(self._candidates))]
         return resolved
 
-    def curve_rows(self, curves: PowerCurves) -> np.ndarray:
+    def curve_rows(self, curves: CurveTable) -> np.ndarray:
         table, rows = self._curve_rows[0]
         if table is curves:
             return rows
@@ -187,10 +245,9 @@ class ClusterView:
     """Immutable snapshot of the cluster for the request path; arrays are aligned to `names`.
 
     `names` holds the nodes a node source reported (`has_node_info` True) followed by nodes known
-    only from telemetry (allocatable NaN, energy level UNKNOWN). `cpu_util` is NaN and
-    `observed_at_s` is -inf for a node without telemetry; `max_power_w` is NaN for a node without
-    the max-power annotation. `assumed_cpu` (cores) already has expired bindings removed as of
-    `built_at_s`; the view stays valid until `valid_until_s`.
+    only from telemetry (allocatable NaN, node attributes `missing`). `cpu_util` is NaN and
+    `observed_at_s` is -inf for a node without telemetry. `assumed_cpu` (cores) already has
+    expired bindings removed as of `built_at_s`; the view stays valid until `valid_until_s`.
     """
 
     version: int
@@ -201,10 +258,11 @@ class ClusterView:
     has_node_info: np.ndarray
     allocatable_cpu: np.ndarray
     assumed_cpu: np.ndarray
-    energy_level: np.ndarray
-    max_power_w: np.ndarray
     cpu_util: np.ndarray
     observed_at_s: np.ndarray
+    # Live data beyond nodes and telemetry that background sources publish for plugins
+    # (`ClusterState.set_signal`): name -> an immutable snapshot object.
+    signals: Mapping[str, object]
     _layout: _NodeArrays = field(repr=False)
     # Results the request path derives from this view alone (scoring's per-candidate-list
     # state), kept with the view so that they go when it goes: key -> (value, keep-alives).
@@ -226,7 +284,7 @@ class ClusterView:
                 del derived[next(iter(derived))]
         derived[key] = (value, keep_alive)
 
-    def curve_rows(self, curves: PowerCurves) -> np.ndarray:
+    def curve_rows(self, curves: CurveTable) -> np.ndarray:
         """Row of each view node in `curves` (-1 = no curve), cached for the latest table.
 
         The cache belongs to the node layout, not to this view: views are rebuilt after every
@@ -235,6 +293,10 @@ class ClusterView:
         """
         return self._layout.curve_rows(curves)
 
+    def signal(self, name: str) -> Any:
+        """The snapshot a background source published under `name`; None when none has."""
+        return self.signals.get(name)
+
     def candidates(self, names: Sequence[str]) -> Candidates:
         """`names` resolved to positions and node info; the last few lists are remembered.
 
@@ -242,6 +304,31 @@ class ClusterView:
         (the same object each time: answers can be cached by its identity).
         """
         return self._layout.candidates(names)
+
+    def candidates_from_nodes(self, nodes: Sequence[NodeInfo]) -> Candidates:
+        """Candidates from the request's own Node objects (`nodeCacheCapable: false`).
+
+        Positions (for telemetry and assumed load) come from the view; allocatable CPU and the
+        node attributes from the objects themselves, which the scheduler just sent.
+        """
+        resolved = self._layout.candidates([node.name for node in nodes])
+        count = len(nodes)
+        return Candidates(
+            names=resolved.names,
+            joined_names=resolved.joined_names,
+            positions=resolved.positions,
+            in_view=resolved.in_view,
+            all_in_view=resolved.all_in_view,
+            has_node_info=_frozen(np.ones(count, dtype=bool)),
+            allocatable_cpu=_frozen(
+                np.fromiter((node.allocatable_cpu for node in nodes), np.float64, count)
+            ),
+            nodes=tuple(nodes),
+        )
+
+    def node_values(self, attribute: NodeAttribute) -> np.ndarray:
+        """`attribute` of every view node (`missing` for telemetry-only names), cached."""
+        return self._layout.node_values(attribute)
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:
         """Positions of `names` in this view's arrays; -1 for a name the view does not know."""
@@ -255,16 +342,24 @@ class ClusterView:
 class ClusterState:
     """Thread-safe store of nodes, telemetry and recent bindings; one lock guards everything."""
 
-    def __init__(self, assumed_window_s: float = DEFAULT_ASSUMED_WINDOW_S) -> None:
+    def __init__(
+        self,
+        assumed_window_s: float = DEFAULT_ASSUMED_WINDOW_S,
+        *,
+        node_attributes: Sequence[NodeAttribute] = (),
+    ) -> None:
+        """`node_attributes`: those whose `check` runs (and logs) when a node is written."""
         if not assumed_window_s >= 0 or math.isinf(assumed_window_s):
             raise ValueError(f"assumed_window_s must be finite and >= 0, got {assumed_window_s!r}")
         self._assumed_window_s = float(assumed_window_s)
+        self._node_checks = tuple(a.check for a in node_attributes if a.check is not None)
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
         self._telemetry: dict[str, _Telemetry] = {}
         # Insertion order is binding order (a re-bound pod is moved to the end), so expired
         # bindings are at the front and purging stops at the first live one.
         self._bindings: dict[str, _Binding] = {}
+        self._signals: Mapping[str, object] = MappingProxyType({})
         # _version: anything changed; _layout_version: the node set, a node's info or the set of
         # telemetry-only names changed; _telemetry_version: any telemetry changed. A rebuild
         # reuses the arrays whose versions did not move.
@@ -283,7 +378,7 @@ class ClusterState:
 
     def replace_nodes(self, nodes: Iterable[NodeInfo]) -> None:
         """Make `nodes` the whole node set (initial list, resync, snapshot file)."""
-        new_nodes = {node.name: _checked(node) for node in nodes}
+        new_nodes = {node.name: self._checked(node) for node in nodes}
         with self._lock:
             if new_nodes == self._nodes:
                 return
@@ -292,7 +387,7 @@ class ClusterState:
             self._layout_version += 1
 
     def upsert_node(self, node: NodeInfo) -> None:
-        node = _checked(node)
+        node = self._checked(node)
         with self._lock:
             if self._nodes.get(node.name) == node:
                 return
@@ -352,6 +447,18 @@ class ClusterState:
             self._purge_expired_locked(float(bound_at_s))
             self._version += 1
 
+    def set_signal(self, name: str, value: object) -> None:
+        """Publish `value` (an immutable snapshot: carbon intensities, RTTs...) under `name`.
+
+        The next view carries it; plugins read it with `ClusterView.signal(name)`, so one
+        request sees one consistent set. Replacing a value with the same object is no change.
+        """
+        with self._lock:
+            if self._signals.get(name) is value:
+                return
+            self._signals = MappingProxyType({**self._signals, name: value})
+            self._version += 1
+
     def pod_gone(self, pod_uid: str) -> None:
         """The pod was deleted (or finished): its load no longer counts."""
         with self._lock:
@@ -398,6 +505,14 @@ class ClusterState:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _checked(self, node: NodeInfo) -> NodeInfo:
+        """Log once per write what a plugin will silently treat as a default."""
+        for check in self._node_checks:
+            problem = check(node)
+            if problem is not None:
+                log.warning("node %s: %s", node.name, problem)
+        return node
+
     def _purge_expired_locked(self, now_s: float) -> None:
         window_s = self._assumed_window_s
         expired = []
@@ -421,10 +536,9 @@ class ClusterState:
             has_node_info=nodes.has_node_info,
             allocatable_cpu=nodes.allocatable_cpu,
             assumed_cpu=assumed,
-            energy_level=nodes.energy_level,
-            max_power_w=nodes.max_power_w,
             cpu_util=telemetry.cpu_util,
             observed_at_s=telemetry.observed_at_s,
+            signals=self._signals,
             _layout=nodes,
         )
 
@@ -439,19 +553,14 @@ class ClusterState:
         has_node_info = np.zeros(count, dtype=bool)
         has_node_info[: len(self._nodes)] = True
         allocatable = np.full(count, np.nan, dtype=np.float64)
-        energy = np.full(count, EnergyLevel.UNKNOWN, dtype=np.int8)
-        max_power = np.full(count, np.nan, dtype=np.float64)
         for i, node in enumerate(self._nodes.values()):
             allocatable[i] = node.allocatable_cpu
-            energy[i] = energy_level_of(node.labels)
-            max_power[i] = max_power_of(node.annotations)
         arrays = _NodeArrays(
             names=names,
             positions=MappingProxyType({name: i for i, name in enumerate(names)}),
             has_node_info=_frozen(has_node_info),
             allocatable_cpu=_frozen(allocatable),
-            energy_level=_frozen(energy),
-            max_power_w=_frozen(max_power),
+            nodes=tuple(self._nodes.values()),
         )
         self._node_arrays = (self._layout_version, arrays)
         return arrays
@@ -511,22 +620,3 @@ def _gather(
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
     return array
-
-
-def _checked(node: NodeInfo) -> NodeInfo:
-    """Log once per write what the scorer will silently treat as a default."""
-    level = energy_level_of(node.labels)
-    if level == EnergyLevel.UNKNOWN:
-        log.warning(
-            "node %s: unknown energy-status label %r, scored like 'vulnerable'",
-            node.name,
-            node.labels.get("energy-status"),
-        )
-    annotation = node.annotations.get("power-aware-scheduler/max-power-w")
-    if annotation is not None and math.isnan(max_power_of(node.annotations)):
-        log.warning(
-            "node %s: ignoring max-power annotation %r (not a positive number of watts)",
-            node.name,
-            annotation,
-        )
-    return node

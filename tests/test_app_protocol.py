@@ -200,7 +200,7 @@ def test_node_without_telemetry_never_scores_best(service) -> None:
     assert scores["node-d"] == min(scores.values())
     explain = client.post("/explain", content=json.dumps(request)).json()
     row = next(r for r in explain["nodes"] if r["node"] == "node-d")
-    assert row["power_score"] == 0.0 and row["increase_w"] is None
+    assert row["plugins"]["PowerIncrease"]["points"] == 0.0 and row["increase_w"] is None
     assert "telemetry" in row["note"]
 
 

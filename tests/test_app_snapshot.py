@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from extender.scoring import ENERGY_LABEL
 from extender.snapshot import SnapshotError, demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
+from livedata.labels import ENERGY_LABEL
 
 
 def write(tmp_path: Path, document: object, name: str = "cluster.json") -> Path:

@@ -107,7 +107,7 @@ def test_yaml_snapshot_and_environment_settings(demo_bundle: Path, tmp_path: Pat
         "without_telemetry": 1,
         "assumed_pods": 0,
     }
-    assert status["scoring"]["energy_weight"] == 0.0
+    assert status["scoring"]["weights"]["EnergyLevel"] == 0.0
     assert status["scoring"]["assumed_window_s"] == 30.0
 
 

@@ -266,7 +266,9 @@ def assert_neutral(client: httpx.Client) -> None:
     rows = explain(client)
     for name in ("node-a", "node-b"):
         assert "stale" in rows[name]["note"], rows[name]
-    assert all(row["power_score"] == 0.0 and row["passes"] for row in rows.values()), rows
+    assert all(
+        row["plugins"]["PowerIncrease"]["points"] == 0.0 and row["passes"] for row in rows.values()
+    ), rows
     filtered = client.post("/filter", content=request()).json()
     assert filtered["NodeNames"] == list(NODES) and filtered["FailedNodes"] == {}
     scores = client.post("/prioritize", content=request()).json()

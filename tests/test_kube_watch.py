@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from extender.kube import ClusterWatcher, node_info_from_object, pod_bound_at_s
-from extender.scoring import EnergyLevel
+from extender.plugins.energy_level import ENERGY_LEVEL, EnergyLevel
 from extender.state import ClusterState
 from tests.support.fake_kube import FakeKube
 
@@ -69,7 +69,7 @@ def assumed_cpu(state: ClusterState, node_name: str) -> float:
 def energy(state: ClusterState, node_name: str) -> EnergyLevel | None:
     view = state.view(time.time())
     position = view.node(node_name)
-    return EnergyLevel(int(view.energy_level[position])) if position >= 0 else None
+    return EnergyLevel(int(view.node_values(ENERGY_LEVEL)[position])) if position >= 0 else None
 
 
 def count_lists(kube: FakeKube) -> int:

@@ -11,15 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.plugins.energy_level import ENERGY_SCORES, EnergyLevel, energy_level_of
+from extender.plugins.power_cap import max_power_of
+from extender.profile import DEFAULT_PROFILE, ProfileError
 from extender.protocol import encode, prioritize_result
-from extender.scoring import (
-    ENERGY_SCORES,
-    EnergyLevel,
-    ScoringWeights,
-    assess,
-    energy_level_of,
-    max_power_of,
-)
+from extender.scoring import assess
 from extender.state import ClusterState, NodeInfo
 from predictor.curves import UTIL_GRID, CurveBuilder, CurveTable
 from predictor.model import Predictor
@@ -83,7 +79,7 @@ def run(predictor, state, candidates, demand_cores=1.0, weights=None, ttl_s=TTL_
         curves_for(predictor, state),
         candidates,
         demand_cores,
-        weights or ScoringWeights(),
+        DEFAULT_PROFILE.with_weights(**weights) if weights else DEFAULT_PROFILE,
         now_s=now_s,
         telemetry_ttl_s=ttl_s,
     )
@@ -95,7 +91,9 @@ def test_smallest_increase_scores_10_and_order_follows_increase(predictor: Predi
     np.testing.assert_allclose(result.increase_w, [37.5, 25.0, 12.5], atol=FLOAT32_W)
     np.testing.assert_allclose(result.d, [1 / 8] * 3)
     # 10 - 5 * log2(increase / 12.5): three times the cheapest loses log2(3) doublings.
-    np.testing.assert_allclose(result.power_score, [10 - 5 * math.log2(3), 5.0, 10.0], atol=0.01)
+    np.testing.assert_allclose(
+        result.points("PowerIncrease"), [10 - 5 * math.log2(3), 5.0, 10.0], atol=0.01
+    )
     # Grid power everywhere: energy score 10, final = 0.6 * power + 4 (5.25 -> 5, 7.0 -> 7).
     assert result.host_scores() == [("steep", 5), ("mid", 7), ("flat", 10)]
     assert result.failed == {}
@@ -119,8 +117,8 @@ def test_node_without_telemetry_gets_the_lowest_power_score(predictor: Predictor
     result = run(predictor, state, ["steep", "flat", "mid"])
     mid = 2
     assert not result.has_telemetry[mid]
-    assert result.power_score[mid] == 0.0
-    assert result.power_score[mid] <= result.power_score.min()
+    assert result.points("PowerIncrease")[mid] == 0.0
+    assert result.points("PowerIncrease")[mid] <= result.points("PowerIncrease").min()
     assert result.score[mid] < result.score.max()
     assert "mid" not in result.failed  # passes the filter
     assert result.no_telemetry_nodes == 1
@@ -133,7 +131,7 @@ def test_stale_telemetry_counts_as_none(predictor: Predictor) -> None:
     state.set_telemetry("flat", telemetry(0.3), NOW_S - 600)  # 10 minutes old
     stale = run(predictor, state, ["steep", "flat"], ttl_s=TTL_S)
     assert stale.has_telemetry.tolist() == [True, False]
-    assert stale.power_score.tolist() == [10.0, 0.0]
+    assert stale.points("PowerIncrease").tolist() == [10.0, 0.0]
     assert stale.no_telemetry_nodes == 1
     assert stale.explain()[1]["note"].startswith("telemetry stale (600 s old)")
     # A snapshot never goes stale.
@@ -149,7 +147,7 @@ def test_node_without_a_curve_is_counted_and_scored_lowest(predictor: Predictor)
     assert result.has_telemetry.tolist() == [True, True, True]
     assert result.has_curve.tolist() == [True, True, False]
     assert result.no_curve_nodes == 1
-    assert result.power_score[2] == 0.0
+    assert result.points("PowerIncrease")[2] == 0.0
     assert result.host_scores()[0] == ("flat", 10)
 
 
@@ -197,7 +195,7 @@ def test_nodes_without_telemetry_pass_even_with_a_max_power(predictor: Predictor
 def test_all_equal_increases_all_score_best(predictor: Predictor) -> None:
     state = make_state({"flat": {}, "twin": {}})
     result = run(predictor, state, ["flat", "twin"])
-    assert result.power_score.tolist() == [10.0, 10.0]
+    assert result.points("PowerIncrease").tolist() == [10.0, 10.0]
     assert result.host_scores() == [("flat", 10), ("twin", 10)]
 
 
@@ -211,8 +209,8 @@ def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> N
     result = run(predictor, make_state(nodes), ["mid", "mid-plus", "steep"])
     assert result.increase_w[0] < result.increase_w[1] < result.increase_w[2]
     power = [10.0, 10 - 5 * math.log2(1.1), 10 - 5 * math.log2(1.5)]
-    np.testing.assert_allclose(result.power_score, power, atol=0.01)
-    np.testing.assert_allclose(result.energy_score, [3.0, 10.0, 10.0])
+    np.testing.assert_allclose(result.points("PowerIncrease"), power, atol=0.01)
+    np.testing.assert_allclose(result.points("EnergyLevel"), [3.0, 10.0, 10.0])
     # 0.6 * 10 + 0.4 * 3 = 7.2 -> 7 ; 0.6 * 9.31 + 4 = 9.59 -> 10 ; 0.6 * 7.08 + 4 = 8.25 -> 8
     assert result.host_scores() == [("mid", 7), ("mid-plus", 10), ("steep", 8)]
     # the explain view spells levels as the label does
@@ -220,7 +218,10 @@ def test_energy_level_changes_the_order_as_documented(predictor: Predictor) -> N
     assert levels == ["low-powered", "well-powered", "grid"]
     # With power alone, the smaller increase wins again.
     power_only = run(
-        predictor, make_state(nodes), ["mid", "mid-plus"], weights=ScoringWeights(1.0, 0.0)
+        predictor,
+        make_state(nodes),
+        ["mid", "mid-plus"],
+        weights={"PowerIncrease": 1.0, "EnergyLevel": 0.0},
     )
     assert power_only.host_scores() == [("mid", 10), ("mid-plus", 9)]
 
@@ -256,8 +257,8 @@ def test_max_power_annotation_parsing() -> None:
 def test_unknown_energy_label_is_counted_and_scored_like_vulnerable(predictor: Predictor) -> None:
     state = make_state({"flat": {"labels": {"energy-status": "solar-ish"}}})
     result = run(predictor, state, ["flat"])
-    assert result.unknown_energy_labels == 1
-    assert result.energy_score[0] == 6.0
+    assert [r["energy_level"] for r in result.explain()].count("unknown") == 1
+    assert result.points("EnergyLevel")[0] == 6.0
     assert result.failed == {}
     assert result.explain()[0]["energy_level"] == "unknown"
 
@@ -286,10 +287,12 @@ def test_tiny_pods_rank_nodes_as_large_pods_do() -> None:
     tiny = assess(view, table, ["a", "b", "c"], 0.01, now_s=NOW_S, telemetry_ttl_s=TTL_S)
     large = assess(view, table, ["a", "b", "c"], 4.0, now_s=NOW_S, telemetry_ttl_s=TTL_S)
     np.testing.assert_allclose(tiny.increase_w, [0.1, 0.1001, 0.2], rtol=1e-9)
-    np.testing.assert_allclose(tiny.power_score, large.power_score, atol=1e-9)
+    np.testing.assert_allclose(
+        tiny.points("PowerIncrease"), large.points("PowerIncrease"), atol=1e-9
+    )
     # Twice the cheapest's increase: 5 points; 0.1 % more: below 10, in float precision.
-    assert tiny.power_score[2] == pytest.approx(5.0)
-    assert tiny.power_score[0] == 10.0 > tiny.power_score[1] > 9.99
+    assert tiny.points("PowerIncrease")[2] == pytest.approx(5.0)
+    assert tiny.points("PowerIncrease")[0] == 10.0 > tiny.points("PowerIncrease")[1] > 9.99
     assert tiny.host_scores() == large.host_scores() == [("a", 10), ("b", 10), ("c", 7)]
 
 
@@ -302,9 +305,11 @@ def test_power_score_falls_five_points_per_doubling_and_stops_at_0() -> None:
     )
     np.testing.assert_allclose(result.increase_w, [10.0, 11.5, 20.0, 40.0, 80.0], rtol=1e-9)
     expected = [10.0, 10 - 5 * math.log2(1.15), 5.0, 0.0, 0.0]
-    np.testing.assert_allclose(result.power_score, expected, atol=1e-9)
+    np.testing.assert_allclose(result.points("PowerIncrease"), expected, atol=1e-9)
     # 15 % more power costs about one power point (0.6 of a final point at default weights).
-    assert result.power_score[0] - result.power_score[1] == pytest.approx(1.0, abs=0.01)
+    assert result.points("PowerIncrease")[0] - result.points("PowerIncrease")[1] == pytest.approx(
+        1.0, abs=0.01
+    )
 
 
 def test_a_zero_watt_increase_does_not_divide_by_zero() -> None:
@@ -314,7 +319,7 @@ def test_a_zero_watt_increase_does_not_divide_by_zero() -> None:
         state.view(NOW_S), table, ["flat", "rising"], 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S
     )
     assert result.increase_w[0] == pytest.approx(0.0, abs=1e-9)
-    assert result.power_score.tolist() == [10.0, 0.0]
+    assert result.points("PowerIncrease").tolist() == [10.0, 0.0]
 
 
 def test_recently_bound_pods_raise_the_increase_and_spread_a_burst(predictor: Predictor) -> None:
@@ -375,7 +380,7 @@ def test_no_curves_at_all_and_empty_candidates(predictor: Predictor) -> None:
     result = assess(
         state.view(NOW_S), None, ["steep", "flat"], 1.0, now_s=NOW_S, telemetry_ttl_s=None
     )
-    assert result.power_score.tolist() == [0.0, 0.0]
+    assert result.points("PowerIncrease").tolist() == [0.0, 0.0]
     assert result.host_scores() == [("steep", 4), ("flat", 4)]
     assert result.no_curve_nodes == 2
     empty = assess(state.view(NOW_S), None, [], 1.0, now_s=NOW_S, telemetry_ttl_s=None)
@@ -397,10 +402,10 @@ def test_explain_records_carry_the_inputs(predictor: Predictor) -> None:
 
 
 def test_bad_weights_and_demand_are_refused() -> None:
-    with pytest.raises(ValueError, match="power must be finite and >= 0"):
-        ScoringWeights(power=-1.0)
-    with pytest.raises(ValueError, match="must not both be 0"):
-        ScoringWeights(power=0.0, energy=0.0)
+    with pytest.raises(ProfileError, match="PowerIncrease must be finite and >= 0"):
+        DEFAULT_PROFILE.with_weights(PowerIncrease=-1.0)
+    with pytest.raises(ProfileError, match="must not all be 0"):
+        DEFAULT_PROFILE.with_weights(PowerIncrease=0.0, EnergyLevel=0.0)
     state = make_state({"flat": {}})
     with pytest.raises(ValueError, match="demand_cores"):
         assess(state.view(NOW_S), None, ["flat"], math.nan, now_s=NOW_S, telemetry_ttl_s=None)
@@ -433,14 +438,14 @@ def test_score_invariants(slopes: list[float], demand_cores: float, missing: int
     scorable = np.flatnonzero(result.scorable)
     if scorable.size:
         best = scorable[np.argmin(result.increase_w[scorable])]
-        assert result.power_score[best] == 10.0
+        assert result.points("PowerIncrease")[best] == 10.0
         assert scores[best] == max(scores)
         # Lower increase never scores lower (same energy level everywhere).
         order = scorable[np.argsort(result.increase_w[scorable], kind="stable")]
         ranked = [scores[i] for i in order]
         assert ranked == sorted(ranked, reverse=True)
     if missing < len(names):
-        assert result.power_score[missing] == 0.0
+        assert result.points("PowerIncrease")[missing] == 0.0
         assert scores[missing] == min(scores)
 
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from types import MappingProxyType
 
 import numpy as np
 import pytest
 
-from extender.scoring import EnergyLevel
-from extender.state import ClusterState, NodeInfo
+from extender.plugins.energy_level import ENERGY_LEVEL, EnergyLevel
+from extender.plugins.power_cap import MAX_POWER_W
+from extender.state import ClusterState, NodeAttribute, NodeInfo
 
 T0 = 1_700_000_000.0
 
 
 def cluster(window_s: float = 120.0) -> ClusterState:
-    state = ClusterState(assumed_window_s=window_s)
+    state = ClusterState(assumed_window_s=window_s, node_attributes=(ENERGY_LEVEL, MAX_POWER_W))
     state.replace_nodes(
         [
             NodeInfo("node-a", 8.0, {"energy-status": "well-powered"}, {}),
@@ -41,8 +43,8 @@ def test_view_arrays_are_aligned_to_names() -> None:
     assert view.allocatable_cpu[b] == 16.0
     assert view.cpu_util[b] == 0.4
     assert view.observed_at_s[b] == T0 - 5
-    assert view.max_power_w[b] == 450.0
-    assert view.energy_level.tolist() == [
+    assert view.node_values(MAX_POWER_W)[b] == 450.0
+    assert view.node_values(ENERGY_LEVEL).tolist() == [
         EnergyLevel.WELL_POWERED,
         EnergyLevel.GRID,
         EnergyLevel.POWERLESS,
@@ -50,7 +52,7 @@ def test_view_arrays_are_aligned_to_names() -> None:
     a = view.node("node-a")
     assert math.isnan(view.cpu_util[a])
     assert view.observed_at_s[a] == -math.inf
-    assert math.isnan(view.max_power_w[a])
+    assert math.isnan(view.node_values(MAX_POWER_W)[a])
     assert view.index_of(["node-c", "ghost", "node-a"]).tolist() == [2, -1, 0]
     with pytest.raises(ValueError):
         view.cpu_util[b] = 0.9  # a view is immutable
@@ -187,8 +189,8 @@ def test_bad_inputs_are_refused_or_logged(caplog: pytest.LogCaptureFixture) -> N
     assert "node-q: unknown energy-status label 'solar-ish'" in caplog.text
     assert "node-r: ignoring max-power annotation 'lots'" in caplog.text
     view = state.view(T0)
-    assert view.energy_level[view.node("node-q")] == EnergyLevel.UNKNOWN
-    assert math.isnan(view.max_power_w[view.node("node-r")])
+    assert view.node_values(ENERGY_LEVEL)[view.node("node-q")] == EnergyLevel.UNKNOWN
+    assert math.isnan(view.node_values(MAX_POWER_W)[view.node("node-r")])
 
 
 def test_concurrent_writers_and_readers_see_consistent_views() -> None:
@@ -292,7 +294,11 @@ def test_candidate_lists_are_resolved_once_per_layout_and_never_confused() -> No
     first = state.view(T0).candidates(("node-a", "node-b", "node-c"))
     assert first.positions.tolist() == [0, 1, 2]
     assert first.allocatable_cpu.tolist() == [8.0, 16.0, 4.0]
-    assert first.energy_level.tolist() == [EnergyLevel.WELL_POWERED, EnergyLevel.GRID, 0]
+    assert first.node_values(ENERGY_LEVEL).tolist() == [
+        EnergyLevel.WELL_POWERED,
+        EnergyLevel.GRID,
+        0,
+    ]
     # A binding rebuilds the view, not the layout: the same list (new string objects, as a
     # new request body brings) is the same resolved object.
     state.pod_bound("node-a", "uid-1", 1.0, T0)
@@ -302,7 +308,10 @@ def test_candidate_lists_are_resolved_once_per_layout_and_never_confused() -> No
     other = state.view(T0 + 1).candidates(("node-a", "ghost", "node-c"))
     assert other.positions.tolist() == [0, -1, 2]
     assert other.has_node_info.tolist() == [True, False, True]
-    assert np.isnan(other.allocatable_cpu[1]) and other.energy_level[1] == EnergyLevel.UNKNOWN
+    assert (
+        np.isnan(other.allocatable_cpu[1])
+        and other.node_values(ENERGY_LEVEL)[1] == EnergyLevel.UNKNOWN
+    )
     assert not other.all_in_view
     # The cached arrays are shared between requests: nobody may write into them.
     with pytest.raises(ValueError):
@@ -325,3 +334,49 @@ def test_candidate_names_with_the_separator_are_never_confused() -> None:
     second = view.candidates(["x", "a", "b\nc", "y"])
     assert first.positions.tolist() == [0, 1, 2, 5]
     assert second.positions.tolist() == [0, 3, 4, 5]
+
+
+def test_node_attributes_are_derived_once_per_layout_and_checked_at_writes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[str] = []
+
+    def cores_label(node: NodeInfo) -> float:
+        calls.append(node.name)
+        return float(node.labels.get("cores", "nan"))
+
+    def check(node: NodeInfo) -> str | None:
+        return None if "cores" in node.labels else "no cores label"
+
+    attribute = NodeAttribute("cores", cores_label, np.float64, -1.0, check=check)
+    state = ClusterState(node_attributes=(attribute,))
+    with caplog.at_level(logging.WARNING, logger="extender.state"):
+        state.replace_nodes([NodeInfo("a", 4.0, {"cores": "4"}), NodeInfo("b", 8.0)])
+    assert "node b: no cores label" in caplog.text and "node a:" not in caplog.text
+    state.set_telemetry("t", {"cpu_util": 0.1}, T0)  # a telemetry-only name: `missing`
+    view = state.view(T0)
+    np.testing.assert_array_equal(view.node_values(attribute), [4.0, np.nan, -1.0])
+    first = view.candidates(("b", "ghost", "a")).node_values(attribute)
+    np.testing.assert_array_equal(first, [np.nan, -1.0, 4.0])
+    # Telemetry and bindings rebuild the view, not the layout: nothing is derived again.
+    state.set_telemetry("a", {"cpu_util": 0.5}, T0)
+    state.pod_bound("a", "uid-1", 1.0, T0)
+    again = state.view(T0 + 1).candidates(("b", "ghost", "a")).node_values(attribute)
+    assert again is first and calls == ["a", "b"]
+    # Candidates from request objects take the objects' own labels.
+    objects = state.view(T0 + 1).candidates_from_nodes([NodeInfo("a", 4.0, {"cores": "6"})])
+    assert objects.node_values(attribute).tolist() == [6.0]
+    state.upsert_node(NodeInfo("b", 8.0, {"cores": "8"}))
+    assert state.view(T0 + 2).node_values(attribute).tolist() == [4.0, 8.0, -1.0]
+
+
+def test_signals_reach_the_next_view_and_change_its_version() -> None:
+    state = cluster()
+    before = state.view(T0)
+    assert before.signal("carbon") is None
+    snapshot = MappingProxyType({"zone-a": 120.0})
+    state.set_signal("carbon", snapshot)
+    after = state.view(T0)
+    assert after.version > before.version and after.signal("carbon") is snapshot
+    state.set_signal("carbon", snapshot)  # the same object again: no change
+    assert state.view(T0) is after

@@ -46,11 +46,14 @@ from bench.sim.kube_default import (
     fits,
     select_host,
 )
-from extender.scoring import ENERGY_SCORES, EnergyLevel, final_scores, power_scores
+from extender.plugins.energy_level import ENERGY_SCORES, EnergyLevel
+from extender.profile import DEFAULT_PROFILE
+from extender.scoring import combine
 from extender.state import ClusterState, NodeInfo
 
 SCHEDULER_NAME = "power-aware-scheduler"
 GRID_ENERGY_SCORE = float(ENERGY_SCORES[EnergyLevel.GRID])
+POWER_INCREASE = DEFAULT_PROFILE.plugin("PowerIncrease")
 MIB = 1024 * 1024
 
 
@@ -157,8 +160,8 @@ class TrueCurvePolicy(Policy):
 class OraclePolicy(TrueCurvePolicy):
     """A reference for the extender: its ranking from the simulator's true power curves.
 
-    The extender's own scoring (`extender.scoring.power_scores` and `final_scores`, as for
-    grid-powered nodes at the default weights) added to kube-scheduler's scores at `weight`,
+    The extender's own scoring (its default profile: PowerIncrease points combined with
+    EnergyLevel's, as for grid-powered nodes) added to kube-scheduler's scores at `weight`,
     on true increases. It shows how much of the possible saving the learned models and lagging
     telemetry leave on the table.
     """
@@ -181,8 +184,11 @@ class OraclePolicy(TrueCurvePolicy):
     ) -> Decision:
         if feasible.size == 1:
             return Decision(int(feasible[0]), predicted_increase_w=float(increase_w[0]))
-        power_score = power_scores(increase_w, np.ones(feasible.size, dtype=bool))
-        extender_scores = final_scores(power_score, np.full(feasible.size, GRID_ENERGY_SCORE))
+        points = {
+            "PowerIncrease": POWER_INCREASE.normalise(increase_w, None),
+            "EnergyLevel": np.full(feasible.size, GRID_ENERGY_SCORE),
+        }
+        extender_scores = combine(DEFAULT_PROFILE, points, feasible.size)
         totals = default_plugin_scores(ledger, pod, feasible) + extender_contribution(
             extender_scores, self.weight
         )

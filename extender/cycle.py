@@ -1,0 +1,242 @@
+"""One pod's scheduling cycle: what every plugin reads, computed once per request.
+
+kube-scheduler's framework hands each plugin a `CycleState`; this is ours. A request passes
+through the state (`ClusterView` -> `Candidates`), then through here, then through the plugins,
+once:
+
+    ClusterView.candidates(names)          resolved names, node info (cached per layout)
+      -> candidate_state(view, curves, ...) u, a, fresh telemetry, curve rows, P(u + a)
+                                            (pod-independent: cached per view and list)
+      -> Cycle(pod, demand)                 d, and lazily P(u + a + d) and the increase
+      -> plugins (filter, score)            read the cycle; never write it
+
+For each candidate node, with `u` its measured CPU utilisation, `a` the CPU of pods bound
+recently (whose load the metrics do not show yet) and `d` the pod's CPU demand, all over the
+node's allocatable CPU, the predicted power increase of placing the pod there is
+
+    dP = P_node(u + a + d) - P_node(u + a)
+
+read from the node's tabulated curve (`predictor.curves.CurveTable`). Everything that does not
+depend on the pod (u, a, which nodes have telemetry and a curve, P(u + a)) is computed once
+per cluster view and candidate list and remembered on the view: scoring the next pod on the
+same candidates costs d, one curve lookup and the plugins' arithmetic. Nothing here logs or
+does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from extender.state import Candidates, ClusterView, NodeAttribute, NodeInfo
+
+if TYPE_CHECKING:
+    from predictor.curves import CurveTable
+
+
+@dataclass(frozen=True, eq=False)
+class CandidateState:
+    """What is known of the candidates before looking at the pod; arrays aligned to `names`.
+
+    `u` and `a` are fractions of allocatable CPU (`u` NaN without telemetry), `util_from` is
+    u + a and `power_before` P(u + a) (NaN where not `predicted`). Shared between requests:
+    read-only. With a telemetry TTL it holds from `valid_from_s` until the first fresh
+    telemetry among the candidates turns stale (`valid_until_s`).
+    """
+
+    names: tuple[str, ...]
+    known: np.ndarray
+    allocatable: np.ndarray
+    observed_at_s: np.ndarray
+    has_telemetry: np.ndarray
+    u: np.ndarray
+    a: np.ndarray
+    curve_idx: np.ndarray
+    has_curve: np.ndarray
+    predicted: np.ndarray  # positions with telemetry and a curve
+    util_from: np.ndarray
+    power_before: np.ndarray
+    known_count: int
+    telemetry_count: int
+    valid_from_s: float
+    valid_until_s: float
+
+
+def resolve_candidates(
+    view: ClusterView, candidates: Sequence[str] | Sequence[NodeInfo]
+) -> Candidates:
+    """Request candidates (names, or `NodeInfo`s from request objects) against the view."""
+    if not candidates or isinstance(candidates[0], str):
+        return view.candidates(candidates)  # type: ignore[arg-type]
+    return view.candidates_from_nodes(candidates)  # type: ignore[arg-type]
+
+
+def candidate_state(
+    view: ClusterView,
+    curves: CurveTable | None,
+    resolved: Candidates,
+    *,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> CandidateState:
+    """The pod-independent part of a cycle; for names, remembered on the view per list.
+
+    kube-scheduler sends the same candidates for pod after pod, and the view (telemetry and
+    assumed load) changes far less often than pods arrive: then only the pod's own demand is
+    left to compute. Candidates from request objects are new each request: not remembered.
+    """
+    if resolved.nodes is not None:
+        return _candidate_state(
+            view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s
+        )
+    key = ("candidate_state", id(resolved), id(curves), telemetry_ttl_s)
+    cached = view.recall(key)
+    if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
+        return cached
+    state = _candidate_state(view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
+    # The key holds ids: keep the objects alive with the entry so that no id is reused.
+    view.remember(key, state, resolved, curves)
+    return state
+
+
+def _candidate_state(
+    view: ClusterView,
+    curves: CurveTable | None,
+    resolved: Candidates,
+    *,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> CandidateState:
+    count = len(resolved.names)
+    known = resolved.has_node_info
+    allocatable = resolved.allocatable_cpu
+    util = resolved.gather(view.cpu_util, np.nan)
+    observed_at_s = resolved.gather(view.observed_at_s, -np.inf)
+    assumed_cores = resolved.gather(view.assumed_cpu, 0.0)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # NaN compares False, so these also reject missing allocatable CPU and utilisation.
+        has_telemetry = known & (allocatable > 0) & (allocatable < np.inf) & (util >= 0)
+        if telemetry_ttl_s is None:
+            has_telemetry &= observed_at_s > -np.inf
+            valid_until_s = math.inf
+        else:
+            has_telemetry &= now_s - observed_at_s <= telemetry_ttl_s
+            # Telemetry only ages: the first fresh reading to go stale ends this state.
+            fresh_at_s = observed_at_s[has_telemetry]
+            valid_until_s = (
+                float(fresh_at_s.min()) + telemetry_ttl_s if fresh_at_s.size else math.inf
+            )
+        u = np.where(has_telemetry, np.minimum(util, 1.0), np.nan)
+        a = assumed_cores / allocatable
+
+    # Only nodes in the view can have telemetry, so their curve rows are all that matter.
+    if curves is not None and count:
+        curve_idx = resolved.curve_rows(view.curve_rows(curves))
+    else:
+        curve_idx = np.full(count, -1, dtype=np.intp)
+    has_curve = curve_idx >= 0
+
+    predicted = np.flatnonzero(has_telemetry & has_curve)
+    util_from = u + a
+    power_before = _power_at(curves, curve_idx, util_from, predicted)
+
+    return CandidateState(
+        names=resolved.names,
+        known=known,
+        allocatable=allocatable,
+        observed_at_s=observed_at_s,
+        has_telemetry=_frozen(has_telemetry),
+        u=_frozen(u),
+        a=_frozen(a),
+        curve_idx=curve_idx,
+        has_curve=_frozen(has_curve),
+        predicted=_frozen(predicted),
+        util_from=_frozen(util_from),
+        power_before=_frozen(power_before),
+        known_count=int(np.count_nonzero(known)),
+        telemetry_count=int(np.count_nonzero(has_telemetry)),
+        valid_from_s=now_s,
+        valid_until_s=valid_until_s,
+    )
+
+
+def _power_at(
+    curves: CurveTable | None, curve_idx: np.ndarray, util: np.ndarray, predicted: np.ndarray
+) -> np.ndarray:
+    """P(util) at the `predicted` positions, NaN elsewhere (one lookup, no copy when all are)."""
+    count = len(curve_idx)
+    if curves is None or predicted.size == 0:
+        return np.full(count, np.nan)
+    if predicted.size == count:
+        return curves.power_w(curve_idx, util)
+    power = np.full(count, np.nan)
+    power[predicted] = curves.power_w(curve_idx[predicted], util[predicted])
+    return power
+
+
+class Cycle:
+    """One pod against its candidate nodes: the plugins' shared, read-only input.
+
+    `pod` is the Pod object as kube-scheduler sent it (None in benches that score a bare
+    demand). The predicted power after placement and the increase are computed on first use
+    and shared by every plugin that reads them (the power score, the power cap, carbon...).
+    """
+
+    def __init__(
+        self,
+        view: ClusterView,
+        curves: CurveTable | None,
+        candidates: Candidates,
+        nodes: CandidateState,
+        demand_cores: float,
+        *,
+        now_s: float,
+        pod: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not math.isfinite(demand_cores) or demand_cores < 0:
+            raise ValueError(f"demand_cores must be finite and >= 0, got {demand_cores!r}")
+        self.view = view
+        self.curves = curves
+        self.candidates = candidates
+        self.nodes = nodes
+        self.names = nodes.names
+        self.demand_cores = float(demand_cores)
+        self.now_s = now_s
+        self.pod = pod
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.telemetry_age_s = now_s - nodes.observed_at_s
+            self.d = demand_cores / nodes.allocatable
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def node_values(self, attribute: NodeAttribute) -> np.ndarray:
+        """A plugin's per-node attribute at the candidates (cached per candidate list)."""
+        return self.candidates.node_values(attribute)
+
+    @cached_property
+    def power_after_w(self) -> np.ndarray:
+        """P(u + a + d): the node's predicted power with the pod placed; NaN if unscorable."""
+        nodes = self.nodes
+        return _power_at(self.curves, nodes.curve_idx, nodes.util_from + self.d, nodes.predicted)
+
+    @cached_property
+    def increase_w(self) -> np.ndarray:
+        """P(u + a + d) - P(u + a); NaN where the node could not be scored."""
+        return self.power_after_w - self.nodes.power_before
+
+    @cached_property
+    def scorable(self) -> np.ndarray:
+        """Nodes with an increase: fresh telemetry and a curve."""
+        return np.isfinite(self.increase_w)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array

@@ -1,0 +1,138 @@
+"""The plugin interface: what a filter or score source implements, over arrays.
+
+Shaped like kube-scheduler's framework (Filter and Score extension points, one plugin may
+implement both), but vectorised: a plugin sees every candidate of the pod at once, as arrays
+aligned to `cycle.names`, because a 5,000-node request must cost well under a millisecond.
+
+A plugin is a class with
+
+- `name`: the name the configuration uses (`PowerIncrease`, `EnergyLevel`, ...);
+- `Args`: a frozen dataclass of its typed arguments, defaults included (`NoArgs` when none);
+  the configuration's `pluginConfig[].args` (camelCase keys) become one instance;
+- `node_attributes`: the `NodeAttribute`s it derives from node labels and annotations; the
+  state computes them once per node change and logs their `check` when a node is written;
+
+and at least one of
+
+- `filter(cycle) -> FilterVerdict`: the candidates that fail, each with a reason;
+- `score(cycle) -> np.ndarray`: the plugin's raw measure per candidate (NaN: cannot tell), and
+  `normalise(raw, cycle) -> np.ndarray`: 0..10 points, higher is better. The combiner
+  (`extender.scoring`) weighs the points of every score plugin into kube-scheduler's 0..10;
+
+plus, for `/explain`, `explain(cycle) -> {field: per-candidate values}`.
+
+Plugins are pure: no I/O, no logging, no waiting on the request path. What they need from the
+outside world (telemetry, intensities, RTTs) a background source puts into the state first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from extender.state import NodeAttribute
+
+if TYPE_CHECKING:
+    from extender.cycle import Cycle
+
+MAX_POINTS = 10.0
+
+
+@dataclass(frozen=True)
+class NoArgs:
+    """Arguments of a plugin that takes none."""
+
+
+@dataclass(frozen=True)
+class FilterVerdict:
+    """The candidates a filter fails: position -> reason.
+
+    `unresolvable` are the positions that evicting pods cannot fix (kube-scheduler then does
+    not try preemption there: `FailedAndUnresolvableNodes`).
+    """
+
+    failed: Mapping[int, str]
+    unresolvable: frozenset[int] = frozenset()
+
+    def passing(self, count: int) -> np.ndarray:
+        """The passing mask over `count` candidates."""
+        mask = np.ones(count, dtype=bool)
+        if self.failed:
+            mask[list(self.failed)] = False
+        return mask
+
+
+PASS_ALL = FilterVerdict({})
+
+
+class Plugin:
+    """Base of every filter and score plugin; see the module docstring."""
+
+    name: ClassVar[str] = ""
+    Args: ClassVar[type] = NoArgs
+    node_attributes: ClassVar[tuple[NodeAttribute, ...]] = ()
+
+    def __init__(self, args: Any = None) -> None:
+        self.args = self.Args() if args is None else args
+
+    @classmethod
+    def implements(cls, extension_point: str) -> bool:
+        """Whether the class overrides `filter` or `score`."""
+        method = {"filter": "filter", "score": "score"}[extension_point]
+        return getattr(cls, method) is not getattr(Plugin, method)
+
+    def filter(self, cycle: Cycle) -> FilterVerdict:
+        raise NotImplementedError(f"{self.name} has no filter")
+
+    def score(self, cycle: Cycle) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} has no score")
+
+    def normalise(self, raw: np.ndarray, cycle: Cycle) -> np.ndarray:
+        """Points 0..10 from `score`'s raw values; by default the raw values are points."""
+        return clip_points(raw)
+
+    def explain(self, cycle: Cycle) -> Mapping[str, Sequence[object]]:
+        """Fields this plugin adds to each candidate's `/explain` record (columns)."""
+        return {}
+
+
+def clip_points(raw: np.ndarray) -> np.ndarray:
+    """Raw values that are already points: clipped to 0..10, NaN (cannot tell) as 0."""
+    return np.clip(np.nan_to_num(raw, nan=0.0), 0.0, MAX_POINTS)
+
+
+def cost_ratio_points(cost: np.ndarray, *, points_per_doubling: float, floor: float) -> np.ndarray:
+    """Points from a cost where lower is better, relative to the cheapest candidate.
+
+        points = clip(10 - points_per_doubling * log2(cost / cost_min), 0, 10)
+
+    so the cheapest scores 10 and each doubling of the cost against it loses
+    `points_per_doubling`. NaN costs (cannot tell) score 0, so a missing input never looks
+    best; costs below `floor` count as `floor`, which keeps the ratio finite at 0. A ratio, not
+    min-max over the candidates: min-max sets the scale by the most expensive node, so one
+    inefficient node would squeeze every reasonable candidate into the top point or two.
+    """
+    valid = np.isfinite(cost)
+    valid_count = int(np.count_nonzero(valid))
+    if valid_count == 0:
+        return np.zeros(cost.shape, dtype=np.float64)
+    every_node = valid_count == len(cost)
+    values = cost if every_node else cost[valid]
+    floored = np.maximum(values, floor)
+    doublings = np.log2(floored / floored.min())
+    ranked = MAX_POINTS - points_per_doubling * doublings
+    np.minimum(np.maximum(ranked, 0.0, out=ranked), MAX_POINTS, out=ranked)
+    if every_node:
+        return ranked
+    points = np.zeros(cost.shape, dtype=np.float64)
+    points[valid] = ranked
+    return points
+
+
+def finite_or_none(values: np.ndarray) -> list[float | None]:
+    """JSON-ready floats: NaN and infinities as None."""
+    return [v if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
