@@ -140,6 +140,10 @@ def prepare(config: ExtenderConfig) -> Runtime:
         except Exception as exc:
             raise StartupError(f"live mode: cannot set up Kubernetes/Prometheus: {exc}") from None
         log.info("live sources ready", extra={"prometheus": config.prometheus_url})
+    try:
+        runtime.build_plugin_sources()
+    except (ValueError, OSError) as exc:
+        raise StartupError(f"--config: a plugin's data source cannot start: {exc}") from None
     if not runtime.load_bundle():
         refused = runtime.watcher.last_refused
         reason = refused.error if refused else f"no bundle at {config.bundle_dir}"

@@ -22,12 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from extender.config import ExtenderConfig
 from extender.metrics import ServiceMetrics, StateSample
+from extender.plugins.base import LiveSource, SourceContext
 from extender.profile import Profile, ProfileError, load_profile
 from extender.snapshot import demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
@@ -38,12 +39,6 @@ from predictor.reload import BundleWatcher, ModelHolder, ModelState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-class LiveSource(Protocol):
-    def start(self) -> None: ...
-
-    def stop(self, timeout_s: float = 5.0) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -94,6 +89,8 @@ class Runtime:
         )
         self.started_at_s = clock()
         self.live_sources: list[LiveSource] = []
+        self.kube_api: Any = None  # the Kubernetes ApiClient, in live mode
+        self.plugin_sources: list[LiveSource] = []
         self._curves_telemetry_version: int | None = None
         self._checked_view_version: int | None = None
         self._stop = threading.Event()
@@ -145,7 +142,7 @@ class Runtime:
             target=self._refresh_loop, name="curve-refresher", daemon=True
         )
         self._refresher.start()
-        for source in self.live_sources:
+        for source in (*self.live_sources, *self.plugin_sources):
             source.start()
         log.info(
             "background started",
@@ -153,13 +150,29 @@ class Runtime:
                 "bundle_poll_interval_s": self.config.bundle_poll_interval_s,
                 "curve_refresh_interval_s": self.config.curve_refresh_interval_s,
                 "live_sources": [type(s).__name__ for s in self.live_sources],
+                "plugin_sources": [type(s).__name__ for s in self.plugin_sources],
             },
         )
+
+    def build_plugin_sources(self) -> list[LiveSource]:
+        """Ask every enabled plugin for its background sources (before `start_background`)."""
+        context = SourceContext(
+            state=self.state,
+            clock=self.clock,
+            mode=self.mode,
+            prometheus_url=self.config.prometheus_url,
+            kube_api=self.kube_api,
+            registry=self.metrics.registry,
+        )
+        self.plugin_sources = [
+            source for plugin in self.profile.plugins for source in plugin.background(context)
+        ]
+        return self.plugin_sources
 
     def stop(self) -> None:
         self._stop.set()
         self.watcher.stop()
-        for source in self.live_sources:
+        for source in (*self.live_sources, *self.plugin_sources):
             try:
                 source.stop()
             except Exception:
@@ -349,6 +362,11 @@ class Runtime:
                 "assumed_window_s": self.state.assumed_window_s,
             },
             "live_sources": [_source_status(s) for s in self.live_sources],
+            "plugins": {
+                plugin.name: status
+                for plugin in self.profile.plugins
+                if (status := plugin.status()) is not None
+            },
             "uptime_s": now_s - self.started_at_s,
         }
 
@@ -431,9 +449,10 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
     # The collect settings first: a bad --collect-config is the likelier mistake to report.
     telemetry = _prometheus_source(runtime)
-    api = client.CoreV1Api(
-        kube_api_client(kubeconfig=runtime.config.kubeconfig, in_cluster=runtime.config.in_cluster)
+    runtime.kube_api = kube_api_client(
+        kubeconfig=runtime.config.kubeconfig, in_cluster=runtime.config.in_cluster
     )
+    api = client.CoreV1Api(runtime.kube_api)
     return [ClusterWatcher(api, runtime.state, clock=runtime.clock), telemetry]
 
 

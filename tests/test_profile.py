@@ -7,6 +7,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import httpx
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from extender.cycle import Cycle
-from extender.plugins.base import FilterVerdict, Plugin
+from extender.plugins.base import FilterVerdict, LiveSource, Plugin, SourceContext
 from extender.profile import DEFAULT_PROFILE, ProfileError, build_profile, builtin_plugins
 from extender.profile import load_profile as load
 from tests.support.manifests import find_object
@@ -46,6 +47,35 @@ class PreferNames(Plugin):
 
     def explain(self, cycle: Cycle) -> Mapping[str, Sequence[object]]:
         return {"suffix_match": [n.endswith(self.args.suffix) for n in cycle.names]}
+
+
+class BonusSource:
+    """A background source as a plugin would have one: publishes a snapshot, then stops."""
+
+    def __init__(self, context: SourceContext) -> None:
+        self.context = context
+
+    def start(self) -> None:
+        self.context.state.set_signal("bonus", MappingProxyType({"node-01": 10.0}))
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        pass
+
+
+class Bonus(Plugin):
+    """Scores from a signal its own background source publishes."""
+
+    name = "Bonus"
+
+    def background(self, context: SourceContext) -> Sequence[LiveSource]:
+        return [BonusSource(context)]
+
+    def score(self, cycle: Cycle) -> np.ndarray:
+        bonus = cycle.view.signal("bonus") or {}
+        return np.array([bonus.get(name, np.nan) for name in cycle.names])
+
+    def status(self) -> Mapping[str, object]:
+        return {"note": "bonus points from a background source"}
 
 
 def write(path: Path, text: str) -> Path:
@@ -93,6 +123,22 @@ def test_a_new_plugin_needs_only_its_module_and_a_line_of_configuration(tmp_path
     assert rows["node-01"]["plugins"]["PreferNames"]["points"] == 0.0
     assert rows["node-02"]["suffix_match"] is True and rows["node-01"]["suffix_match"] is False
     assert failed == {"node-03": "the test said so"}
+
+
+def test_a_plugins_background_source_feeds_it_through_the_state(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "bonus.yaml",
+        "plugins:\n  score:\n    enabled: [{name: 'tests.test_profile:Bonus', weight: 1}]\n",
+    )
+    request = json.loads((SAMPLES / "cache-capable" / "prioritize-request.json").read_text())
+    request["NodeNames"] = ["node-01", "node-02"]
+    with extender_service(REPO_ROOT / "models" / "default", config_file=config) as (url, _):
+        rows = httpx.post(f"{url}/explain", json=request, timeout=10).json()["nodes"]
+        status = httpx.get(f"{url}/status", timeout=10).json()
+    bonus = {row["node"]: row["plugins"]["Bonus"] for row in rows}
+    assert bonus["node-01"] == {"raw": 10.0, "points": 10.0, "weight": 1.0}
+    assert bonus["node-02"] == {"raw": None, "points": 0.0, "weight": 1.0}
+    assert status["plugins"] == {"Bonus": {"note": "bonus points from a background source"}}
 
 
 def test_weights_and_arguments_change_the_answer(tmp_path: Path) -> None:

@@ -22,19 +22,24 @@ and at least one of
 plus, for `/explain`, `explain(cycle) -> {field: per-candidate values}`.
 
 Plugins are pure: no I/O, no logging, no waiting on the request path. What they need from the
-outside world (telemetry, intensities, RTTs) a background source puts into the state first.
+outside world (telemetry, intensities, RTTs) a background source puts into the state first: a
+plugin that needs one returns it from `background(context)` (built from its own arguments, so
+its configuration stays in one place), the runtime starts and stops it, and the source
+publishes immutable snapshots with `state.set_signal(name, snapshot)` that the plugin reads
+per request with `cycle.view.signal(name)`. `status()` adds the plugin's own lines to
+`/status` (for example how fresh its data is).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from extender.state import NodeAttribute
+from extender.state import ClusterState, NodeAttribute
 
 if TYPE_CHECKING:
     from extender.cycle import Cycle
@@ -69,6 +74,31 @@ class FilterVerdict:
 PASS_ALL = FilterVerdict({})
 
 
+class LiveSource(Protocol):
+    """A background thread feeding the state (Prometheus poller, watches, a plugin's source)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a plugin's background sources may use; the runtime builds it once.
+
+    `mode` is `demo`, `snapshot` or `live`; `prometheus_url` and `kube_api` (a `kubernetes`
+    ApiClient) are set in live mode only. `registry` is the service's `/metrics` registry, for
+    a source's own metrics (prefix `power_aware_extender_`).
+    """
+
+    state: ClusterState
+    clock: Callable[[], float]
+    mode: str
+    prometheus_url: str | None = None
+    kube_api: Any = None
+    registry: Any = None
+
+
 class Plugin:
     """Base of every filter and score plugin; see the module docstring."""
 
@@ -98,6 +128,14 @@ class Plugin:
     def explain(self, cycle: Cycle) -> Mapping[str, Sequence[object]]:
         """Fields this plugin adds to each candidate's `/explain` record (columns)."""
         return {}
+
+    def background(self, context: SourceContext) -> Sequence[LiveSource]:
+        """The background sources this plugin's data comes from (started by the runtime)."""
+        return ()
+
+    def status(self) -> Mapping[str, Any] | None:
+        """The plugin's lines in `/status` (None: nothing to say)."""
+        return None
 
 
 def clip_points(raw: np.ndarray) -> np.ndarray:

@@ -133,6 +133,7 @@ def extender_service(
     runtime = Runtime(config.validate())
     runtime.load_cluster()
     runtime.load_bundle()
+    runtime.build_plugin_sources()
     runtime.start_background()
     try:
         with serve_app(create_app(runtime)) as url:
