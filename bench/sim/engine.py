@@ -45,8 +45,7 @@ from bench.sim.cluster import (
 from bench.sim.kube_default import NodeLedger, PodRequest
 from bench.sim.policies import Policy
 from bench.sim.workload import Trace
-
-ENERGY_LABEL = "energy-status"
+from livedata.labels import ENERGY_LABEL, POWERLESS
 
 
 @dataclass(frozen=True)
@@ -358,7 +357,7 @@ def simulate(
             )
             for i in np.flatnonzero(cluster.on_battery).tolist():
                 label = energy_status(battery_wh[i] / cluster.battery_capacity_wh[i])
-                if label == "powerless":
+                if label == POWERLESS:
                     powerless_ticks += 1
                 if label != labels[i]:
                     labels[i] = label
