@@ -1,5 +1,5 @@
 # One image for every power-aware-scheduler process: the extender (python -m extender), the
-# energy adapter (python -m extender.energy_adapter) and the trainer CronJob
+# energy adapter (python -m controllers.energy_adapter) and the trainer CronJob
 # (python -m training.collect / fit / publish).
 #   docker build -t power-aware-scheduler:0.1.0 .
 FROM python:3.11-slim
@@ -14,11 +14,13 @@ WORKDIR /app
 # The package is installed in place (editable) from /app: the service finds its shipped
 # bundle at <repo>/models/default, so code and models/ must sit side by side.
 COPY pyproject.toml README.md ./
+COPY livedata/ livedata/
 COPY training/ training/
 COPY predictor/ predictor/
 COPY extender/ extender/
+COPY controllers/ controllers/
 RUN pip install --editable . \
-    && python -c "import extender, predictor, training"
+    && python -c "import controllers, extender, livedata, predictor, training"
 COPY models/ models/
 
 # A fixed numeric non-root user, so that runAsNonRoot can verify it without a passwd lookup.

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, PowerCurveSpec, fit_curve_model
 from predictor.bundle import write_bundle
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
 from predictor.reload import validate_predictor
-from tests.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, PowerCurveSpec, fit_curve_model
 
 log = logging.getLogger("bench.curves")
 

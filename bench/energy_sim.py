@@ -81,12 +81,12 @@ from bench.sim.workload import (
     generate_trace,
     load_trace_csv,
 )
+from bench.support.server import serve_app
 from extender.app import create_app
 from extender.config import ExtenderConfig
 from extender.runtime import Runtime
 from extender.state import ClusterState, NodeInfo
 from predictor.bundle import BundleError, read_bundle
-from tests.support.server import serve_app
 from training.dataset import clean_metrics
 from training.fit import FitError, fit_fleet
 from training.synth import synth_fleet

@@ -55,6 +55,8 @@ from tqdm import tqdm
 
 from bench.curves import build_fleet_bundle, percentiles_us
 from bench.naive_extender import NaiveRuntime, run_naive_extender
+from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, KubeletMount, edit_manifest
+from bench.support.server import REPO_ROOT, run_extender, write_snapshot
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
 from extender.config import ExtenderConfig
 from extender.demand import pod_cpu_demand_cores
@@ -64,8 +66,6 @@ from extender.scoring import assess
 from extender.snapshot import DEMO_CLUSTER_FILE
 from predictor.bundle import read_bundle, write_bundle
 from predictor.model import Predictor
-from tests.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, KubeletMount, edit_manifest
-from tests.support.server import REPO_ROOT, run_extender, write_snapshot
 from training.export import model_to_onnx
 from training.families import FAMILIES, fit_family
 

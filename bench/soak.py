@@ -38,9 +38,9 @@ from tqdm import tqdm
 
 from bench.curves import build_fleet_bundle
 from bench.extender_latency import FIXTURES, cluster_snapshot, node_names
+from bench.support.bundles import KubeletMount, edit_manifest
+from bench.support.server import run_extender
 from predictor.bundle import read_bundle
-from tests.support.bundles import KubeletMount, edit_manifest
-from tests.support.server import run_extender
 
 log = logging.getLogger("bench.soak")
 

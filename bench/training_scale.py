@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from bench.fit_export import status_mib
+from bench.support.prometheus import backfill, openmetrics_series, start_prometheus
 from predictor.bundle import read_bundle
 from training.dataset import read_metrics
 from training.fit import setup_logging
@@ -172,8 +173,6 @@ def write_exporter_openmetrics(files: list[Path], path: Path, step_s: float) -> 
     """`_exporter_series` of a fleet's node-group files, streamed into an OpenMetrics file too
     large to build in memory. OpenMetrics wants each family's samples together, so each file is
     read once per family (only that family's series are built). Returns the samples written."""
-    from tests.support.prometheus import openmetrics_series
-
     samples = 0
     with path.open("w") as out:
         for family, kind in EXPORTER_FAMILIES:
@@ -191,8 +190,6 @@ def backfill_prometheus(
 ) -> dict:
     """A synthetic fleet's exporter series in a Prometheus data directory (promtool, one block),
     for `start_prometheus(work_dir)` to serve. Streamed through files: 1000 nodes fit."""
-    from tests.support.prometheus import backfill
-
     work = Path(work_dir)
     started = time.perf_counter()
     files = write_fleet_files(
@@ -257,8 +254,6 @@ def measure_end_to_end(
     runs in a fresh process with its default collect settings, timed from start to exit. Peak
     memory is the kernel's high-water RSS of the largest single process among fit and its
     workers (`wait4`); Prometheus's own peak and CPU are read from /proc before it stops."""
-    from tests.support.prometheus import start_prometheus
-
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     loaded = backfill_prometheus(n_nodes, rows, work, seed, nodes_per_file)

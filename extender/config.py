@@ -28,7 +28,7 @@ from extender.limits import (
     DEFAULT_MAX_NODES,
     InputLimits,
 )
-from extender.logs import LOG_FORMATS
+from livedata.logs import LOG_FORMATS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"

@@ -5,5 +5,6 @@ Nothing here imports `training`, `predictor`, `extender`, `controllers` or `benc
 this. What lives here:
 
 - `labels`: contract 4, the node labels and annotations users set or read (energy bands,
-  power cap, power state, ...), defined once.
+  power cap, power state, ...), defined once;
+- `logs`: the logging set-up of every process we run (JSON lines or text).
 """

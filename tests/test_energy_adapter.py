@@ -19,7 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client
 
-from extender import energy_adapter as ea
+from controllers import energy_adapter as ea
+from livedata.labels import ENERGY_BAND_BY_NAME, ENERGY_LABEL
 from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
 
@@ -146,7 +147,7 @@ def make_adapter(prometheus: PrometheusServer, kube: FakeKube, **overrides: obje
 
 def labels_of(kube: FakeKube) -> dict[str, str | None]:
     return {
-        node["metadata"]["name"]: (node["metadata"].get("labels") or {}).get(ea.ENERGY_LABEL)
+        node["metadata"]["name"]: (node["metadata"].get("labels") or {}).get(ENERGY_LABEL)
         for node in kube.objects("nodes")
     }
 
@@ -197,7 +198,7 @@ def test_level_for_refuses_readings_outside_0_to_100(pct: float) -> None:
 
 
 percentages = st.floats(min_value=0, max_value=100, allow_nan=False)
-levels = st.sampled_from([None, "charging", *ea.LEVEL_BY_NAME])
+levels = st.sampled_from([None, "charging", *ENERGY_BAND_BY_NAME])
 
 
 @given(pct=percentages, current=levels, hysteresis=st.floats(0, 7.4))
@@ -207,7 +208,7 @@ def test_next_level_is_stable_and_never_far_from_the_plain_level(
     new = ea.next_level(pct, current, hysteresis)
     # Applying it again with the same reading changes nothing: no flapping without new data.
     assert ea.next_level(pct, new, hysteresis) == new
-    band = ea.LEVEL_BY_NAME[new]
+    band = ENERGY_BAND_BY_NAME[new]
     assert band.low_pct - hysteresis <= pct <= max(100.0, band.high_pct + hysteresis)
     if new != ea.level_for(pct):
         assert new == current  # only hysteresis may keep a level the reading has left
@@ -228,7 +229,7 @@ def test_patch_adds_and_removes_only_our_taint() -> None:
     node = ea.NodeEnergy("n", "low-powered", (OTHER_TAINT,), "17")
     to_powerless = ea.plan_node_patch(node, "powerless", taint_powerless=True)
     assert to_powerless == {
-        "metadata": {"labels": {ea.ENERGY_LABEL: "powerless"}, "resourceVersion": "17"},
+        "metadata": {"labels": {ENERGY_LABEL: "powerless"}, "resourceVersion": "17"},
         "spec": {
             "taints": [
                 OTHER_TAINT,
@@ -242,7 +243,7 @@ def test_patch_adds_and_removes_only_our_taint() -> None:
     assert ea.plan_node_patch(tainted, "powerless", taint_powerless=True) is None
     # Labels only: the label changes, no taint is added.
     assert ea.plan_node_patch(node, "powerless", taint_powerless=False) == {
-        "metadata": {"labels": {ea.ENERGY_LABEL: "powerless"}}
+        "metadata": {"labels": {ENERGY_LABEL: "powerless"}}
     }
 
 
@@ -266,7 +267,7 @@ def test_labels_follow_the_data_with_hysteresis_and_patch_only_on_change(
         for node, body, content_type in patches(kube):
             counts[node] = counts.get(node, 0) + 1
             assert content_type == ea.MERGE_PATCH
-            assert body["metadata"]["labels"][ea.ENERGY_LABEL] == labels[node]
+            assert body["metadata"]["labels"][ENERGY_LABEL] == labels[node]
         patch_counts.append(counts)
         assert {c.node for c in result.changes} == set(counts)
         assert labels["node-grid"] is None  # no battery reading: never labelled
@@ -433,7 +434,7 @@ def test_manifest_args_parse_and_taint_matches_the_descheduler_policy() -> None:
     documents = list(yaml.safe_load_all((manifests / "energy-adapter.yaml").read_text()))
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["python", "-m", "extender.energy_adapter"]
+    assert container["command"] == ["python", "-m", "controllers.energy_adapter"]
     args = [a.replace("$(PROMETHEUS_URL)", "http://prom:9090") for a in container["args"]]
     parsed = ea.build_parser().parse_args(args)
     settings = ea.settings_from_args(parsed)

@@ -34,7 +34,7 @@ def _rights(
 NEEDED: dict[str, set[Right]] = {
     # Node and Pod list+watch for its node view and recently bound pods (extender.kube).
     "power-extender": _rights(CLUSTER, "", ("nodes", "pods"), READ),
-    # Reads nodes, patches the energy-status label and powerless taint (extender.energy_adapter).
+    # Reads nodes, patches the energy-status label and powerless taint (controllers.energy_adapter).
     "energy-adapter": _rights(CLUSTER, "", ("nodes",), ("get", "list", "patch")),
     # Publishes the bundle as ConfigMaps (training.publish): create new shards, list to find
     # stale ones; get/update/delete only the shards the extender mounts, by name.

@@ -1,4 +1,4 @@
-"""extender.logs: configure_logging can be called again (tests call main() many times)."""
+"""livedata.logs: configure_logging can be called again (tests call main() many times)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from extender.logs import configure_logging
+from livedata.logs import configure_logging
 
 
 def test_configure_logging_is_idempotent_and_keeps_foreign_handlers(

@@ -17,6 +17,7 @@ from bench.training_scale import (
     parse_sizes,
 )
 from predictor.bundle import read_bundle
+from tests.support.prometheus import require_prometheus
 from training.synth import write_fleet_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +64,7 @@ def test_one_backfilled_block_holds_the_whole_range(first_s: float) -> None:
 
 @pytest.mark.prometheus
 def test_end_to_end_runs_fit_against_a_real_prometheus(tmp_path: Path) -> None:
+    require_prometheus()  # the bench's own helpers raise instead of skipping
     run = measure_end_to_end(4, 900, tmp_path / "e2e", seed=3, jobs=1, nodes_per_file=2)
     assert run["nodes_own"] > 0 and run["rows_used"] > 4 * 800  # fitted what it collected
     assert run["samples"] > 4 * 6 * 800  # CPU counter, uname, 3 temperatures, power per node

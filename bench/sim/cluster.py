@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from livedata.labels import energy_band_for
 from training.synth import (
     AMBIENT_DAILY_SWING_C,
     AMBIENT_MEAN_C,
@@ -38,18 +39,10 @@ GIB = 1024**3
 MEMORY_PER_CORE_BYTES = 4 * GIB
 SOLAR_FIRST_HOUR, SOLAR_LAST_HOUR = 6.0, 18.0
 
-# energy-status label per stored-energy share (DESIGN: well-powered 75-100 %, vulnerable
-# 40-75, low-powered 15-40, powerless 0-15).
-ENERGY_LEVELS = ((0.75, "well-powered"), (0.40, "vulnerable"), (0.15, "low-powered"))
-POWERLESS = "powerless"
-
 
 def energy_status(stored_share: float) -> str:
-    """The `energy-status` label for a battery's stored share (0..1)."""
-    for threshold, label in ENERGY_LEVELS:
-        if stored_share >= threshold:
-            return label
-    return POWERLESS
+    """The `energy-status` label for a battery's stored share (0..1): contract 4's bands."""
+    return energy_band_for(100.0 * stored_share).name
 
 
 @dataclass(frozen=True)

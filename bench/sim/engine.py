@@ -20,6 +20,9 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
    through the assumed-load mechanism (`ClusterState.pod_bound`);
 5. battery nodes charge from solar and drain by their power; when a battery's share crosses
    an `energy-status` boundary the policy is told the new label.
+
+In code: `simulate` runs a `Simulation` tick by tick. `Simulation.step` is the list above, one
+method per step, in that order; `Simulation.result` sums the run up as a `PolicyResult`.
 """
 
 from __future__ import annotations
@@ -45,8 +48,7 @@ from bench.sim.cluster import (
 from bench.sim.kube_default import NodeLedger, PodRequest
 from bench.sim.policies import Policy
 from bench.sim.workload import Trace
-
-ENERGY_LABEL = "energy-status"
+from livedata.labels import ENERGY_LABEL, POWERLESS
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,379 @@ class PolicyResult:
         }
 
 
+@dataclass
+class RunningPods:
+    """The pods running now, as parallel arrays (a few hundred at a time), one entry per pod."""
+
+    pod: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))  # trace index
+    node: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    used_cores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # request x usage ratio
+    remaining_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # work left, full speed
+    started_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def count(self) -> int:
+        return int(self.pod.size)
+
+    def add(self, pod: int, node: int, used_cores: float, work_s: float, now_s: float) -> None:
+        """A pod bound to `node` at `now_s`, with `work_s` seconds of work at full speed."""
+        self.pod = np.append(self.pod, pod)
+        self.node = np.append(self.node, node)
+        self.used_cores = np.append(self.used_cores, used_cores)
+        self.remaining_s = np.append(self.remaining_s, work_s)
+        self.started_s = np.append(self.started_s, now_s)
+
+    def drop(self, done: np.ndarray) -> None:
+        """Forget the pods where `done` is True."""
+        keep = ~done
+        self.pod, self.node = self.pod[keep], self.node[keep]
+        self.used_cores, self.remaining_s = self.used_cores[keep], self.remaining_s[keep]
+        self.started_s = self.started_s[keep]
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """The nodes' state over one tick, as the telemetry shows it `telemetry_lag_s` later."""
+
+    time_s: float
+    util: np.ndarray
+    ambient_c: np.ndarray
+    cpu1_c: np.ndarray
+    cpu2_c: np.ndarray
+
+
+@dataclass(frozen=True)
+class NodePower:
+    """What the nodes draw over one tick, per node, in watts."""
+
+    total_w: np.ndarray  # curve + fans (or the sleep power of an empty node)
+    fan_w: np.ndarray
+    above_envelope_w: np.ndarray  # above the curve's convex envelope (partly loaded)
+
+
+class Simulation:
+    """One run of a trace on a cluster with a policy: the state that the steps of a tick change.
+
+    Use: `start()`, then `step(tick)` for every tick in `range(n_ticks)`, then `result()`.
+    """
+
+    def __init__(
+        self, cluster: SimCluster, trace: Trace, policy: Policy, settings: SimSettings
+    ) -> None:
+        self.cluster = cluster
+        self.trace = trace
+        self.policy = policy
+        self.settings = settings
+        tick_s = settings.tick_s
+        self.n_ticks = math.ceil((trace.end_s + settings.tail_s) / tick_s)
+        self.scrape_every_ticks = max(1, round(settings.scrape_interval_s / tick_s))
+        self.lag_ticks = max(0, round(settings.telemetry_lag_s / tick_s))
+        self.series_every_ticks = max(1, round(settings.power_series_step_s / tick_s))
+        self.reschedule_every_ticks = (
+            None
+            if policy.reschedule_interval_s is None
+            else max(1, round(policy.reschedule_interval_s / tick_s))
+        )
+
+        # Pods: the scheduler's view of each node (requests), what runs, what waits to retry.
+        self.ledger = NodeLedger(np.round(cluster.cores * 1000.0), cluster.memory_bytes)
+        self.requests = [
+            PodRequest(int(c), int(m)) for c, m in zip(trace.cpu_m, trace.memory_bytes, strict=True)
+        ]
+        self.running = RunningPods()
+        self.pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
+        self.next_arrival = 0  # the first pod of the trace not yet arrived
+        self.placed = self.unplaced = self.moved = 0
+        self.decisions: list[DecisionRecord] = []
+        self.slowdowns: list[float] = []
+
+        # Nodes: utilisation, CPU temperatures (first-order lag) and what telemetry will show.
+        self.util = np.zeros(len(cluster))
+        self.ambient_c = ambient_c(cluster, 0.0)
+        self.cpu1_c, self.cpu2_c = cpu_temperature_targets_c(cluster, self.ambient_c, self.util)
+        self.thermal_alpha = 1.0 - np.exp(-tick_s / cluster.spec.thermal_tau_s)
+        self.two_sockets = cluster.spec.sockets > 1
+        self.envelopes_w = envelope_curves_w(cluster)
+        # The cluster was idle before the run: that is what the first poll shows.
+        self.history: list[NodeSample] = []
+        self._remember_telemetry(0.0)
+
+        # Batteries: stored energy and the energy-status label the policy was last told.
+        self.battery_wh = cluster.battery_capacity_wh * settings.initial_battery_share
+        self.labels = [
+            energy_status(settings.initial_battery_share) if on_battery else None
+            for on_battery in cluster.on_battery
+        ]
+
+        # Per tick, summed over the nodes.
+        self.total_power_w = np.zeros(self.n_ticks)
+        self.fan_power_w = np.zeros(self.n_ticks)
+        self.above_envelope_power_w = np.zeros(self.n_ticks)
+        self.requested_share = np.zeros(self.n_ticks)
+        self.used_share = np.zeros(self.n_ticks)
+        self.total_cores = float(cluster.cores.sum())
+        self.overcommitted_node_ticks = 0
+        self.powerless_node_ticks = 0
+
+    def start(self) -> None:
+        """What the policy knows before the first pod: the battery nodes' labels, a first poll."""
+        for i in np.flatnonzero(self.cluster.on_battery):
+            self.policy.labels_changed(int(i), {ENERGY_LABEL: self.labels[i]})
+        self._send_telemetry()
+
+    def step(self, tick: int) -> None:
+        """One tick of `tick_s`: the five steps of the module docstring, in order."""
+        t0_s = tick * self.settings.tick_s
+        t1_s = t0_s + self.settings.tick_s
+        # 1. arrivals, then due retries, then the moves of a rescheduling policy
+        self._place_arrivals(t1_s)
+        self._retry_pending(t0_s, t1_s)
+        every = self.reschedule_every_ticks
+        if every is not None and tick % every == 0 and self.running.count:
+            self._reschedule(t0_s)
+        # 2. running pods progress (processor sharing on overcommitted nodes)
+        wanted_cores, hosts_pods = self._progress_pods(t1_s)
+        # 3. utilisation, temperatures, power (the state over this tick)
+        power = self._advance_nodes(t0_s, wanted_cores, hosts_pods)
+        self._tally(tick, power, wanted_cores)
+        self._remember_telemetry(t0_s)
+        # 4. lagged telemetry, as a Prometheus poll would see it
+        if tick % self.scrape_every_ticks == 0:
+            self._send_telemetry()
+        # 5. batteries
+        if self.cluster.on_battery.any():
+            self._update_batteries(t0_s, power.total_w)
+
+    # ---- 1. placement ---------------------------------------------------------------------
+
+    def _place_arrivals(self, t1_s: float) -> None:
+        """Place the pods arriving before `t1_s`, each at its own arrival time."""
+        trace = self.trace
+        while self.next_arrival < len(trace) and trace.arrival_s[self.next_arrival] < t1_s:
+            pod = self.next_arrival
+            self.next_arrival += 1
+            arrival_s = float(trace.arrival_s[pod])
+            if not self._try_place(pod, arrival_s, 1):
+                self.pending[pod] = (arrival_s + self.settings.retry_interval_s, 1)
+
+    def _retry_pending(self, t0_s: float, t1_s: float) -> None:
+        """Retry the pending pods due before `t1_s`; give up on those waiting too long."""
+        retry_interval_s = self.settings.retry_interval_s
+        for pod, (retry_s, attempts) in list(self.pending.items()):
+            if retry_s >= t1_s:
+                continue
+            if self._try_place(pod, t0_s, attempts + 1):
+                del self.pending[pod]
+            elif (
+                retry_s + retry_interval_s > self.trace.arrival_s[pod] + self.settings.max_pending_s
+            ):
+                del self.pending[pod]
+                self.unplaced += 1
+            else:
+                self.pending[pod] = (retry_s + retry_interval_s, attempts + 1)
+
+    def _try_place(self, pod: int, now_s: float, attempt: int) -> bool:
+        """Ask the policy for a node; bind the pod there if it found one. Recorded either way."""
+        uid = self.trace.names[pod]
+        decision = self.policy.place(uid, self.requests[pod], self.ledger, now_s)
+        node = decision.node
+        self.decisions.append(
+            DecisionRecord(
+                time_s=now_s,
+                pod=uid,
+                node="" if node is None else self.cluster.names[node],
+                predicted_increase_w=decision.predicted_increase_w,
+                score=decision.score,
+                attempt=attempt,
+                note=decision.reason,
+            )
+        )
+        if node is None:
+            return False
+        self.ledger.add(node, self.requests[pod])
+        cpu_cores = self.trace.cpu_m[pod] / 1000.0
+        self.policy.bound(node, uid, cpu_cores, now_s)
+        self.running.add(
+            pod,
+            node,
+            used_cores=cpu_cores * self.trace.usage_ratio[pod],
+            work_s=self.trace.duration_s[pod],
+            now_s=now_s,
+        )
+        self.placed += 1
+        return True
+
+    def _reschedule(self, t0_s: float) -> None:
+        """Offer the running pods to the policy and apply its moves (free and instant)."""
+        running, names = self.running, self.cluster.names
+        pods_running = [self.requests[pod] for pod in running.pod.tolist()]
+        moves = self.policy.reschedule(running.node, running.used_cores, pods_running, self.ledger)
+        for slot, node in moves:
+            pod, source = int(running.pod[slot]), int(running.node[slot])
+            uid = self.trace.names[pod]
+            self.ledger.remove(source, self.requests[pod])
+            self.ledger.add(node, self.requests[pod])
+            running.node[slot] = node
+            self.policy.gone(uid)
+            self.policy.bound(node, uid, self.trace.cpu_m[pod] / 1000.0, t0_s)
+            self.decisions.append(
+                DecisionRecord(
+                    time_s=t0_s,
+                    pod=uid,
+                    node=names[node],
+                    predicted_increase_w=math.nan,
+                    score=math.nan,
+                    attempt=0,
+                    note=f"moved from {names[source]}",
+                )
+            )
+            self.moved += 1
+
+    # ---- 2. running pods ------------------------------------------------------------------
+
+    def _progress_pods(self, t1_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Advance every running pod by one tick; finished pods leave their nodes.
+
+        Returns the cores the pods of each node wanted during the tick, and which nodes ran
+        pods at all (finished pods count: they ran during this tick).
+        """
+        running, cores = self.running, self.cluster.cores
+        n_nodes = len(self.cluster)
+        wanted_cores = np.bincount(running.node, weights=running.used_cores, minlength=n_nodes)
+        hosts_pods = np.bincount(running.node, minlength=n_nodes) > 0
+        slow_factor = np.maximum(1.0, wanted_cores / cores)
+        self.overcommitted_node_ticks += int(np.count_nonzero(slow_factor > 1.0))
+        running.remaining_s -= self.settings.tick_s / slow_factor[running.node]
+        done = running.remaining_s <= 0
+        if done.any():
+            for pod, node, started_s in zip(
+                running.pod[done].tolist(),
+                running.node[done].tolist(),
+                running.started_s[done].tolist(),
+                strict=True,
+            ):
+                self.ledger.remove(node, self.requests[pod])
+                self.policy.gone(self.trace.names[pod])
+                self.slowdowns.append((t1_s - started_s) / self.trace.duration_s[pod])
+            running.drop(done)
+        return wanted_cores, hosts_pods
+
+    # ---- 3. node physics and energy -------------------------------------------------------
+
+    def _advance_nodes(
+        self, t0_s: float, wanted_cores: np.ndarray, hosts_pods: np.ndarray
+    ) -> NodePower:
+        """Utilisation, CPU temperatures and power of every node over the tick."""
+        cluster = self.cluster
+        self.util = np.minimum(wanted_cores / cluster.cores, 1.0)
+        self.ambient_c = ambient_c(cluster, t0_s)
+        target1_c, target2_c = cpu_temperature_targets_c(cluster, self.ambient_c, self.util)
+        self.cpu1_c = self.cpu1_c + self.thermal_alpha * (target1_c - self.cpu1_c)
+        self.cpu2_c = self.cpu2_c + self.thermal_alpha * (target2_c - self.cpu2_c)
+        hottest_c = np.where(self.two_sockets, np.maximum(self.cpu1_c, self.cpu2_c), self.cpu1_c)
+        curve_w = curve_power_w(cluster, self.util)
+        fan_w = fan_power_w(cluster, hottest_c)
+        # Clipped at 0: between grid points the curve can dip a hair below the envelope line.
+        above_envelope_w = np.maximum(curve_w - envelope_power_w(self.envelopes_w, self.util), 0.0)
+        total_w = curve_w + fan_w
+        sleep_w = self.settings.empty_node_power_w
+        if sleep_w is not None:
+            total_w = np.where(hosts_pods, total_w, sleep_w)
+            fan_w = np.where(hosts_pods, fan_w, 0.0)
+            above_envelope_w = np.where(hosts_pods, above_envelope_w, 0.0)
+        return NodePower(total_w, fan_w, above_envelope_w)
+
+    def _tally(self, tick: int, power: NodePower, wanted_cores: np.ndarray) -> None:
+        """Add the tick's cluster totals: power (-> energy) and requested and used CPU."""
+        self.total_power_w[tick] = power.total_w.sum()
+        self.fan_power_w[tick] = power.fan_w.sum()
+        self.above_envelope_power_w[tick] = power.above_envelope_w.sum()
+        requested_cores = self.ledger.requested_cpu_m.sum() / 1000.0
+        self.requested_share[tick] = requested_cores / self.total_cores
+        used_cores = float(np.minimum(wanted_cores, self.cluster.cores).sum())
+        self.used_share[tick] = used_cores / self.total_cores
+
+    # ---- 4. telemetry ---------------------------------------------------------------------
+
+    def _remember_telemetry(self, t0_s: float) -> None:
+        """Keep this tick's node state until the telemetry lag has passed."""
+        self.history.append(
+            NodeSample(
+                t0_s, self.util.copy(), self.ambient_c, self.cpu1_c.copy(), self.cpu2_c.copy()
+            )
+        )
+        if len(self.history) > self.lag_ticks + 1:
+            self.history.pop(0)
+
+    def _send_telemetry(self) -> None:
+        """The oldest state in the history: what Prometheus shows `telemetry_lag_s` later."""
+        sample = self.history[0]
+        readings = []
+        for i, name in enumerate(self.cluster.names):
+            # BMC temperatures come in whole degrees; one-socket nodes have no cpu2 sensor.
+            values = {
+                "cpu_util": round(float(sample.util[i]), 4),
+                "ambient_temp_c": float(round(sample.ambient_c[i])),
+                "cpu1_temp_c": float(round(sample.cpu1_c[i])),
+            }
+            if self.two_sockets[i]:
+                values["cpu2_temp_c"] = float(round(sample.cpu2_c[i]))
+            readings.append((name, values, sample.time_s))
+        self.policy.telemetry(readings)
+
+    # ---- 5. batteries ---------------------------------------------------------------------
+
+    def _update_batteries(self, t0_s: float, power_w: np.ndarray) -> None:
+        """Charge from solar, drain by the node's power; tell the policy of new labels."""
+        cluster = self.cluster
+        self.battery_wh = np.clip(
+            self.battery_wh + (solar_w(cluster, t0_s) - power_w) * self.settings.tick_s / 3600.0,
+            0.0,
+            cluster.battery_capacity_wh,
+        )
+        for i in np.flatnonzero(cluster.on_battery).tolist():
+            label = energy_status(self.battery_wh[i] / cluster.battery_capacity_wh[i])
+            if label == POWERLESS:
+                self.powerless_node_ticks += 1
+            if label != self.labels[i]:
+                self.labels[i] = label
+                self.policy.labels_changed(i, {ENERGY_LABEL: label})
+
+    # ---- the run's figures ----------------------------------------------------------------
+
+    def result(self) -> PolicyResult:
+        """The run summed up; pods still pending at the end count as unplaced."""
+        cluster, tick_s, n_ticks = self.cluster, self.settings.tick_s, self.n_ticks
+        every = self.series_every_ticks
+        series_w = self.total_power_w[: n_ticks - n_ticks % every].reshape(-1, every).mean(axis=1)
+        slowdowns = np.array(self.slowdowns) if self.slowdowns else np.ones(1)
+        cluster_idle_w = float((cluster.spec.idle_share * cluster.spec.max_power_w).sum())
+        return PolicyResult(
+            policy=self.policy.name,
+            energy_kwh=energy_kwh(self.total_power_w, tick_s),
+            idle_energy_kwh=energy_kwh(np.full(n_ticks, cluster_idle_w), tick_s),
+            fan_energy_kwh=energy_kwh(self.fan_power_w, tick_s),
+            above_envelope_energy_kwh=energy_kwh(self.above_envelope_power_w, tick_s),
+            mean_power_w=float(self.total_power_w.mean()),
+            peak_power_w=float(self.total_power_w.max()),
+            pods=len(self.trace),
+            placed_pods=self.placed,
+            unplaced_pods=self.unplaced + len(self.pending),
+            unfinished_pods=self.running.count,
+            moved_pods=self.moved,
+            mean_slowdown=float(slowdowns.mean()),
+            p95_slowdown=float(np.percentile(slowdowns, 95)),
+            overcommitted_node_hours=self.overcommitted_node_ticks * tick_s / 3600.0,
+            powerless_node_hours=self.powerless_node_ticks * tick_s / 3600.0,
+            mean_requested_share=float(self.requested_share.mean()),
+            mean_cpu_util=float(self.used_share.mean()),
+            duration_s=n_ticks * tick_s,
+            power_times_s=np.arange(series_w.size) * self.settings.power_series_step_s,
+            power_w=series_w,
+            decisions=self.decisions,
+        )
+
+
 def simulate(
     cluster: SimCluster,
     trace: Trace,
@@ -138,258 +513,17 @@ def simulate(
     progress: bool = False,
 ) -> PolicyResult:
     """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy."""
-    tick_s = settings.tick_s
-    n_nodes = len(cluster)
-    names = cluster.names
-    horizon_s = trace.end_s + settings.tail_s
-    n_ticks = math.ceil(horizon_s / tick_s)
-    scrape_every = max(1, round(settings.scrape_interval_s / tick_s))
-    lag_ticks = max(0, round(settings.telemetry_lag_s / tick_s))
-    series_every = max(1, round(settings.power_series_step_s / tick_s))
-    reschedule_every = (
-        None
-        if policy.reschedule_interval_s is None
-        else max(1, round(policy.reschedule_interval_s / tick_s))
-    )
-
-    ledger = NodeLedger(np.round(cluster.cores * 1000.0), cluster.memory_bytes)
-    requests = [
-        PodRequest(int(c), int(m)) for c, m in zip(trace.cpu_m, trace.memory_bytes, strict=True)
-    ]
-
-    # Running pods, as parallel arrays (a few hundred at a time).
-    run_pod = np.zeros(0, dtype=np.intp)
-    run_node = np.zeros(0, dtype=np.intp)
-    run_used_cores = np.zeros(0)
-    run_remaining_s = np.zeros(0)
-    run_started_s = np.zeros(0)
-    slowdowns: list[float] = []
-    pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
-    placed = unplaced = moved = 0
-    decisions: list[DecisionRecord] = []
-
-    # Thermal state and the telemetry history the lag reads from.
-    util = np.zeros(n_nodes)
-    start_ambient = ambient_c(cluster, 0.0)
-    cpu1_c, cpu2_c = cpu_temperature_targets_c(cluster, start_ambient, util)
-    alpha = 1.0 - np.exp(-tick_s / cluster.spec.thermal_tau_s)
-    two_sockets = cluster.spec.sockets > 1
-    # The cluster was idle before the run: that is what the first poll shows.
-    history = [(0.0, util.copy(), start_ambient, cpu1_c.copy(), cpu2_c.copy())]
-
-    def send_telemetry() -> None:
-        """The oldest state in the history: what Prometheus shows `telemetry_lag_s` later."""
-        observed_s, h_util, h_ambient, h_cpu1, h_cpu2 = history[0]
-        readings = []
-        for i, name in enumerate(names):
-            # BMC temperatures come in whole degrees; one-socket nodes have no cpu2 sensor.
-            values = {
-                "cpu_util": round(float(h_util[i]), 4),
-                "ambient_temp_c": float(round(h_ambient[i])),
-                "cpu1_temp_c": float(round(h_cpu1[i])),
-            }
-            if two_sockets[i]:
-                values["cpu2_temp_c"] = float(round(h_cpu2[i]))
-            readings.append((name, values, observed_s))
-        policy.telemetry(readings)
-
-    battery_wh = cluster.battery_capacity_wh * settings.initial_battery_share
-    labels = [
-        energy_status(settings.initial_battery_share) if cluster.on_battery[i] else None
-        for i in range(n_nodes)
-    ]
-    for i in np.flatnonzero(cluster.on_battery):
-        policy.labels_changed(int(i), {ENERGY_LABEL: labels[i]})
-
-    total_power = np.zeros(n_ticks)
-    fan_power = np.zeros(n_ticks)
-    above_envelope_power = np.zeros(n_ticks)
-    envelopes_w = envelope_curves_w(cluster)
-    requested_share = np.zeros(n_ticks)
-    used_share = np.zeros(n_ticks)
-    overcommitted_ticks = 0
-    powerless_ticks = 0
-    next_arrival = 0
-    total_cores = float(cluster.cores.sum())
-    cluster_idle_w = float((cluster.spec.idle_share * cluster.spec.max_power_w).sum())
-
-    def try_place(pod: int, now_s: float, attempt: int) -> bool:
-        nonlocal run_pod, run_node, run_used_cores, run_remaining_s, run_started_s
-        nonlocal placed, unplaced
-        uid = trace.names[pod]
-        decision = policy.place(uid, requests[pod], ledger, now_s)
-        node = decision.node
-        decisions.append(
-            DecisionRecord(
-                time_s=now_s,
-                pod=uid,
-                node="" if node is None else names[node],
-                predicted_increase_w=decision.predicted_increase_w,
-                score=decision.score,
-                attempt=attempt,
-                note=decision.reason,
-            )
-        )
-        if node is None:
-            return False
-        ledger.add(node, requests[pod])
-        cpu_cores = trace.cpu_m[pod] / 1000.0
-        policy.bound(node, uid, cpu_cores, now_s)
-        run_pod = np.append(run_pod, pod)
-        run_node = np.append(run_node, node)
-        run_used_cores = np.append(run_used_cores, cpu_cores * trace.usage_ratio[pod])
-        run_remaining_s = np.append(run_remaining_s, trace.duration_s[pod])
-        run_started_s = np.append(run_started_s, now_s)
-        placed += 1
-        return True
-
-    send_telemetry()
+    run = Simulation(cluster, trace, policy, settings)
+    run.start()
     bar = tqdm(
-        total=n_ticks,
+        total=run.n_ticks,
         desc=f"simulating {policy.name}",
         unit="tick",
         disable=not progress or not sys.stderr.isatty(),
         mininterval=0.5,
     )
-    for tick in range(n_ticks):
-        t0_s = tick * tick_s
-        t1_s = t0_s + tick_s
-
-        # 1. arrivals, then due retries
-        while next_arrival < len(trace) and trace.arrival_s[next_arrival] < t1_s:
-            pod = next_arrival
-            next_arrival += 1
-            arrival_s = float(trace.arrival_s[pod])
-            if not try_place(pod, arrival_s, 1):
-                pending[pod] = (arrival_s + settings.retry_interval_s, 1)
-        for pod, (retry_s, attempts) in list(pending.items()):
-            if retry_s >= t1_s:
-                continue
-            if try_place(pod, t0_s, attempts + 1):
-                del pending[pod]
-            elif (
-                retry_s + settings.retry_interval_s > trace.arrival_s[pod] + settings.max_pending_s
-            ):
-                del pending[pod]
-                unplaced += 1
-            else:
-                pending[pod] = (retry_s + settings.retry_interval_s, attempts + 1)
-
-        if reschedule_every is not None and tick % reschedule_every == 0 and run_pod.size:
-            pods_running = [requests[pod] for pod in run_pod.tolist()]
-            for slot, node in policy.reschedule(run_node, run_used_cores, pods_running, ledger):
-                pod, source = int(run_pod[slot]), int(run_node[slot])
-                uid = trace.names[pod]
-                ledger.remove(source, requests[pod])
-                ledger.add(node, requests[pod])
-                run_node[slot] = node
-                policy.gone(uid)
-                policy.bound(node, uid, trace.cpu_m[pod] / 1000.0, t0_s)
-                decisions.append(
-                    DecisionRecord(
-                        time_s=t0_s,
-                        pod=uid,
-                        node=names[node],
-                        predicted_increase_w=math.nan,
-                        score=math.nan,
-                        attempt=0,
-                        note=f"moved from {names[source]}",
-                    )
-                )
-                moved += 1
-
-        # 2. progress of running pods (processor sharing on overcommitted nodes)
-        wanted = np.bincount(run_node, weights=run_used_cores, minlength=n_nodes)
-        hosts_pods = np.bincount(run_node, minlength=n_nodes) > 0  # during this tick
-        slow_factor = np.maximum(1.0, wanted / cluster.cores)
-        overcommitted_ticks += int(np.count_nonzero(slow_factor > 1.0))
-        run_remaining_s -= tick_s / slow_factor[run_node]
-        done = run_remaining_s <= 0
-        if done.any():
-            for pod, node, started_s in zip(
-                run_pod[done].tolist(),
-                run_node[done].tolist(),
-                run_started_s[done].tolist(),
-                strict=True,
-            ):
-                ledger.remove(node, requests[pod])
-                policy.gone(trace.names[pod])
-                slowdowns.append((t1_s - started_s) / trace.duration_s[pod])
-            keep = ~done
-            run_pod, run_node = run_pod[keep], run_node[keep]
-            run_used_cores, run_remaining_s = run_used_cores[keep], run_remaining_s[keep]
-            run_started_s = run_started_s[keep]
-
-        # 3. utilisation, temperatures, power (the state over this tick)
-        util = np.minimum(wanted / cluster.cores, 1.0)
-        ambient = ambient_c(cluster, t0_s)
-        target1, target2 = cpu_temperature_targets_c(cluster, ambient, util)
-        cpu1_c = cpu1_c + alpha * (target1 - cpu1_c)
-        cpu2_c = cpu2_c + alpha * (target2 - cpu2_c)
-        hottest = np.where(two_sockets, np.maximum(cpu1_c, cpu2_c), cpu1_c)
-        curve_w = curve_power_w(cluster, util)
-        fan_w = fan_power_w(cluster, hottest)
-        # Clipped at 0: between grid points the curve can dip a hair below the envelope line.
-        above_envelope_w = np.maximum(curve_w - envelope_power_w(envelopes_w, util), 0.0)
-        power_w = curve_w + fan_w
-        if settings.empty_node_power_w is not None:
-            power_w = np.where(hosts_pods, power_w, settings.empty_node_power_w)
-            fan_w = np.where(hosts_pods, fan_w, 0.0)
-            above_envelope_w = np.where(hosts_pods, above_envelope_w, 0.0)
-        total_power[tick] = power_w.sum()
-        fan_power[tick] = fan_w.sum()
-        above_envelope_power[tick] = above_envelope_w.sum()
-        requested_share[tick] = ledger.requested_cpu_m.sum() / 1000.0 / total_cores
-        used_share[tick] = float(np.minimum(wanted, cluster.cores).sum()) / total_cores
-        history.append((t0_s, util.copy(), ambient, cpu1_c.copy(), cpu2_c.copy()))
-        if len(history) > lag_ticks + 1:
-            history.pop(0)
-
-        # 4. lagged telemetry, as a Prometheus poll would see it
-        if tick % scrape_every == 0:
-            send_telemetry()
-
-        # 5. batteries
-        if cluster.on_battery.any():
-            battery_wh = np.clip(
-                battery_wh + (solar_w(cluster, t0_s) - power_w) * tick_s / 3600.0,
-                0.0,
-                cluster.battery_capacity_wh,
-            )
-            for i in np.flatnonzero(cluster.on_battery).tolist():
-                label = energy_status(battery_wh[i] / cluster.battery_capacity_wh[i])
-                if label == "powerless":
-                    powerless_ticks += 1
-                if label != labels[i]:
-                    labels[i] = label
-                    policy.labels_changed(i, {ENERGY_LABEL: label})
+    for tick in range(run.n_ticks):
+        run.step(tick)
         bar.update(1)
     bar.close()
-
-    unplaced += len(pending)
-    series = total_power[: n_ticks - n_ticks % series_every].reshape(-1, series_every).mean(axis=1)
-    slowdown_array = np.array(slowdowns) if slowdowns else np.ones(1)
-    return PolicyResult(
-        policy=policy.name,
-        energy_kwh=energy_kwh(total_power, tick_s),
-        idle_energy_kwh=energy_kwh(np.full(n_ticks, cluster_idle_w), tick_s),
-        fan_energy_kwh=energy_kwh(fan_power, tick_s),
-        above_envelope_energy_kwh=energy_kwh(above_envelope_power, tick_s),
-        mean_power_w=float(total_power.mean()),
-        peak_power_w=float(total_power.max()),
-        pods=len(trace),
-        placed_pods=placed,
-        unplaced_pods=unplaced,
-        unfinished_pods=int(run_pod.size),
-        moved_pods=moved,
-        mean_slowdown=float(slowdown_array.mean()),
-        p95_slowdown=float(np.percentile(slowdown_array, 95)),
-        overcommitted_node_hours=overcommitted_ticks * tick_s / 3600.0,
-        powerless_node_hours=powerless_ticks * tick_s / 3600.0,
-        mean_requested_share=float(requested_share.mean()),
-        mean_cpu_util=float(used_share.mean()),
-        duration_s=n_ticks * tick_s,
-        power_times_s=np.arange(series.size) * settings.power_series_step_s,
-        power_w=series,
-        decisions=decisions,
-    )
+    return run.result()

@@ -1,6 +1,6 @@
-"""Logging set-up for the extender service: one JSON object per line, or plain text.
+"""Logging set-up for our processes (the extender, the controllers): JSON lines or plain text.
 
-The service runs as a pod whose logs are collected by the cluster's log pipeline, so the
+Each runs as a pod whose logs are collected by the cluster's log pipeline, so the
 default is one JSON object per line with stable keys (``ts``, ``level``, ``logger``, ``msg``
 plus any ``extra={...}`` fields a caller passes). ``--log-format text`` gives a readable line
 for a developer's terminal. Per-request lines are logged at DEBUG only: at hundreds of pods
