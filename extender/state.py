@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from extender.scoring import EnergyLevel, PowerCurves, energy_level_of, max_power_of
+from livedata.metrics_table import CPU_UTIL as CPU_UTIL_FEATURE
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUMED_WINDOW_S = 120.0
-CPU_UTIL_FEATURE = "cpu_util"
 # Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
 # or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
 MAX_CACHED_CANDIDATE_LISTS = 8

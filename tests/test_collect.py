@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from livedata.metrics_table import CONTRACT_COLUMNS
 from tests.support.prometheus import (
     free_port,
     require_prometheus,
@@ -47,7 +48,7 @@ from training.collect import (
     parse_time,
     render_query,
 )
-from training.dataset import CONTRACT_COLUMNS, stream_metrics
+from training.dataset import stream_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z

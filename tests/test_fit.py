@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from livedata.metrics_table import FEATURES
 from predictor.bundle import read_bundle
 from tests.support.prometheus import (
     free_port,
@@ -26,7 +27,6 @@ from tests.support.prometheus import (
     write_openmetrics,
 )
 from training.dataset import (
-    FEATURES,
     MetricsStream,
     clean_metrics,
     load_metrics,

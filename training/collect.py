@@ -56,7 +56,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from tqdm import tqdm
 from urllib3.util.retry import Retry
 
-from training.dataset import CONTRACT_COLUMNS, write_metrics
+from livedata.metrics_table import CONTRACT_COLUMNS
+from training.dataset import write_metrics
 
 log = logging.getLogger("training.collect")  # also when run as __main__
 

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from livedata.metrics_table import FEATURES
 from predictor.bundle import THERMAL_SUFFIX, BundleError
 from predictor.reload import probe_model
 from training.collect import (
@@ -58,7 +59,6 @@ from training.collect import (
     parse_time,
 )
 from training.dataset import (
-    FEATURES,
     CleanedMetrics,
     CleaningTally,
     MetricsInputError,
