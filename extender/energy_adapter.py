@@ -46,18 +46,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from extender.logs import LOG_FORMATS, configure_logging
 from extender.scoring import ENERGY_LABEL
-from livedata.kube_client import KubeConfigError, kube_api_client
-from training.collect import (
+from livedata.collect_config import (
     CollectConfig,
     CollectConfigError,
-    CollectError,
-    PrometheusReader,
-    Series,
-    host_nodes_from_uname,
-    node_of,
     parse_duration_s,
     uname_query,
 )
+from livedata.kube_client import KubeConfigError, kube_api_client
+from livedata.node_mapping import host_nodes_from_uname, node_of
+from livedata.prometheus import CollectError, PrometheusReader, Series
 
 log = logging.getLogger("extender.energy_adapter")
 

@@ -48,16 +48,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from livedata.collect_config import load_collect_config, parse_time
 from livedata.metrics_table import FEATURES
+from livedata.prometheus import CollectError
 from predictor.bundle import THERMAL_SUFFIX, BundleError
 from predictor.reload import probe_model
-from training.collect import (
-    CollectError,
-    attach_relative_times,
-    collect_to_directory,
-    load_collect_config,
-    parse_time,
-)
+from training.collect import collect_to_directory
+from training.collect.cli import attach_relative_times
 from training.dataset import (
     CleanedMetrics,
     CleaningTally,
