@@ -26,7 +26,7 @@ from tqdm import tqdm
 from predictor.bundle import write_bundle
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
-from predictor.reload import validate_predictor
+from predictor.validation import validate_predictor
 from tests.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, PowerCurveSpec, fit_curve_model
 
 log = logging.getLogger("bench.curves")

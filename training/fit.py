@@ -52,7 +52,7 @@ from livedata.collect_config import load_collect_config, parse_time
 from livedata.metrics_table import FEATURES
 from livedata.prometheus import CollectError
 from predictor.bundle import THERMAL_SUFFIX, BundleError
-from predictor.reload import probe_model
+from predictor.validation import probe_model
 from training.collect import collect_to_directory
 from training.collect.cli import attach_relative_times
 from training.dataset import (
@@ -242,7 +242,7 @@ def extender_probe_verdict(model, thermal: Mapping[str, float] | None, node: str
     """ "pass", or why the extender would refuse this model when it loads the bundle.
 
     The extender validates every model on a fixed grid of temperatures before serving a bundle
-    (`predictor.reload.probe_model`), and refuses the whole bundle for one bad model; running
+    (`predictor.validation.probe_model`), and refuses the whole bundle for one bad model; running
     the same check here means training never writes a bundle the extender refuses.
     """
     slopes = {key.removesuffix(THERMAL_SUFFIX): slope for key, slope in (thermal or {}).items()}
