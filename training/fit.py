@@ -153,8 +153,10 @@ class NodeRows:
 
 
 @dataclass
-class NodeOutcome:
-    """What fitting one node leaves behind (no scikit-learn objects: they stay in the worker)."""
+class FitOutcome:
+    """What fitting one node, or the fleet fallback, leaves behind (no scikit-learn objects:
+    they stay in the worker). The fallback's has `node` `FALLBACK_NAME` and no baseline,
+    windows, held-out series or evaluation rows."""
 
     node: str
     rows_train: int
@@ -399,12 +401,12 @@ def choose_model_or_last_resort(
     return model, choice, candidates + more_candidates, check
 
 
-def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
+def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
     """Everything one node needs: split, fit, choose, check, convert, parity. Runs in a worker."""
     n_rows = len(rows)
     power_range_w = [round(float(rows.power_w.min()), 2), round(float(rows.power_w.max()), 2)]
     if n_rows < max(settings.min_rows, 2):
-        return NodeOutcome(
+        return FitOutcome(
             node=rows.node,
             rows_train=0,
             rows_test=n_rows,
@@ -415,7 +417,7 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> NodeOutcome:
         )
     start = heldout_start_index(n_rows, settings.test_fraction)
     train, test = rows.take(slice(0, start)), rows.take(slice(start, None))
-    outcome = NodeOutcome(
+    outcome = FitOutcome(
         node=rows.node,
         rows_train=len(train),
         rows_test=len(test),
@@ -481,7 +483,7 @@ def _limit_worker_threads() -> None:
 
 def _stream_outcomes(
     nodes: Iterator[NodeRows], settings: FitSettings, jobs: int
-) -> Iterator[tuple[NodeRows, NodeOutcome]]:
+) -> Iterator[tuple[NodeRows, FitOutcome]]:
     """Yield (rows, outcome) as nodes finish, keeping at most ~2 x jobs nodes in flight."""
     if jobs <= 1:
         for rows in nodes:
@@ -632,7 +634,7 @@ def fit_fleet(
     pool = FallbackPool(
         max(20, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
     )
-    outcomes: dict[str, NodeOutcome] = {}
+    outcomes: dict[str, FitOutcome] = {}
 
     with HeldoutSeriesStore() as store:
         bar = tqdm(
@@ -666,26 +668,16 @@ def fit_fleet(
         write_report(report_dir, report)
         _plot(report_dir / PLOT_PNG, node_entries, store)
 
-    parity = [o.parity for o in outcomes.values() if o.parity is not None]
-    parity.append(fallback["parity_result"])
+    parity = [o.parity for o in [*outcomes.values(), fallback] if o.parity is not None]
     node_models = {n: o.onnx for n, o in outcomes.items() if o.onnx is not None}
     node_info = {n: _manifest_entry(outcomes[n]) for n in node_models}
-    fallback_info = {
-        "family": fallback["family"],
-        "min_rows": settings.min_rows,
-        "rows_train": fallback["rows_train"],
-        "rows_test": fallback["rows_test"],
-        "metrics": fallback["metrics"],
-        "thermal": fallback["thermal"],
-        "nodes": sorted(n for n, o in outcomes.items() if o.onnx is None),
-    }
     export_bundle(
         out_dir,
         features=FEATURES,
         node_models=node_models,
         node_info=node_info,
-        fallback_model=fallback["onnx"],
-        fallback_info=fallback_info,
+        fallback_model=fallback.onnx,
+        fallback_info=_fallback_manifest_entry(fallback, outcomes, settings),
         feature_fill=FEATURE_FILL,
         extra={
             "training_window": window,
@@ -701,7 +693,9 @@ def fit_fleet(
     return FitRun(report=report, report_dir=report_dir, bundle_dir=Path(out_dir))
 
 
-def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, object]:
+def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[FitOutcome, object]:
+    """The fleet fallback, chosen like a node's model on the pooled rows: its outcome and its
+    scikit-learn model (the report judges fallback nodes with it). FitError when none passes."""
     train, test = pool.merged(pool.train), pool.merged(pool.test)
     log.info("fitting the fleet fallback on %d pooled rows", len(train))
     thermal = node_thermal(train)
@@ -714,23 +708,23 @@ def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[dict, obje
             f"{check['max_drop_w']} W at the fleet's median temperatures)"
         )
     onnx = choice.pop("onnx", None) or model_to_onnx(model, train.features.shape[1])
-    return (
-        {
-            "family": choice["family"],
-            "metrics": choice["metrics"],
-            "candidates": candidates,
-            "monotonic": check,
-            "rows_train": len(train),
-            "rows_test": len(test),
-            "onnx": onnx,
-            "parity_result": check_parity(FALLBACK_NAME, model, onnx, test.features),
-            "thermal": thermal,
-        },
-        model,
+    outcome = FitOutcome(
+        node=FALLBACK_NAME,
+        rows_train=len(train),
+        rows_test=len(test),
+        family=choice["family"],
+        onnx=onnx,
+        parity=check_parity(FALLBACK_NAME, model, onnx, test.features),
+        metrics=choice["metrics"],
+        candidates=candidates,
+        monotonic=check,
+        thermal=thermal,
     )
+    return outcome, model
 
 
-def _manifest_entry(outcome: NodeOutcome) -> dict:
+def _manifest_entry(outcome: FitOutcome) -> dict:
+    """A node's manifest entry beyond its model file (contract 2's extra fields)."""
     entry = {
         "family": outcome.family,
         "rows_train": outcome.rows_train,
@@ -743,7 +737,22 @@ def _manifest_entry(outcome: NodeOutcome) -> dict:
     return entry
 
 
-def _report_entry(outcome: NodeOutcome, fallback_model, settings: FitSettings) -> dict:
+def _fallback_manifest_entry(
+    fallback: FitOutcome, outcomes: Mapping[str, FitOutcome], settings: FitSettings
+) -> dict:
+    """The manifest's `fallback` entry beyond its model file, naming the nodes it serves."""
+    return {
+        "family": fallback.family,
+        "min_rows": settings.min_rows,
+        "rows_train": fallback.rows_train,
+        "rows_test": fallback.rows_test,
+        "metrics": fallback.metrics,
+        "thermal": fallback.thermal,
+        "nodes": sorted(n for n, o in outcomes.items() if o.onnx is None),
+    }
+
+
+def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) -> dict:
     entry = {
         "node": outcome.node,
         "model": "own" if outcome.onnx is not None else "fallback",
@@ -787,7 +796,7 @@ def _build_report(
     account: _InputAccount,
     settings: FitSettings,
     node_entries: list[dict],
-    fallback: dict,
+    fallback: FitOutcome,
     window: dict,
 ) -> dict:
     return {
@@ -803,15 +812,15 @@ def _build_report(
         "parity_tolerance_w": PARITY_TOLERANCE_W,
         "summary": summarise(node_entries),
         "fallback": {
-            "family": fallback["family"],
+            "family": fallback.family,
             "min_rows": settings.min_rows,
-            "rows_train": fallback["rows_train"],
-            "rows_test": fallback["rows_test"],
-            "metrics": fallback["metrics"],
-            "candidates": fallback["candidates"],
-            "monotonic": fallback["monotonic"],
-            "parity_max_diff_w": fallback["parity_result"].max_abs_diff_w,
-            "thermal": fallback["thermal"],
+            "rows_train": fallback.rows_train,
+            "rows_test": fallback.rows_test,
+            "metrics": fallback.metrics,
+            "candidates": fallback.candidates,
+            "monotonic": fallback.monotonic,
+            "parity_max_diff_w": fallback.parity.max_abs_diff_w,
+            "thermal": fallback.thermal,
             "nodes": [e["node"] for e in node_entries if e["model"] != "own"],
         },
         "nodes": node_entries,
