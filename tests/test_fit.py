@@ -46,14 +46,12 @@ from training.fit import (
     FitError,
     FitSettings,
     NodeRows,
-    choose_model,
-    extender_probe_verdict,
     fit_fleet,
     fit_node,
     heldout_start_index,
     iter_node_rows,
-    monotonic_verdict,
 )
+from training.fit.node import choose_model, extender_probe_verdict, monotonic_verdict
 from training.synth import synth_fleet
 
 REPO = Path(__file__).resolve().parents[1]

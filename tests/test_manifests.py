@@ -55,7 +55,7 @@ BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
 MODEL_SHARD_PREFIX = "power-models-"
 # `python -m NAME` of a package runs its CLI module, which holds `build_parser`.
-CLI_MODULES = {"training.collect": "training.collect.cli"}
+CLI_MODULES = {"training.collect": "training.collect.cli", "training.fit": "training.fit.cli"}
 
 # kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
 SCHEDULER_CONFIG_FIELDS = {
