@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from livedata.metrics_table import FEATURES
 from predictor.bundle import read_bundle
-from training.dataset import FEATURES, clean_metrics
+from training.dataset import clean_metrics
 from training.export import onnx_predict_w
-from training.fit import FitSettings, fit_fleet, heldout_start_index, setup_logging
+from training.fit import FitSettings, fit_fleet, heldout_start_index
+from training.fit.cli import setup_logging
 from training.report import IdleToMaxLine
 
 log = logging.getLogger("bench.accuracy_specpower")

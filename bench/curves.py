@@ -27,7 +27,7 @@ from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, PowerCurveSpec
 from predictor.bundle import write_bundle
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
-from predictor.reload import validate_predictor
+from predictor.validation import validate_predictor
 
 log = logging.getLogger("bench.curves")
 

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from training.dataset import clean_metrics
-from training.fit import FitSettings, default_report_dir, fit_fleet, setup_logging
+from training.fit import FitSettings, default_report_dir, fit_fleet
+from training.fit.cli import setup_logging
 from training.synth import synth_fleet
 
 log = logging.getLogger("bench.fit_export")

@@ -52,7 +52,7 @@ from bench.fit_export import status_mib
 from bench.support.prometheus import backfill, openmetrics_series, start_prometheus
 from predictor.bundle import read_bundle
 from training.dataset import read_metrics
-from training.fit import setup_logging
+from training.fit.cli import setup_logging
 from training.synth import write_fleet_files
 
 log = logging.getLogger("bench.training_scale")

@@ -458,7 +458,7 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
 def _prometheus_source(runtime: Runtime) -> LiveSource:
     from extender.telemetry import TelemetryPoller
-    from training.collect import load_collect_config
+    from livedata.collect_config import load_collect_config
 
     config = runtime.config
     assert config.prometheus_url is not None  # live mode, checked by the config

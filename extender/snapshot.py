@@ -31,9 +31,10 @@ import yaml
 
 from extender.demand import parse_cpu_quantity
 from extender.state import ClusterState, NodeInfo
+from livedata.metrics_table import CPU_UTIL
 
 DEMO_CLUSTER_FILE = Path(__file__).resolve().parent / "demo_cluster.json"
-UTIL_FIELD = "cpu_util"
+UTIL_FIELD = CPU_UTIL  # the telemetry value checked to be a fraction 0..1
 NODE_FIELDS = frozenset({"name", "allocatable_cpu", "labels", "annotations", "telemetry"})
 
 

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from livedata.metrics_table import CPU_UTIL as CPU_UTIL_FEATURE
+
 if TYPE_CHECKING:
     from predictor.curves import CurveTable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUMED_WINDOW_S = 120.0
-CPU_UTIL_FEATURE = "cpu_util"
 # Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
 # or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
 MAX_CACHED_CANDIDATE_LISTS = 8

@@ -3,7 +3,7 @@
 The power curves the extender answers from are tabulated at each node's current utilisation
 and temperatures, so those must be read continuously, and never on the request path. Every
 refresh interval this poller asks Prometheus for all nodes at once, one instant query per
-metric, through `training.collect.collect_instant`: the same queries, BMC sensor mapping and
+metric, through `livedata.instant.read_instant`: the same queries, BMC sensor mapping and
 instance-to-node mapping that produced the training data, so a node's features mean the same
 thing at training and at serving time.
 
@@ -30,23 +30,19 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from extender.state import ClusterState
-from training.collect import CollectConfig, CollectError, collect_instant
+from livedata.collect_config import CollectConfig
+from livedata.instant import read_instant
+from livedata.metrics_table import VALUE_COLUMNS
+from livedata.prometheus import CollectError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_POLL_TIMEOUT_S = 10.0
-# Values copied from a collected row into the node's telemetry (`node` and `timestamp` aside).
-TELEMETRY_COLUMNS: tuple[str, ...] = (
-    "cpu_util",
-    "ambient_temp_c",
-    "cpu1_temp_c",
-    "cpu2_temp_c",
-    "power_w",
-)
+# Values copied from a node's reading into its telemetry: every measured contract-1 column.
+TELEMETRY_COLUMNS: tuple[str, ...] = VALUE_COLUMNS
 
 Clock = Callable[[], float]
 
@@ -123,16 +119,15 @@ class TelemetryPoller:
         with self._lock:  # start() and a direct caller must not interleave their counters
             started = time.monotonic()
             try:
-                frame = collect_instant(self._config, at=datetime.fromtimestamp(self._clock(), UTC))
                 readings = []
-                for row in frame.itertuples(index=False):
+                for reading in read_instant(self._config, at_s=self._clock()):
                     values = {
-                        column: float(getattr(row, column))
+                        column: reading.values[column]
                         for column in TELEMETRY_COLUMNS
-                        if math.isfinite(getattr(row, column))
+                        if math.isfinite(reading.values[column])
                     }
                     if values:
-                        readings.append((str(row.node), values, row.timestamp.timestamp()))
+                        readings.append((reading.node, values, reading.observed_at_s))
                 # One state update per round: the curves are re-tabulated once, not per node.
                 self._state.set_telemetry_many(readings)
                 nodes = len(readings)

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
+from livedata.metrics_table import CPU_UTIL
 from predictor.bundle import (
     FALLBACK_NODE,
     Bundle,
@@ -31,7 +32,7 @@ from predictor.bundle import (
     read_model_bytes,
 )
 
-UTIL_FEATURE = "cpu_util"  # the feature a power curve P(u) runs along
+UTIL_FEATURE = CPU_UTIL  # the feature a power curve P(u) runs along
 ModelKind = Literal["own", "fallback"]
 
 

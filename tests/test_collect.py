@@ -1,4 +1,5 @@
-"""Tests of training.collect against a real Prometheus server, and of the test server itself."""
+"""Tests of the collect step (training.collect and the livedata settings, reader and node
+mapping it uses) against a real Prometheus server, and of the test server itself."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from livedata.collect_config import (
+    DEFAULT_CPU_QUERY,
+    DEFAULT_POWER_QUERY,
+    PROMETHEUS_MAX_POINTS,
+    CollectConfig,
+    CollectConfigError,
+    compile_sensor_rules,
+    load_collect_config,
+    parse_duration_s,
+    parse_time,
+    render_query,
+)
+from livedata.metrics_table import CONTRACT_COLUMNS
+from livedata.node_mapping import CollectStats, assign_sensor_columns, instance_host, node_of
+from livedata.prometheus import CollectError, PrometheusReader
 from tests.support.prometheus import (
     free_port,
     require_prometheus,
@@ -25,29 +41,13 @@ from tests.support.prometheus import (
     write_openmetrics,
 )
 from training.collect import (
-    DEFAULT_CPU_QUERY,
-    DEFAULT_POWER_QUERY,
     FIRST_CHUNK_STEPS,
-    PROMETHEUS_MAX_POINTS,
-    CollectConfig,
-    CollectConfigError,
-    CollectError,
-    CollectStats,
-    PrometheusReader,
-    assign_sensor_columns,
     chunk_steps,
     collect_instant,
     collect_metrics,
     collect_to_directory,
-    compile_sensor_rules,
-    instance_host,
-    load_collect_config,
-    node_of,
-    parse_duration_s,
-    parse_time,
-    render_query,
 )
-from training.dataset import CONTRACT_COLUMNS, stream_metrics
+from training.dataset import stream_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z

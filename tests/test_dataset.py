@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from livedata.metrics_table import CONTRACT_COLUMNS, FEATURES
 from training.dataset import (
-    CONTRACT_COLUMNS,
-    FEATURES,
     CleanedMetrics,
     CleaningTally,
     MetricsInputError,

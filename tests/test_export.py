@@ -7,8 +7,8 @@ import onnxruntime
 import pytest
 from sklearn.linear_model import Ridge
 
+from livedata.metrics_table import FEATURES
 from predictor.bundle import read_bundle
-from training.dataset import FEATURES
 from training.export import (
     ONNX_INPUT_NAME,
     PARITY_TOLERANCE_W,

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from livedata.metrics_table import FEATURES
 from predictor.bundle import read_bundle
 from tests.support.prometheus import (
     free_port,
@@ -26,7 +27,6 @@ from tests.support.prometheus import (
     write_openmetrics,
 )
 from training.dataset import (
-    FEATURES,
     MetricsStream,
     clean_metrics,
     load_metrics,
@@ -46,14 +46,12 @@ from training.fit import (
     FitError,
     FitSettings,
     NodeRows,
-    choose_model,
-    extender_probe_verdict,
     fit_fleet,
     fit_node,
     heldout_start_index,
     iter_node_rows,
-    monotonic_verdict,
 )
+from training.fit.node import choose_model, extender_probe_verdict, monotonic_verdict
 from training.synth import synth_fleet
 
 REPO = Path(__file__).resolve().parents[1]

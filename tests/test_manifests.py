@@ -54,6 +54,8 @@ BUILT_IN_CLUSTER_ROLES = {"system:kube-scheduler", "system:volume-scheduler"}
 BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
 MODEL_SHARD_PREFIX = "power-models-"
+# `python -m NAME` of a package runs its CLI module, which holds `build_parser`.
+CLI_MODULES = {"training.collect": "training.collect.cli", "training.fit": "training.fit.cli"}
 
 # kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
 SCHEDULER_CONFIG_FIELDS = {
@@ -500,7 +502,7 @@ def test_trainer_steps_parse_with_each_tools_own_parser() -> None:
     assert [step[2] for step in steps] == ["training.collect", "training.fit", "training.publish"]
     parsed = {}
     for step in steps:
-        module = importlib.import_module(step[2])
+        module = importlib.import_module(CLI_MODULES.get(step[2], step[2]))
         parsed[step[2]] = module.build_parser().parse_args(step[3:])
     # Each step reads what the one before wrote.
     assert parsed["training.fit"].input == parsed["training.collect"].out
@@ -621,7 +623,7 @@ def test_the_operations_guide_commands_parse() -> None:
     modules = {words[2] for words in commands}
     assert {"training.collect", "training.fit", "training.publish"} <= modules
     for words in commands:
-        module = importlib.import_module(words[2])
+        module = importlib.import_module(CLI_MODULES.get(words[2], words[2]))
         module.build_parser().parse_args(words[3:])  # exits (fails the test) on a bad flag
         if words[2] == "training.publish":
             args = module.build_parser().parse_args(words[3:])

@@ -16,7 +16,8 @@ import pytest
 
 from predictor.bundle import MANIFEST_NAME
 from predictor.model import Predictor
-from predictor.reload import BundleWatcher, ModelHolder, validate_predictor
+from predictor.reload import BundleWatcher, ModelHolder
+from predictor.validation import validate_predictor
 from tests.support.bundles import (
     KubeletMount,
     PowerCurveSpec,

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from livedata.metrics_table import CONTRACT_COLUMNS
 from training.dataset import (
-    CONTRACT_COLUMNS,
     clean_metrics,
     load_metrics,
     stream_metrics,

@@ -24,6 +24,7 @@ import pytest
 
 from extender.state import ClusterState
 from extender.telemetry import TelemetryPoller
+from livedata.collect_config import CollectConfig
 from tests.support.exporters import Exporter, two_nodes, wait_until
 from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import (
@@ -32,7 +33,6 @@ from tests.support.prometheus import (
     require_prometheus,
     start_prometheus,
 )
-from training.collect import CollectConfig
 
 
 @pytest.fixture

@@ -32,23 +32,22 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from livedata.metrics_table import (
+    CONTRACT_COLUMNS,
+    CPU2_TEMP_C,
+    CPU_UTIL,
+    NODE,
+    OPTIONAL_COLUMNS,
+    POWER_W,
+    TEMPERATURE_COLUMNS,
+    TIMESTAMP,
+    VALUE_COLUMNS,
+)
+
 log = logging.getLogger(__name__)
 
-CONTRACT_COLUMNS: tuple[str, ...] = (
-    "node",
-    "timestamp",
-    "cpu_util",
-    "ambient_temp_c",
-    "cpu1_temp_c",
-    "cpu2_temp_c",
-    "power_w",
-)
-FEATURES: tuple[str, ...] = ("cpu_util", "ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
-
-OPTIONAL_COLUMNS: tuple[str, ...] = ("cpu2_temp_c",)  # empty on one-socket nodes
+# The contract's column names live in livedata.metrics_table; these say how cleaning treats them.
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONTRACT_COLUMNS if c not in OPTIONAL_COLUMNS)
-NUMERIC_COLUMNS: tuple[str, ...] = (*FEATURES, "power_w")
-TEMPERATURE_COLUMNS: tuple[str, ...] = ("ambient_temp_c", "cpu1_temp_c", "cpu2_temp_c")
 
 MAX_POWER_W = 20_000.0  # no single node draws 20 kW: such a reading is a unit or sensor error
 TEMPERATURE_RANGE_C = (-40.0, 150.0)  # what BMC sensors can physically report
@@ -160,8 +159,8 @@ def _read_one(file: Path) -> pd.DataFrame:
     first_line = 2 if file.suffix.lower() == ".csv" else 1
     frame.columns = [str(column).strip() for column in frame.columns]
     check_columns(frame.columns, where=f"file {file}")
-    if "cpu2_temp_c" not in frame.columns:
-        log.info("file %s has no cpu2_temp_c column: its nodes are taken as one-socket", file)
+    if CPU2_TEMP_C not in frame.columns:
+        log.info("file %s has no %s column: its nodes are taken as one-socket", file, CPU2_TEMP_C)
     if frame.empty:
         raise MetricsInputError(f"file {file} has no rows")
     frame[SOURCE_COLUMN] = str(file)
@@ -197,7 +196,7 @@ def _node_names_in(file: Path) -> set[str]:
     header = list(_read_raw(file, header_only=True).columns)
     stripped = [str(column).strip() for column in header]
     check_columns(stripped, where=f"file {file}")
-    node_column = header[stripped.index("node")]
+    node_column = header[stripped.index(NODE)]
     names = _read_raw(file, columns=[node_column]).iloc[:, 0]
     return set(names.astype("string").str.strip().dropna().unique()) - {""}
 
@@ -313,7 +312,7 @@ def write_metrics(frame: pd.DataFrame, out: str | Path) -> None:
     if suffix == ".parquet":
         frame.to_parquet(out, index=False)
         return
-    stamps = frame["timestamp"].dt.tz_convert("UTC")
+    stamps = frame[TIMESTAMP].dt.tz_convert("UTC")
     has_fraction = bool((stamps != stamps.dt.floor("s")).any())
     rfc3339 = "%Y-%m-%dT%H:%M:%S.%fZ" if has_fraction else "%Y-%m-%dT%H:%M:%SZ"
     frame.assign(timestamp=stamps.dt.strftime(rfc3339)).to_csv(out, index=False)
@@ -454,9 +453,9 @@ def clean_metrics(
         raw = raw.assign(**{SOURCE_COLUMN: source, LINE_COLUMN: np.arange(1, len(raw) + 1)})
     if raw.empty:
         raise MetricsInputError(f"{source} has no rows")
-    if "cpu2_temp_c" not in raw.columns:
-        log.info("%s has no cpu2_temp_c column: every node is taken as one-socket", source)
-        raw = raw.assign(cpu2_temp_c=np.nan)
+    if CPU2_TEMP_C not in raw.columns:
+        log.info("%s has no %s column: every node is taken as one-socket", source, CPU2_TEMP_C)
+        raw = raw.assign(**{CPU2_TEMP_C: np.nan})
 
     source_of_row = raw[SOURCE_COLUMN].astype(str).to_numpy()
     sources = list(dict.fromkeys(source_of_row))
@@ -465,21 +464,21 @@ def clean_metrics(
     contract_cells = np.column_stack([_empty_mask(raw[c]) for c in CONTRACT_COLUMNS])
     drops.drop("blank_line", contract_cells.all(axis=1), None)
 
-    node = raw["node"].astype("string").str.strip().fillna("").astype(object)
-    drops.drop("node_missing", (node == "").to_numpy(dtype=bool), "node")
+    node = raw[NODE].astype("string").str.strip().fillna("").astype(object)
+    drops.drop("node_missing", (node == "").to_numpy(dtype=bool), NODE)
 
-    stamps, empty, unparseable, out_of_range = _parse_timestamps(raw["timestamp"])
+    stamps, empty, unparseable, out_of_range = _parse_timestamps(raw[TIMESTAMP])
     for bad, problem, hint in (
         (unparseable, "is not an RFC 3339 time", RIGHT_COLUMN),
         (out_of_range, "is not Unix seconds (1970..2100)", "milliseconds? Give Unix seconds"),
     ):
-        _refuse_mostly_bad_column("timestamp", bad, empty, drops, source_of_row, problem, hint)
-    drops.drop("timestamp_missing", empty, "timestamp")
-    drops.drop("timestamp_unparseable", unparseable, "timestamp")
-    drops.drop("timestamp_out_of_range", out_of_range, "timestamp", "Unix seconds 1970..2100")
+        _refuse_mostly_bad_column(TIMESTAMP, bad, empty, drops, source_of_row, problem, hint)
+    drops.drop("timestamp_missing", empty, TIMESTAMP)
+    drops.drop("timestamp_unparseable", unparseable, TIMESTAMP)
+    drops.drop("timestamp_out_of_range", out_of_range, TIMESTAMP, "Unix seconds 1970..2100")
 
     values: dict[str, np.ndarray] = {}
-    for column in NUMERIC_COLUMNS:
+    for column in VALUE_COLUMNS:
         numbers, empty, non_numeric = _parse_numeric(raw[column])
         _refuse_mostly_bad_column(
             column, non_numeric, empty, drops, source_of_row, "is not a number", RIGHT_COLUMN
@@ -489,35 +488,35 @@ def clean_metrics(
             drops.drop(f"{column}_missing", empty, column)
         values[column] = numbers
 
-    util = values["cpu_util"]
+    util = values[CPU_UTIL]
     if cpu_util_percent:
         if np.nanmax(np.where(drops.alive, util, np.nan), initial=0.0) <= 1.0:
             log.warning("cpu_util_percent is set but every cpu_util is <= 1: already fractions?")
         util = util / 100.0
-        values["cpu_util"] = util
+        values[CPU_UTIL] = util
     else:
         _refuse_percent_utilisation(util, drops, source_of_row)
 
-    power_w = values["power_w"]
+    power_w = values[POWER_W]
     with np.errstate(invalid="ignore"):
-        drops.drop("power_w_negative", power_w < 0, "power_w")
-        drops.drop("power_w_zero", power_w == 0, "power_w", "a BMC reads 0 W when it has none")
-        drops.drop("power_w_absurd", power_w > MAX_POWER_W, "power_w", "over 20 kW")
-        drops.drop("cpu_util_out_of_range", ~((util >= 0) & (util <= 1)), "cpu_util", "0..1")
+        drops.drop("power_w_negative", power_w < 0, POWER_W)
+        drops.drop("power_w_zero", power_w == 0, POWER_W, "a BMC reads 0 W when it has none")
+        drops.drop("power_w_absurd", power_w > MAX_POWER_W, POWER_W, "over 20 kW")
+        drops.drop("cpu_util_out_of_range", ~((util >= 0) & (util <= 1)), CPU_UTIL, "0..1")
         low_c, high_c = TEMPERATURE_RANGE_C
         for column in TEMPERATURE_COLUMNS:
             temp_c = values[column]
             outside = ~np.isnan(temp_c) & ~((temp_c >= low_c) & (temp_c <= high_c))
             drops.drop(f"{column}_out_of_range", outside, column, "-40..150 C")
 
-    frame = pd.DataFrame({"node": node, "timestamp": stamps, **values})[list(CONTRACT_COLUMNS)]
+    frame = pd.DataFrame({NODE: node, TIMESTAMP: stamps, **values})[list(CONTRACT_COLUMNS)]
     alive_index = np.flatnonzero(drops.alive)
     duplicate = np.zeros(len(raw), dtype=bool)
-    repeated = frame.iloc[alive_index].duplicated(["node", "timestamp"], keep="first").to_numpy()
+    repeated = frame.iloc[alive_index].duplicated([NODE, TIMESTAMP], keep="first").to_numpy()
     duplicate[alive_index[repeated]] = True
-    drops.drop("duplicate_timestamp", duplicate, "timestamp", "same node and timestamp as before")
+    drops.drop("duplicate_timestamp", duplicate, TIMESTAMP, "same node and timestamp as before")
 
-    kept = frame[drops.alive].sort_values(["node", "timestamp"], kind="stable")
+    kept = frame[drops.alive].sort_values([NODE, TIMESTAMP], kind="stable")
     kept = kept.reset_index(drop=True)
     cleaned = CleanedMetrics(
         frame=kept,
@@ -535,7 +534,7 @@ def clean_metrics(
             "kept %d of %d rows (%d nodes) from %d source(s); dropped %d",
             len(kept),
             len(raw),
-            kept["node"].nunique(),
+            kept[NODE].nunique(),
             len(sources),
             len(raw) - len(kept),
         )
@@ -595,6 +594,6 @@ def _refuse_percent_utilisation(util: np.ndarray, drops: _Drops, source_of_row: 
                 raise MetricsInputError(
                     f"{source}: cpu_util looks like a percentage (0..100), not a fraction 0..1: "
                     f"{count} of {valid} values are above {PERCENT_LIKE_ABOVE:g}, "
-                    f"e.g. {drops.cell(first, 'cpu_util')}. Divide it by 100, or "
+                    f"e.g. {drops.cell(first, CPU_UTIL)}. Divide it by 100, or "
                     "pass cpu_util_percent=True (training.fit: --cpu-util-percent)"
                 )

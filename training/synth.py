@@ -2,7 +2,7 @@
 
 Training, the benchmarks and the shipped default bundle need a fleet's worth of metrics that
 behaves like real BMC telemetry, without a cluster. This module owns that: it turns a seed into
-a table with the contract-1 columns (see `training.dataset.CONTRACT_COLUMNS`).
+a table with the contract-1 columns (see `livedata.metrics_table.CONTRACT_COLUMNS`).
 
 What makes it look real, and why each part is there:
 
@@ -34,7 +34,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training.dataset import CONTRACT_COLUMNS, write_metrics
+from livedata.metrics_table import (
+    AMBIENT_TEMP_C,
+    CONTRACT_COLUMNS,
+    CPU1_TEMP_C,
+    CPU2_TEMP_C,
+    CPU_UTIL,
+    NODE,
+    POWER_W,
+    TIMESTAMP,
+)
+from training.dataset import write_metrics
 
 log = logging.getLogger("training.synth")
 
@@ -287,13 +297,13 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
     node_index, step_index = np.nonzero(delivered)
     frame = pd.DataFrame(
         {
-            "node": np.asarray(spec.names, dtype=object)[node_index],
-            "timestamp": START + pd.to_timedelta(elapsed_s[step_index], unit="s"),
-            "cpu_util": np.round(util[delivered], 4),
-            "ambient_temp_c": ambient_c[delivered],
-            "cpu1_temp_c": cpu1_c[delivered],
-            "cpu2_temp_c": cpu2_c[delivered],
-            "power_w": power_w[delivered],
+            NODE: np.asarray(spec.names, dtype=object)[node_index],
+            TIMESTAMP: START + pd.to_timedelta(elapsed_s[step_index], unit="s"),
+            CPU_UTIL: np.round(util[delivered], 4),
+            AMBIENT_TEMP_C: ambient_c[delivered],
+            CPU1_TEMP_C: cpu1_c[delivered],
+            CPU2_TEMP_C: cpu2_c[delivered],
+            POWER_W: power_w[delivered],
         },
         columns=list(CONTRACT_COLUMNS),
     )
@@ -326,7 +336,7 @@ def write_fleet_files(
         file_seed = int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
         frame = synth_fleet(len(batch_names), hours, step_s, file_seed)
         local = dict(zip(node_names(len(batch_names)), batch_names, strict=True))
-        frame["node"] = frame["node"].map(local)
+        frame[NODE] = frame[NODE].map(local)
         files.append(Path(out_dir) / f"nodes-{index:0{width}d}.parquet")
         write_metrics(frame, files[-1])
     return files

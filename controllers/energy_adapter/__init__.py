@@ -61,7 +61,7 @@ from controllers.energy_adapter.readings import (
 )
 
 # What a pass raises when Prometheus fails (besides the API's ApiException and OSError).
-from training.collect import CollectError
+from livedata.prometheus import CollectError
 
 __all__ = [
     "DEFAULT_HYSTERESIS_PCT",

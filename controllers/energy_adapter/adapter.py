@@ -35,8 +35,9 @@ from controllers.energy_adapter.policy import (
     plan_node_patch,
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY, BatteryReadings, read_batteries
+from livedata.collect_config import CollectConfig
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL, POWERLESS
-from training.collect import CollectConfig, CollectError
+from livedata.prometheus import CollectError
 
 # One logger name for the whole process (every module of the package), for log filters.
 log = logging.getLogger(__package__)

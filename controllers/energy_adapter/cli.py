@@ -26,10 +26,11 @@ from controllers.energy_adapter.policy import (
     POWERLESS_TAINT_KEY,
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
+from livedata.collect_config import CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, kube_api_client
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL
 from livedata.logs import LOG_FORMATS, configure_logging
-from training.collect import CollectConfigError, CollectError, parse_duration_s
+from livedata.prometheus import CollectError
 
 log = logging.getLogger(__package__)
 

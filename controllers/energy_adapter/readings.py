@@ -11,14 +11,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from training.collect import (
-    CollectConfig,
-    PrometheusReader,
-    Series,
-    host_nodes_from_uname,
-    node_of,
-    uname_query,
-)
+from livedata.collect_config import CollectConfig, uname_query
+from livedata.node_mapping import host_nodes_from_uname, node_of
+from livedata.prometheus import PrometheusReader, Series
 
 DEFAULT_QUERY = "node_power_supply_capacity"
 

@@ -1,0 +1,388 @@
+"""Fitting one node: its rows, the candidate families, the checks, the chosen model.
+
+For a node's cleaned rows (`NodeRows`, oldest first): split them chronologically (the newest
+`test_fraction` held out), fit every candidate family on the older rows, rank by held-out MAE,
+keep the best one that passes the checks (never falling along utilisation; plausible on the
+extender's probe grid, `predictor.validation.probe_model`), convert it to ONNX and check it
+against scikit-learn. `fit_node` does all of it in a worker process and returns a `FitOutcome`;
+the fleet fallback (`training.fit.fleet`) is chosen the same way and has the same outcome type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+
+from livedata.metrics_table import (
+    AMBIENT_TEMP_C,
+    CPU_TEMPERATURE_COLUMNS,
+    CPU_UTIL,
+    FEATURES,
+    NODE,
+    POWER_W,
+    TIMESTAMP,
+)
+from predictor.bundle import THERMAL_SUFFIX, BundleError
+from predictor.validation import probe_model
+from training.export import ParityResult, check_parity, model_to_onnx
+from training.families import (
+    Family,
+    fit_family,
+    max_power_drop_w,
+    resolve_families,
+    thermal_slope_c_per_util,
+)
+from training.fit.settings import FLEXIBLE_MARGIN, FitError, FitSettings
+from training.report import IdleToMaxLine, error_metrics
+
+UTIL_CHECK_GRID = np.linspace(0.0, 1.0, 101)
+FALLBACK_NAME = "(fleet fallback)"  # the `node` of the fleet fallback's rows and outcome
+
+
+@dataclass
+class NodeRows:
+    """One node's rows, oldest first: float32 features in manifest order, watts, Unix seconds."""
+
+    node: str
+    time_s: np.ndarray
+    features: np.ndarray
+    power_w: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.power_w)
+
+    def take(self, index: np.ndarray | slice) -> NodeRows:
+        return NodeRows(self.node, self.time_s[index], self.features[index], self.power_w[index])
+
+
+@dataclass
+class FitOutcome:
+    """What fitting one node, or the fleet fallback, leaves behind (no scikit-learn objects:
+    they stay in the worker). The fallback's has `node` `FALLBACK_NAME` and no baseline,
+    windows, held-out series or evaluation rows."""
+
+    node: str
+    rows_train: int
+    rows_test: int
+    family: str | None = None  # None: the node is served by the fleet fallback
+    fallback_reason: str | None = None
+    onnx: bytes | None = None
+    parity: ParityResult | None = None
+    metrics: dict = field(default_factory=dict)
+    baseline: dict | None = None
+    candidates: list[dict] = field(default_factory=list)
+    monotonic: dict = field(default_factory=dict)
+    thermal: dict[str, float] = field(default_factory=dict)
+    power_range_w: list[float] = field(default_factory=list)
+    train_window: list[str] = field(default_factory=list)
+    test_window: list[str] = field(default_factory=list)
+    heldout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # time_s, measured, predicted
+    eval_rows: NodeRows | None = None  # rows the fallback is judged on, for fallback nodes
+
+
+# --- a node's rows --------------------------------------------------------------------------------
+
+
+def heldout_start_index(n_rows: int, test_fraction: float) -> int:
+    """Index of the first held-out row: the newest ceil(n * fraction) rows (at least one)."""
+    n_test = min(n_rows - 1, max(1, math.ceil(n_rows * test_fraction)))
+    return n_rows - n_test
+
+
+def fill_features(features: np.ndarray, fill: Mapping[str, str]) -> np.ndarray:
+    """Fill each empty target column from its source (e.g. cpu2 from cpu1 on one-socket nodes)."""
+    for target, source in fill.items():
+        t, src = FEATURES.index(target), FEATURES.index(source)
+        empty = np.isnan(features[:, t])
+        features[empty, t] = features[empty, src]
+    return features
+
+
+def unfillable_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> np.ndarray:
+    """Rows where a feature is still missing after the fill (no telemetry: not usable)."""
+    missing = np.zeros(len(frame), dtype=bool)
+    for feature in FEATURES:
+        gap = frame[feature].isna().to_numpy()
+        if feature in fill:
+            gap = gap & frame[fill[feature]].isna().to_numpy()
+        missing |= gap
+    return missing
+
+
+def iter_node_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> Iterator[NodeRows]:
+    """One `NodeRows` per node, sorted by name, rows oldest first, feature fill applied.
+
+    The columns are turned into arrays once and each node gets slices of them: no per-node
+    DataFrame copies, no whole-table copy to fill one column (cleaning already sorted the table
+    by node and time; an unsorted table is sorted once).
+    """
+    if not frame[NODE].is_monotonic_increasing:
+        frame = frame.sort_values([NODE, TIMESTAMP], kind="stable")
+    names = frame[NODE].to_numpy()
+    time_s = (frame[TIMESTAMP] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+    features = frame[list(FEATURES)].to_numpy(np.float32)
+    power_w = frame[POWER_W].to_numpy(np.float64)
+    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else []
+    for start, end in zip(starts, [*starts[1:], len(names)], strict=True):
+        order = np.argsort(time_s[start:end], kind="stable") + start
+        yield NodeRows(
+            node=str(names[start]),
+            time_s=time_s[order],
+            features=fill_features(features[order], fill),
+            power_w=power_w[order],
+        )
+
+
+def rfc3339(time_s: float) -> str:
+    return datetime.fromtimestamp(float(time_s), tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+# --- checks ---------------------------------------------------------------------------------------
+
+
+def monotonic_verdict(
+    model,
+    typical_features: np.ndarray,
+    tolerance_w: float,
+    thermal: Mapping[str, float] | None = None,
+) -> dict:
+    """Does predicted power never fall as utilisation rises 0 -> 1?
+
+    Checked at the typical temperatures held fixed and, when the node has thermal slopes, also
+    with the CPU temperatures following utilisation as the predictor tabulates P(u); both must
+    pass.
+    """
+    drop_w = max_power_drop_w(model, UTIL_CHECK_GRID, typical_features)
+    slopes = {
+        FEATURES.index(key.removesuffix(THERMAL_SUFFIX)): slope
+        for key, slope in (thermal or {}).items()
+    }
+    along_w = max_power_drop_w(model, UTIL_CHECK_GRID, typical_features, slopes) if slopes else 0.0
+    temps = {
+        name: round(float(v), 2) for name, v in zip(FEATURES[1:], typical_features[1:], strict=True)
+    }
+    return {
+        "verdict": "pass" if max(drop_w, along_w) <= tolerance_w else "fail",
+        "max_drop_w": round(drop_w, 4),
+        "max_drop_along_thermal_w": round(along_w, 4),
+        "tolerance_w": tolerance_w,
+        "at_temps_c": temps,
+    }
+
+
+def extender_probe_verdict(model, thermal: Mapping[str, float] | None, node: str) -> str:
+    """ "pass", or why the extender would refuse this model when it loads the bundle.
+
+    The extender validates every model on a fixed grid of temperatures before serving a bundle
+    (`predictor.validation.probe_model`), and refuses the whole bundle for one bad model; running
+    the same check here means training never writes a bundle the extender refuses.
+    """
+    slopes = {key.removesuffix(THERMAL_SUFFIX): slope for key, slope in (thermal or {}).items()}
+    try:
+        probe_model(model.predict, FEATURES, slopes, where=f"node {node!r} model")
+    except BundleError as exc:
+        return str(exc)
+    return "pass"
+
+
+def node_thermal(rows: NodeRows) -> dict[str, float]:
+    """Per-CPU thermal slope (degrees C per unit utilisation) for the manifest's `thermal`."""
+    util = rows.features[:, FEATURES.index(CPU_UTIL)].astype(np.float64)
+    ambient = rows.features[:, FEATURES.index(AMBIENT_TEMP_C)].astype(np.float64)
+    thermal = {}
+    for name in CPU_TEMPERATURE_COLUMNS:
+        temp = rows.features[:, FEATURES.index(name)].astype(np.float64)
+        slope = thermal_slope_c_per_util(util, ambient, temp)
+        if slope is not None:
+            thermal[f"{name}{THERMAL_SUFFIX}"] = round(slope, 3)
+    return thermal
+
+
+def largest_util_gap(util: np.ndarray) -> float:
+    """Widest utilisation interval (within the seen range) that holds no row."""
+    seen = np.unique(np.asarray(util, dtype=np.float64))
+    return float(np.max(np.diff(seen))) if len(seen) > 1 else 0.0
+
+
+# --- choosing a family ----------------------------------------------------------------------------
+
+
+def rank_candidates(candidates: Sequence[dict], families: Sequence[Family]) -> list[dict]:
+    """Order by held-out MAE; a flexible family must beat the best smooth one by the margin."""
+    kind = {family.name: family.kind for family in families}
+    smooth_best = min(
+        (c["metrics"]["mae_w"] for c in candidates if kind[c["family"]] == "smooth"),
+        default=math.inf,
+    )
+
+    def key(candidate: dict) -> tuple[float, int]:
+        mae_w = candidate["metrics"]["mae_w"]
+        if kind[candidate["family"]] == "flexible" and mae_w > smooth_best * (1 - FLEXIBLE_MARGIN):
+            mae_w = max(mae_w, smooth_best) + 1e-9  # not better enough: rank after the smooth one
+        return (mae_w, [f.name for f in families].index(candidate["family"]))
+
+    return sorted(candidates, key=key)
+
+
+def choose_model(
+    train: NodeRows,
+    test: NodeRows,
+    settings: FitSettings,
+    extra_families: Sequence[str] = (),
+    thermal: Mapping[str, float] | None = None,
+) -> tuple[object | None, dict | None, list[dict], dict]:
+    """Fit every family, pick the best monotonic one. Returns (model, choice, candidates, check).
+
+    `model` is None when no family passes the monotonicity check.
+    """
+    names = list(settings.families) + [n for n in extra_families if n not in settings.families]
+    families = resolve_families(names)
+    typical = np.median(train.features, axis=0)
+    fitted = {}
+    candidates: list[dict] = []
+    skipped: list[dict] = []
+    util_gap = largest_util_gap(train.features[:, FEATURES.index(CPU_UTIL)])
+    for family in families:
+        if family.kind == "flexible" and util_gap > settings.flexible_max_util_gap:
+            skipped.append(
+                {
+                    "family": family.name,
+                    "skipped": f"training utilisation has a gap of {util_gap:.3f} with no rows "
+                    f"(> {settings.flexible_max_util_gap}); trees would be flat across it",
+                }
+            )
+            continue
+        fit_rows = train
+        if family.kind == "flexible" and len(train) > settings.flexible_max_rows:
+            rng = np.random.default_rng(settings.seed)
+            pick = rng.choice(len(train), settings.flexible_max_rows, replace=False)
+            fit_rows = train.take(np.sort(pick))
+        model = fit_family(family, fit_rows.features, fit_rows.power_w, settings.seed)
+        predicted_w = model.predict(test.features)
+        check = monotonic_verdict(model, typical, settings.monotonic_tolerance_w, thermal)
+        check["extender_probe"] = extender_probe_verdict(model, thermal, train.node)
+        if check["extender_probe"] != "pass":
+            check["verdict"] = "fail"
+        fitted[family.name] = (model, predicted_w)
+        candidates.append(
+            {
+                "family": family.name,
+                "metrics": error_metrics(test.power_w, predicted_w),
+                "monotonic": check["verdict"],
+                "max_drop_w": check["max_drop_w"],
+                "check": check,
+            }
+        )
+    if not candidates:
+        raise FitError(f"{train.node}: no model family applies: {skipped[0]['skipped']}")
+    ranked = rank_candidates(candidates, families)
+    for candidate in ranked:
+        if candidate["monotonic"] != "pass":
+            continue
+        model, predicted_w = fitted[candidate["family"]]
+        if settings.max_model_bytes is not None:
+            # Size is only known once converted; the winner's ONNX is kept for fit_node.
+            onnx = model_to_onnx(model, train.features.shape[1])
+            candidate["onnx_bytes"] = len(onnx)
+            if len(onnx) > settings.max_model_bytes:
+                candidate["over_max_model_bytes"] = True
+                continue
+            candidate["onnx"] = onnx
+        return model, candidate, _public(candidates) + skipped, candidate["check"]
+    # every family dips somewhere (or is too large): report the best-ranked one's check
+    return None, None, _public(candidates) + skipped, ranked[0]["check"]
+
+
+def _public(candidates: list[dict]) -> list[dict]:
+    return [{k: v for k, v in c.items() if k not in ("check", "onnx")} for c in candidates]
+
+
+def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
+    """Why `choose_model` found no model: every family dips, or the ones that don't are large."""
+    if any(c.get("over_max_model_bytes") for c in candidates):
+        return (
+            "no family passed the monotonicity check with an ONNX within --max-model-bytes "
+            f"{settings.max_model_bytes}"
+        )
+    return "no family passed the monotonicity check"
+
+
+def choose_model_or_last_resort(
+    train: NodeRows,
+    test: NodeRows,
+    settings: FitSettings,
+    extra_families: Sequence[str] = (),
+    thermal: Mapping[str, float] | None = None,
+) -> tuple[object | None, dict | None, list[dict], dict]:
+    """`choose_model` over the smooth families, then over the last-resort ones if none passed.
+
+    The candidates list holds both rounds; the check is the passing model's, else the first's.
+    """
+    model, choice, candidates, check = choose_model(train, test, settings, extra_families, thermal)
+    last_resort = [f for f in settings.last_resort_families if f not in settings.families]
+    if model is not None or not last_resort:
+        return model, choice, candidates, check
+    try:
+        model, choice, more_candidates, last_check = choose_model(
+            train, test, replace(settings, families=tuple(last_resort)), thermal=thermal
+        )
+    except FitError as exc:  # e.g. trees ruled out by a gap in utilisation
+        more_candidates = [{"family": ",".join(last_resort), "skipped": str(exc)}]
+    else:
+        if model is not None:
+            check = last_check
+    return model, choice, candidates + more_candidates, check
+
+
+# --- one node, start to end -----------------------------------------------------------------------
+
+
+def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
+    """Everything one node needs: split, fit, choose, check, convert, parity. Runs in a worker."""
+    n_rows = len(rows)
+    power_range_w = [round(float(rows.power_w.min()), 2), round(float(rows.power_w.max()), 2)]
+    if n_rows < max(settings.min_rows, 2):
+        return FitOutcome(
+            node=rows.node,
+            rows_train=0,
+            rows_test=n_rows,
+            fallback_reason=f"{n_rows} clean rows < --min-rows {settings.min_rows}",
+            thermal=node_thermal(rows),
+            power_range_w=power_range_w,
+            eval_rows=rows,
+        )
+    start = heldout_start_index(n_rows, settings.test_fraction)
+    train, test = rows.take(slice(0, start)), rows.take(slice(start, None))
+    outcome = FitOutcome(
+        node=rows.node,
+        rows_train=len(train),
+        rows_test=len(test),
+        thermal=node_thermal(train),
+        power_range_w=power_range_w,
+        train_window=[rfc3339(train.time_s[0]), rfc3339(train.time_s[-1])],
+        test_window=[rfc3339(test.time_s[0]), rfc3339(test.time_s[-1])],
+    )
+    line = IdleToMaxLine.from_train(train.features[:, 0], train.power_w)
+    outcome.baseline = {
+        **error_metrics(test.power_w, line.predict_w(test.features[:, 0])),
+        "idle_w": round(line.idle_w, 2),
+        "max_w": round(line.max_w, 2),
+    }
+    model, choice, outcome.candidates, outcome.monotonic = choose_model_or_last_resort(
+        train, test, settings, thermal=outcome.thermal
+    )
+    if model is None:
+        outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
+        outcome.eval_rows = test
+        return outcome
+    outcome.family = choice["family"]
+    outcome.metrics = choice["metrics"]
+    outcome.onnx = choice.pop("onnx", None) or model_to_onnx(model, rows.features.shape[1])
+    outcome.parity = check_parity(rows.node, model, outcome.onnx, test.features)
+    outcome.heldout = (test.time_s, test.power_w, np.asarray(model.predict(test.features)))
+    return outcome
