@@ -63,7 +63,7 @@ from extender.demand import pod_cpu_demand_cores
 from extender.protocol import encode, parse_extender_args, prioritize_result_arrays
 from extender.runtime import Runtime
 from extender.scoring import assess
-from extender.snapshot import DEMO_CLUSTER_FILE
+from extender.sources.snapshot import DEMO_CLUSTER_FILE
 from predictor.bundle import read_bundle, write_bundle
 from predictor.model import Predictor
 from training.export import model_to_onnx

@@ -24,7 +24,7 @@ from extender.app import create_app
 from extender.config import ConfigError, ExtenderConfig, parse_config
 from extender.profile import ProfileError
 from extender.runtime import Runtime, build_live_sources
-from extender.snapshot import SnapshotError
+from extender.sources.snapshot import SnapshotError
 from livedata.logs import configure_logging
 
 log = logging.getLogger("extender")

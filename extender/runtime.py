@@ -30,7 +30,7 @@ from extender.config import ExtenderConfig
 from extender.metrics import ServiceMetrics, StateSample
 from extender.plugins.base import LiveSource, SourceContext
 from extender.profile import Profile, ProfileError, load_profile
-from extender.snapshot import demo_snapshot, load_into, read_snapshot
+from extender.sources.snapshot import demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
@@ -444,7 +444,7 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
     """Kubernetes watches and the Prometheus poller for live mode (thin wiring only)."""
     from kubernetes import client
 
-    from extender.kube import ClusterWatcher
+    from extender.sources.kube_watch import ClusterWatcher
     from livedata.kube_client import kube_api_client
 
     # The collect settings first: a bad --collect-config is the likelier mistake to report.
@@ -457,7 +457,7 @@ def build_live_sources(runtime: Runtime) -> list[LiveSource]:
 
 
 def _prometheus_source(runtime: Runtime) -> LiveSource:
-    from extender.telemetry import TelemetryPoller
+    from extender.sources.telemetry import TelemetryPoller
     from livedata.collect_config import load_collect_config
 
     config = runtime.config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.snapshot import SnapshotError, demo_snapshot, load_into, read_snapshot
+from extender.sources.snapshot import SnapshotError, demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
 from livedata.labels import ENERGY_LABEL
 

@@ -45,7 +45,7 @@ from extender.__main__ import prepare
 from extender.app import create_app
 from extender.config import ExtenderConfig
 from extender.runtime import Runtime
-from extender.telemetry import TelemetryPoller
+from extender.sources.telemetry import TelemetryPoller
 from tests.support.bundles import PowerCurveSpec, edit_manifest, make_bundle
 from tests.support.exporters import two_nodes, wait_until
 from tests.support.fake_kube import FakeKube

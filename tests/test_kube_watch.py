@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from kubernetes import client
 
-from extender.kube import ClusterWatcher, node_info_from_object, pod_bound_at_s
 from extender.plugins.energy_level import ENERGY_LEVEL, EnergyLevel
+from extender.sources.kube_watch import ClusterWatcher, node_info_from_object, pod_bound_at_s
 from extender.state import ClusterState
 from tests.support.fake_kube import FakeKube
 

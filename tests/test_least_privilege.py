@@ -32,7 +32,7 @@ def _rights(
 
 # What each component does with the API (the code that does it in parentheses).
 NEEDED: dict[str, set[Right]] = {
-    # Node and Pod list+watch for its node view and recently bound pods (extender.kube).
+    # Node and Pod list+watch: node view and recently bound pods (extender.sources.kube_watch).
     "power-extender": _rights(CLUSTER, "", ("nodes", "pods"), READ),
     # Reads nodes, patches the energy-status label and powerless taint (controllers.energy_adapter).
     "energy-adapter": _rights(CLUSTER, "", ("nodes",), ("get", "list", "patch")),

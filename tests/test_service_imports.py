@@ -85,7 +85,7 @@ def _live_args(tmp_path: Path) -> list[str]:
 def test_the_service_starts_without_training_libraries(mode: str, tmp_path: Path) -> None:
     args = {
         "demo": [],
-        "snapshot": ["--cluster", str(REPO_ROOT / "extender" / "demo_cluster.json")],
+        "snapshot": ["--cluster", str(REPO_ROOT / "extender" / "sources" / "demo_cluster.json")],
         "live": _live_args(tmp_path),
     }[mode]
     started = _start(args)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from extender.sources.telemetry import TelemetryPoller
 from extender.state import ClusterState
-from extender.telemetry import TelemetryPoller
 from livedata.collect_config import CollectConfig
 from tests.support.exporters import Exporter, two_nodes, wait_until
 from tests.support.fake_kube import FakeKube

@@ -63,7 +63,7 @@ REQUEST_ANNOTATIONS = [{}, {"power-aware-scheduler/max-power-w": "60"}, {}, {}]
 
 def snapshot_document() -> dict:
     """The demo cluster plus nodes that exercise the edge cases."""
-    demo = json.loads((REPO_ROOT / "extender" / "demo_cluster.json").read_text())
+    demo = json.loads((REPO_ROOT / "extender" / "sources" / "demo_cluster.json").read_text())
     nodes = demo["nodes"] + [
         # Unknown energy label, a cap that every placement exceeds, no telemetry.
         {
