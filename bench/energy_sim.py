@@ -1,7 +1,8 @@
 """Energy saved against kube-scheduler's default placement, with the real extender in the loop.
 
-    python -m bench.energy_sim [--nodes 16] [--hours 24] [--load 0.45] [--seed 7]
-                               [--trace pods.csv] [--json summary.json]
+    python -m bench.energy_sim [--preset default] [--policies a,b,...] [--nodes 16]
+                               [--hours 24] [--load 0.45] [--seed 7] [--trace pods.csv]
+                               [--json summary.json]
 
 A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
 
@@ -18,7 +19,7 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    NodeResourcesFit + LeastAllocated + BalancedAllocation, `bench.sim.kube_default`),
    `random`, `power-aware` (our extender over HTTP: a real uvicorn server on 127.0.0.1 running
    `extender.app.create_app` on a `Runtime` whose clock is the simulated clock),
-   `power-aware-battery` (the same, while battery nodes' `energy-status` labels change), and
+   `power-aware+battery` (the same, while battery nodes' `energy-status` labels change), and
    `oracle` (the extender's ranking computed from the simulator's true curves and requested
    load: what model error and telemetry lag cost, not a deployable policy; the ceiling line
    below is the bound on every policy). On request (--policies), `cheapest`: the node whose
@@ -26,9 +27,17 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    per-pod greedy placement reaches at best); and `rescheduling`: `cheapest` plus free,
    instant moves of running pods to cheaper nodes every --reschedule-every seconds (an
    optimistic estimate of what a descheduler consolidating pods could add).
-5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy),
-   `energy_sim_decisions.csv` (every placement decision), and with --json a summary
-   `{"policies": {"default": {"energy_kwh": ..., "unplaced_pods": ...}, ...}}`.
+5. Outputs in --out-dir: `energy_sim_power.png` (cluster power over time per policy; the run
+   goes on --tail-hours after the last arrival so that running pods finish),
+   `energy_sim_decisions.csv` (every placement decision), and with --json the summary of
+   contract 5: `{"settings": {"preset": ..., "seed": ..., "hours": ...}, "policies":
+   {"default": {"energy_kwh": ..., "unplaced_pods": ..., "pod_wait_s": {"p50", "p99",
+   "max"}, "power_cycles_per_node_day": ..., "co2_kg": ..., "delay_violations": ...,
+   "failed_pod_starts": ...}, ...}}`: every policy reports every key (0 where it does not
+   apply), plus more figures (below).
+
+Presets (--preset, `bench.sim.presets`) name the kind of cluster and workload and the policies
+run by default; policies are registered by name in `bench.sim.runner`.
 
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
@@ -37,8 +46,8 @@ The table shows total and dynamic (above-idle) energy, and a ceiling line the le
 placement of the trace could use with every node on (`bench.sim.ceiling`: a lower bound with
 hindsight, fluid load and convex power curves), so a saving can be read against what is
 possible at all. Two parts of each policy's energy that the bound leaves out are shown apart:
-`fans` (kWh fans added) and `abv env` (kWh drawn above the curves' convex envelopes: nodes
-running partly loaded where their curves are concave). `--empty-node-power W` instead lets a
+`fans` (kWh fans added) and `above envelope` (kWh drawn above the curves' convex envelopes:
+nodes running partly loaded where their curves are concave). `--empty-node-power W` instead lets a
 node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
 consolidation is worth when empty nodes can be powered down.
 """
@@ -46,211 +55,35 @@ consolidation is worth when empty nodes can be powered down.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import hashlib
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-import numpy as np
-
+from bench.sim import presets as _presets  # noqa: F401  (registers every preset)
 from bench.sim.ceiling import ceiling_energy_kwh
-from bench.sim.cluster import SimCluster, build_cluster, curve_power_w
-from bench.sim.engine import PolicyResult, SimSettings, simulate
-from bench.sim.policies import (
-    CheapestPolicy,
-    DefaultPolicy,
-    ExtenderPolicy,
-    OraclePolicy,
-    Policy,
-    RandomPolicy,
-    ReschedulingPolicy,
-    SimClock,
+from bench.sim.engine import PolicyResult, SimSettings
+from bench.sim.runner import POLICIES, extender_policy, run_policy
+from bench.sim.scenario import (
+    PRESETS,
+    BenchSettings,
+    apply_preset_defaults,
+    build_scenario,
+    trained_bundle,
 )
-from bench.sim.workload import (
-    OPTIONAL_COLUMNS,
-    REQUIRED_COLUMNS,
-    Trace,
-    TraceError,
-    generate_trace,
-    load_trace_csv,
-)
-from bench.support.server import serve_app
-from extender.app import create_app
-from extender.config import ExtenderConfig
-from extender.runtime import Runtime
-from extender.state import ClusterState, NodeInfo
-from predictor.bundle import BundleError, read_bundle
-from training.dataset import clean_metrics
-from training.fit import FitError, fit_fleet
-from training.synth import synth_fleet
+from bench.sim.workload import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, TraceError
+from predictor.bundle import BundleError
+from training.fit import FitError
 
 log = logging.getLogger("bench.energy_sim")
 
-POLICIES = (
-    "default",
-    "random",
-    "power-aware",
-    "power-aware-battery",
-    "oracle",
-    "cheapest",
-    "rescheduling",
-)
-REFERENCE_POLICIES = ("oracle", "cheapest", "rescheduling")  # priced on the true curves
-DEFAULT_POLICIES = POLICIES[:5]
-BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
-HISTORY_STEP_S = 60.0
 DEFAULT_OUT_DIR = Path("out/energy_sim")
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    nodes: int = 16
-    hours: float = 24.0
-    load: float = 0.45
-    seed: int = 7
-    history_hours: float = 72.0
-    extender_weight: int = 5
-    battery_share: float = 0.25
-    assumed_window_s: float = 120.0
-    reschedule_interval_s: float = 60.0
-
-
-# ---- the extender's model bundle, trained on the sim nodes' synthetic history ------------------
-
-
-def bundle_dir_for(settings: BenchSettings, out_dir: Path) -> Path:
-    key = json.dumps(
-        [BUNDLE_RECIPE, settings.nodes, settings.seed, settings.history_hours, HISTORY_STEP_S]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return out_dir / f"bundle-{settings.nodes}n-seed{settings.seed}-{digest}"
-
-
-def trained_bundle(settings: BenchSettings, out_dir: Path, *, progress: bool) -> Path:
-    """The cached bundle for these settings, fitted from synthetic history if missing."""
-    bundle_dir = bundle_dir_for(settings, out_dir)
-    if (bundle_dir / "manifest.json").exists():
-        try:
-            bundle = read_bundle(bundle_dir)
-            log.info("reusing bundle %s (version %s)", bundle_dir, bundle.version)
-            return bundle_dir
-        except BundleError as exc:
-            log.warning("cached bundle unusable (%s); fitting again", exc)
-    started = time.perf_counter()
-    history = synth_fleet(settings.nodes, settings.history_hours, HISTORY_STEP_S, settings.seed)
-    cleaned = clean_metrics(history, source=f"training.synth seed {settings.seed}")
-    fit_fleet(cleaned, bundle_dir, progress=progress)
-    log.info(
-        "fitted bundle %s from %d rows in %.1f s",
-        bundle_dir,
-        len(history),
-        time.perf_counter() - started,
-    )
-    return bundle_dir
-
-
-# ---- one extender service per extender policy (fresh state, simulated clock) ------------------
-
-
-@contextlib.contextmanager
-def extender_policy(
-    name: str, cluster: SimCluster, bundle_dir: Path, settings: BenchSettings
-) -> Iterator[ExtenderPolicy]:
-    """Serve the extender for one policy run; yields a policy talking to it over HTTP.
-
-    The service is `create_app` on a `Runtime` with its own `ClusterState` (nodes as the Node
-    watch would list them) and the simulated clock, under a real uvicorn on 127.0.0.1.
-    """
-    config = ExtenderConfig(
-        bundle_dir=bundle_dir, port=0, assumed_window_s=settings.assumed_window_s
-    ).validate()
-    state = ClusterState(assumed_window_s=settings.assumed_window_s)
-    state.replace_nodes(
-        NodeInfo(node, float(cores))
-        for node, cores in zip(cluster.names, cluster.cores, strict=True)
-    )
-    clock = SimClock()
-    runtime = Runtime(config, state=state, clock=clock)
-    if not runtime.load_bundle():
-        refused = runtime.watcher.last_refused
-        raise BundleError(
-            f"the extender refused the bundle {bundle_dir}: "
-            f"{refused.error if refused else 'unknown error'}"
-        )
-    # No background threads: curves are refreshed synchronously after each telemetry round.
-    try:
-        with serve_app(create_app(runtime)) as url:
-            policy = ExtenderPolicy(
-                name,
-                url,
-                state,
-                runtime.refresh_curves,
-                clock,
-                cluster.names,
-                cluster.cores,
-                settings.extender_weight,
-                np.random.default_rng([settings.seed, 5, POLICIES.index(name)]),
-                hears_labels=name == "power-aware-battery",
-            )
-            try:
-                yield policy
-            finally:
-                policy.close()
-    finally:
-        runtime.stop()
-
-
-def run_policy(
-    name: str,
-    cluster: SimCluster,
-    trace: Trace,
-    bundle_dir: Path | None,
-    settings: BenchSettings,
-    sim_settings: SimSettings,
-    *,
-    progress: bool,
-) -> tuple[PolicyResult, dict]:
-    """Simulate one policy; returns its result and extender request figures.
-
-    Battery physics runs for every policy (same cluster); only power-aware-battery's
-    extender hears the energy-status labels.
-    """
-    rng = np.random.default_rng([settings.seed, 5, POLICIES.index(name)])
-    if name == "default":
-        return simulate(cluster, trace, DefaultPolicy(rng), sim_settings, progress=progress), {}
-    if name == "random":
-        return simulate(cluster, trace, RandomPolicy(rng), sim_settings, progress=progress), {}
-    if name in REFERENCE_POLICIES:
-
-        def true_power_w(util: np.ndarray) -> np.ndarray:
-            return curve_power_w(cluster, util)  # fans left out, as the ceiling does
-
-        reference: Policy
-        if name == "oracle":
-            reference = OraclePolicy(true_power_w, cluster.cores, settings.extender_weight, rng)
-        elif name == "cheapest":
-            reference = CheapestPolicy(true_power_w, cluster.cores)
-        else:
-            reference = ReschedulingPolicy(
-                true_power_w, cluster.cores, settings.reschedule_interval_s
-            )
-        return simulate(cluster, trace, reference, sim_settings, progress=progress), {}
-    if bundle_dir is None:
-        raise ValueError(f"policy {name} needs a model bundle")
-    with extender_policy(name, cluster, bundle_dir, settings) as policy:
-        result = simulate(cluster, trace, policy, sim_settings, progress=progress)
-        figures = {
-            "extender_requests": policy.requests,
-            "extender_mean_ms": round(1000.0 * policy.request_s / max(1, policy.requests), 3),
-        }
-    return result, figures
+__all__ = ["BenchSettings", "extender_policy", "main"]  # what tests and scripts import here
 
 
 # ---- outputs ------------------------------------------------------------------------------------
@@ -284,7 +117,7 @@ def write_decisions(path: Path, results: Sequence[PolicyResult]) -> int:
     return rows
 
 
-def plot_power(path: Path, results: Sequence[PolicyResult]) -> None:
+def plot_power(path: Path, results: Sequence[PolicyResult], last_arrival_s: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -298,6 +131,17 @@ def plot_power(path: Path, results: Sequence[PolicyResult]) -> None:
             label=f"{result.policy} ({result.energy_kwh:.1f} kWh)",
             linewidth=1.0,
         )
+    # The run goes on after the last arrival until running pods finish (--tail-hours).
+    ax.axvline(last_arrival_s / 3600.0, color="grey", linestyle=":", linewidth=1.0)
+    ax.annotate(
+        "last arrival; the tail lets running pods finish",
+        (last_arrival_s / 3600.0, 0.98),
+        xycoords=("data", "axes fraction"),
+        ha="right",
+        va="top",
+        fontsize=8,
+        color="grey",
+    )
     ax.set_xlabel("simulated time (h)")
     ax.set_ylabel("cluster power (kW, 1-min mean)")
     ax.set_title("Cluster power over time per placement policy")
@@ -312,6 +156,7 @@ def plot_power(path: Path, results: Sequence[PolicyResult]) -> None:
 def summary(
     results: Sequence[PolicyResult], extras: dict[str, dict], ceiling_kwh: float | None = None
 ) -> dict:
+    """Contract 5's `policies` block (and the ceiling): every key for every policy."""
     baseline = next((r for r in results if r.policy == "default"), None)
     policies: dict[str, dict] = {}
     for result in results:
@@ -333,27 +178,49 @@ def summary(
     return report
 
 
+# The table's columns: (header, width, what it is). The legend under the table prints the third.
+COLUMNS: tuple[tuple[str, int, str], ...] = (
+    ("energy kWh", 10, "energy the cluster drew"),
+    ("vs default", 10, "energy / the default scheduler's"),
+    ("above idle kWh", 14, "energy above the nodes' idle power: what placement can change"),
+    ("fans kWh", 8, "what fans added (CPUs above 50 C)"),
+    ("above envelope kWh", 18, "drawn above the curves' convex envelopes (partly loaded nodes)"),
+    ("unplaced", 8, "pods never placed within --max-pending"),
+    ("wait p99 s", 10, "99th percentile of arrival-to-placement time"),
+    ("moved", 5, "running pods moved by a rescheduling policy"),
+    ("slowdown", 8, "mean (run time / work): > 1 when nodes are overcommitted"),
+    ("overcommit node-h", 17, "node-hours with more CPU wanted than the node has"),
+    ("powerless node-h", 16, "node-hours battery nodes spent powerless (0-15 % charge)"),
+    ("cycles/node-day", 15, "power-offs per node per day"),
+)
+
+
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
-    header = (
-        f"{'policy':<20} {'kWh':>8} {'vs def':>7} {'dyn kWh':>8} {'vs def':>7} "
-        f"{'fans':>6} {'abv env':>7} {'mean W':>8} "
-        f"{'peak W':>8} {'unplaced':>8} {'moved':>6} "
-        f"{'slowdown':>8} {'p95 slow':>8} {'ovc n-h':>8} {'pwrless n-h':>11}"
-    )
-    print(header)
+    width = max(20, *(len(r.policy) for r in results))
+    print(f"{'policy':<{width}} " + " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS))
     for result in results:
         entry = report["policies"][result.policy]
-        print(
-            f"{result.policy:<20} {result.energy_kwh:8.2f} "
-            f"{entry.get('energy_vs_default', math.nan):7.3f} {result.dynamic_energy_kwh:8.2f} "
-            f"{entry.get('dynamic_energy_vs_default', math.nan):7.3f} "
-            f"{result.fan_energy_kwh:6.2f} {result.above_envelope_energy_kwh:7.2f} "
-            f"{result.mean_power_w:8.0f} "
-            f"{result.peak_power_w:8.0f} {result.unplaced_pods:8d} {result.moved_pods:6d} "
-            f"{result.mean_slowdown:8.3f} "
-            f"{result.p95_slowdown:8.3f} {result.overcommitted_node_hours:8.2f} "
-            f"{result.powerless_node_hours:11.2f}"
+        values = (
+            f"{result.energy_kwh:.2f}",
+            f"{entry.get('energy_vs_default', math.nan):.3f}",
+            f"{result.dynamic_energy_kwh:.2f}",
+            f"{result.fan_energy_kwh:.2f}",
+            f"{result.above_envelope_energy_kwh:.2f}",
+            f"{result.unplaced_pods:d}",
+            f"{entry['pod_wait_s']['p99']:.0f}",
+            f"{result.moved_pods:d}",
+            f"{result.mean_slowdown:.3f}",
+            f"{result.overcommitted_node_hours:.2f}",
+            f"{result.powerless_node_hours:.2f}",
+            f"{result.power_cycles_per_node_day:.2f}",
         )
+        print(
+            f"{result.policy:<{width}} "
+            + " ".join(f"{v:>{w}}" for v, (_, w, _) in zip(values, COLUMNS, strict=True))
+        )
+    print("columns:")
+    for header, _, meaning in COLUMNS:
+        print(f"  {header:<19} {meaning}")
 
 
 # ---- CLI ------------------------------------------------------------------------------------
@@ -361,23 +228,22 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     d, s = BenchSettings(), SimSettings()
+    policy_lines = "; ".join(
+        f"{spec.name} = {spec.description}{' [reference]' if spec.reference else ''}"
+        for spec in POLICIES.values()
+    )
+    preset_lines = "; ".join(
+        f"{p.name} = {p.description} (runs {', '.join(p.policies)})" for p in PRESETS.values()
+    )
     parser = argparse.ArgumentParser(
         prog="python -m bench.energy_sim",
         description=(
-            "Simulate a heterogeneous cluster and compare the energy of placement policies "
-            f"({', '.join(POLICIES)}) on the same pod trace; the power-aware policies call the "
-            "real extender over HTTP. Prints a table and ratios against the default scheduler. "
-            "Policies: default = kube-scheduler's NodeResourcesFit + LeastAllocated + "
-            "BalancedAllocation; random = any node that fits; power-aware = default plugins + "
-            "our extender (/filter, /prioritize) at --extender-weight; power-aware-battery = "
-            "the same while battery nodes' energy-status labels change; oracle = the "
-            "extender's ranking from the simulator's true curves (a reference, not deployable); "
-            "cheapest (not run by default) = the node whose true curve adds the fewest watts, "
-            "no kube-scheduler scores (the best per-pod greedy placement); rescheduling (not "
-            "run by default) = cheapest plus free moves of running pods to cheaper nodes every "
-            "--reschedule-every seconds (an optimistic estimate of what a descheduler adds)."
+            "Simulate a heterogeneous cluster and compare the energy of placement policies on "
+            "the same pod trace; the power-aware policies call the real extender over HTTP. "
+            "Prints a table and ratios against the default scheduler. "
+            f"Presets: {preset_lines}. Policies: {policy_lines}. [reference] policies are priced "
+            "on the simulator's true curves: they show what is possible, they are not deployable."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=(
             "Trace CSV (--trace): one row per pod, header required. Required columns: "
             f"{', '.join(REQUIRED_COLUMNS)}; optional: {', '.join(OPTIONAL_COLUMNS)}. "
@@ -388,43 +254,64 @@ def build_parser() -> argparse.ArgumentParser:
             "file, line and field."
         ),
     )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=d.preset,
+        help="kind of cluster and workload, and the policies run unless --policies is given",
+    )
+    parser.add_argument(
+        "--policies",
+        metavar="LIST",
+        default=None,
+        help=f"comma-separated policies to run, from {', '.join(POLICIES)} (default: the preset's)",
+    )
     cluster = parser.add_argument_group("cluster and models")
-    cluster.add_argument("--nodes", metavar="N", type=int, default=d.nodes, help="simulated nodes")
+    cluster.add_argument(
+        "--nodes",
+        metavar="N",
+        type=int,
+        default=None,
+        help=f"simulated nodes (default {d.nodes}, or the preset's)",
+    )
     cluster.add_argument(
         "--seed",
         metavar="SEED",
         type=int,
-        default=d.seed,
-        help="seed of the fleet, trace and tie breaks",
+        default=None,
+        help=f"seed of the fleet, trace and tie breaks (default {d.seed})",
     )
     cluster.add_argument(
         "--history-hours",
         metavar="HOURS",
         type=float,
-        default=d.history_hours,
-        help="hours of synthetic telemetry per node the extender's models are fitted on",
+        default=None,
+        help="hours of synthetic telemetry per node the extender's models are fitted on "
+        f"(default {d.history_hours:g})",
     )
     cluster.add_argument(
         "--battery-share",
         metavar="FRACTION",
         type=float,
-        default=d.battery_share,
-        help="share of nodes (0..1) on battery + solar; their energy-status labels change",
+        default=None,
+        help="share of nodes (0..1) on battery + solar; their energy-status labels change "
+        f"(default {d.battery_share:g})",
     )
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--hours",
         metavar="HOURS",
         type=float,
-        default=d.hours,
-        help="hours of generated pod arrivals",
+        default=None,
+        help=f"hours of generated pod arrivals (default {d.hours:g})",
     )
     workload.add_argument(
         "--load",
         metavar="FRACTION",
         type=float,
-        default=d.load,
-        help="mean requested CPU of the generated trace, as a share (0..1) of allocatable CPU",
+        default=None,
+        help="mean requested CPU of the generated trace, as a share (0..1) of allocatable CPU "
+        f"(default {d.load:g})",
     )
     workload.add_argument(
         "--trace",
@@ -435,49 +322,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim = parser.add_argument_group("simulation")
     sim.add_argument(
-        "--tick", metavar="SECONDS", type=float, default=s.tick_s, help="physics step, seconds"
+        "--tick",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help=f"physics step, seconds (default {s.tick_s:g})",
     )
     sim.add_argument(
         "--scrape-interval",
         metavar="SECONDS",
         type=float,
-        default=s.scrape_interval_s,
-        help="seconds between telemetry updates sent to the extender",
+        default=None,
+        help="seconds between telemetry updates sent to the extender "
+        f"(default {s.scrape_interval_s:g})",
     )
     sim.add_argument(
         "--telemetry-lag",
         metavar="SECONDS",
         type=float,
-        default=s.telemetry_lag_s,
-        help="seconds by which telemetry trails the load (scrape + rate window)",
+        default=None,
+        help="seconds by which telemetry trails the load (scrape + rate window; "
+        f"default {s.telemetry_lag_s:g})",
     )
     sim.add_argument(
         "--assumed-window",
         metavar="SECONDS",
         type=float,
-        default=d.assumed_window_s,
-        help="extender --assumed-window: seconds a bound pod's CPU counts as assumed load",
+        default=None,
+        help="extender --assumed-window: seconds a bound pod's CPU counts as assumed load "
+        f"(default {d.assumed_window_s:g})",
     )
     sim.add_argument(
         "--extender-weight",
         metavar="WEIGHT",
         type=int,
-        default=d.extender_weight,
-        help="extender weight in KubeSchedulerConfiguration (manifests/scheduler.yaml uses 5)",
+        default=None,
+        help="extender weight in KubeSchedulerConfiguration (manifests/scheduler.yaml uses 5; "
+        f"default {d.extender_weight})",
     )
     sim.add_argument(
         "--reschedule-every",
         metavar="SECONDS",
         type=float,
-        default=d.reschedule_interval_s,
-        help="seconds between the rescheduling reference's rounds of free pod moves",
+        default=None,
+        help="seconds between the rescheduling reference's rounds of free pod moves "
+        f"(default {d.reschedule_interval_s:g})",
     )
     sim.add_argument(
         "--max-pending",
         metavar="SECONDS",
         type=float,
-        default=s.max_pending_s,
-        help="seconds a pod may wait for a node before it counts as unplaced",
+        default=None,
+        help="seconds a pod may wait for a node before it counts as unplaced "
+        f"(default {s.max_pending_s:g})",
+    )
+    sim.add_argument(
+        "--tail-hours",
+        metavar="HOURS",
+        type=float,
+        default=None,
+        help="simulated hours after the last arrival, so that running pods finish and their "
+        f"energy counts (default {s.tail_s / 3600.0:g}); the plot runs this much longer",
     )
     sim.add_argument(
         "--empty-node-power",
@@ -487,19 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="if set, a node running no pods sleeps at this power (instant wake-up, "
         "optimistic); by default every node stays on and pays its idle power",
     )
-    sim.add_argument(
-        "--policies",
-        metavar="LIST",
-        default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated policies to run, from {', '.join(POLICIES)}",
-    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
         metavar="DIR",
         type=Path,
         default=DEFAULT_OUT_DIR,
-        help="directory for the bundle cache, the PNG and the decisions CSV",
+        help="directory for the bundle cache, the PNG and the decisions CSV "
+        f"(default {DEFAULT_OUT_DIR})",
     )
     out.add_argument(
         "--json", metavar="FILE", type=Path, default=None, help="write the summary JSON here"
@@ -508,9 +408,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# flag dest -> settings field (BenchSettings or SimSettings), with a conversion
+FLAG_FIELDS: dict[str, tuple[str, float]] = {
+    "nodes": ("nodes", 1),
+    "seed": ("seed", 1),
+    "history_hours": ("history_hours", 1),
+    "battery_share": ("battery_share", 1),
+    "hours": ("hours", 1),
+    "load": ("load", 1),
+    "tick": ("tick_s", 1),
+    "scrape_interval": ("scrape_interval_s", 1),
+    "telemetry_lag": ("telemetry_lag_s", 1),
+    "assumed_window": ("assumed_window_s", 1),
+    "extender_weight": ("extender_weight", 1),
+    "reschedule_every": ("reschedule_interval_s", 1),
+    "max_pending": ("max_pending_s", 1),
+    "tail_hours": ("tail_s", 3600.0),
+    "empty_node_power": ("empty_node_power_w", 1),
+}
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSettings]:
+    """Defaults, then the preset's settings, then the flags given explicitly."""
+    given = {
+        field: (value * scale if scale != 1 else value)
+        for flag, (field, scale) in FLAG_FIELDS.items()
+        if (value := getattr(args, flag)) is not None
+    }
+    settings, sim_settings = apply_preset_defaults(
+        PRESETS[args.preset], BenchSettings(preset=args.preset), SimSettings(), set(given)
+    )
+    bench_fields = {f.name for f in fields(BenchSettings)}
+    settings = replace(settings, **{k: v for k, v in given.items() if k in bench_fields})
+    sim_settings = replace(
+        sim_settings, **{k: v for k, v in given.items() if k not in bench_fields}
+    )
+    return settings, sim_settings
+
+
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None) -> str | None:
+    """What is wrong with the settings, in the flag's words; None when all is well."""
+    if settings.nodes < 1:
+        return f"--nodes must be at least 1, got {settings.nodes}"
+    if not 0 <= settings.battery_share <= 1:
+        return f"--battery-share must be 0..1, got {settings.battery_share}"
+    if trace is None and not 0 < settings.load < 1:
+        return f"--load must be between 0 and 1, got {settings.load}"
+    for flag, value in (
+        ("--tick", sim.tick_s),
+        ("--scrape-interval", sim.scrape_interval_s),
+        ("--reschedule-every", settings.reschedule_interval_s),
+    ):
+        if not value > 0:
+            return f"{flag} must be positive, got {value}"
+    if sim.tail_s < 0:
+        return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -522,64 +480,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The extender logs a line per bundle install and warnings we expect here; keep them quiet.
     for noisy in ("extender", "predictor", "training", "uvicorn", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    preset = PRESETS[args.preset]
+    if args.policies is None:
+        policies = list(preset.policies)
+    else:
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        return fail(f"--policies: unknown {', '.join(unknown) or '(none)'}; pick from {POLICIES}")
-    if args.nodes < 1:
-        return fail(f"--nodes must be at least 1, got {args.nodes}")
-    if not 0 <= args.battery_share <= 1:
-        return fail(f"--battery-share must be 0..1, got {args.battery_share}")
-    if args.trace is None and not 0 < args.load < 1:
-        return fail(f"--load must be between 0 and 1, got {args.load}")
-    for flag, value in (
-        ("--tick", args.tick),
-        ("--scrape-interval", args.scrape_interval),
-        ("--reschedule-every", args.reschedule_every),
-    ):
-        if not value > 0:
-            return fail(f"{flag} must be positive, got {value}")
-    settings = BenchSettings(
-        nodes=args.nodes,
-        hours=args.hours,
-        load=args.load,
-        seed=args.seed,
-        history_hours=args.history_hours,
-        extender_weight=args.extender_weight,
-        battery_share=args.battery_share,
-        assumed_window_s=args.assumed_window,
-        reschedule_interval_s=args.reschedule_every,
-    )
-    sim_settings = SimSettings(
-        tick_s=args.tick,
-        scrape_interval_s=args.scrape_interval,
-        telemetry_lag_s=args.telemetry_lag,
-        max_pending_s=args.max_pending,
-        empty_node_power_w=args.empty_node_power,
-    )
+        return fail(
+            f"--policies: unknown {', '.join(unknown) or '(none)'}; pick from {', '.join(POLICIES)}"
+        )
+    settings, sim_settings = settings_from_args(args)
+    problem = check_settings(settings, sim_settings, args.trace)
+    if problem is not None:
+        return fail(problem)
     progress = not args.quiet
-    cluster = build_cluster(settings.nodes, settings.seed, battery_share=settings.battery_share)
     try:
-        if args.trace is not None:
-            trace = load_trace_csv(args.trace)
-        else:
-            trace = generate_trace(
-                float(cluster.cores.sum()), settings.hours, settings.load, settings.seed
-            )
+        scenario = build_scenario(settings, sim_settings, trace_csv=args.trace)
     except TraceError as exc:
         return fail(str(exc))
+    cluster, trace = scenario.cluster, scenario.trace
     log.info(
-        "cluster: %d nodes, %.0f cores, %d on battery; trace: %d pods over %.1f h",
+        "preset %s: %d nodes, %.0f cores, %d on battery; trace: %d pods over %.1f h",
+        settings.preset,
         len(cluster),
         cluster.cores.sum(),
         int(cluster.on_battery.sum()),
         len(trace),
         trace.end_s / 3600.0,
     )
-    bundle_dir = None
-    if any(p.startswith("power-aware") for p in policies):
+    if any(POLICIES[p].needs_bundle for p in policies):
         try:
-            bundle_dir = trained_bundle(settings, args.out_dir, progress=progress)
+            scenario.bundle_dir = trained_bundle(settings, args.out_dir, progress=progress)
         except FitError as exc:
             return fail(f"fitting the extender's models failed: {exc}")
 
@@ -588,9 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in policies:
         started = time.perf_counter()
         try:
-            result, figures = run_policy(
-                name, cluster, trace, bundle_dir, settings, sim_settings, progress=progress
-            )
+            result, figures = run_policy(name, scenario, progress=progress)
         except BundleError as exc:
             return fail(f"{exc} (try another --seed or --history-hours)")
         figures["wall_s"] = round(time.perf_counter() - started, 1)
@@ -604,22 +534,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sim_settings.empty_node_power_w is None:  # the bound assumes every node stays on
         # The same horizon and step as the runs: trace end + tail, in physics ticks.
         ceiling_kwh = ceiling_energy_kwh(cluster, trace, results[0].duration_s, sim_settings.tick_s)
-    report = summary(results, extras, ceiling_kwh)
-    report["settings"] = {
-        **asdict(settings),
-        **asdict(sim_settings),
-        "trace": str(args.trace or "generated"),
-    }
-    report["cluster"] = {
-        "nodes": len(cluster),
-        "cores": float(cluster.cores.sum()),
-        "battery_nodes": int(cluster.on_battery.sum()),
-        "idle_power_w": float((cluster.spec.idle_share * cluster.spec.max_power_w).sum()),
-        "max_power_w": float(cluster.spec.max_power_w.sum()),
+    report = {
+        "settings": {
+            **asdict(settings),
+            **asdict(sim_settings),
+            "trace": str(args.trace or "generated"),
+        },
+        **summary(results, extras, ceiling_kwh),
+        "cluster": {
+            "nodes": len(cluster),
+            "cores": float(cluster.cores.sum()),
+            "battery_nodes": int(cluster.on_battery.sum()),
+            "idle_power_w": float((cluster.spec.idle_share * cluster.spec.max_power_w).sum()),
+            "max_power_w": float(cluster.spec.max_power_w.sum()),
+        },
     }
     png = args.out_dir / "energy_sim_power.png"
     decisions_csv = args.out_dir / "energy_sim_decisions.csv"
-    plot_power(png, results)
+    plot_power(png, results, float(trace.end_s))
     rows = write_decisions(decisions_csv, results)
     print_table(results, report)
     cl = report["cluster"]

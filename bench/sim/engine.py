@@ -102,15 +102,47 @@ class PolicyResult:
     power_times_s: np.ndarray = field(repr=False)
     power_w: np.ndarray = field(repr=False)
     decisions: list[DecisionRecord] = field(repr=False, default_factory=list)
+    nodes: int = 0
+    # Seconds from each placed pod's arrival to its placement (kube-scheduler's retries).
+    pod_waits_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    # Contract 5's keys that only some presets and policies fill (0 where they do not apply).
+    power_cycles: int = 0  # node power-offs (each followed by a power-on, or the run's end)
+    co2_kg: float = 0.0
+    delay_violations: int = 0
+    failed_pod_starts: int = 0
+    # A preset's own figures (e.g. mean carbon intensity), reported as they are.
+    kpis: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def power_cycles_per_node_day(self) -> float:
+        node_days = self.nodes * self.duration_s / 86_400.0
+        return self.power_cycles / node_days if node_days > 0 else 0.0
+
+    def pod_wait_summary_s(self) -> dict[str, float]:
+        """p50, p99 and max of the placed pods' waits (0 when none was placed)."""
+        waits = self.pod_waits_s
+        if waits.size == 0:
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+        return {
+            "p50": round(float(np.percentile(waits, 50)), 3),
+            "p99": round(float(np.percentile(waits, 99)), 3),
+            "max": round(float(waits.max()), 3),
+        }
 
     @property
     def dynamic_energy_kwh(self) -> float:
         """Energy above idle: the part placement can change while every node stays on."""
         return self.energy_kwh - self.idle_energy_kwh
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, object]:
         return {
             "energy_kwh": round(self.energy_kwh, 4),
+            "unplaced_pods": self.unplaced_pods,
+            "pod_wait_s": self.pod_wait_summary_s(),
+            "power_cycles_per_node_day": round(self.power_cycles_per_node_day, 3),
+            "co2_kg": round(self.co2_kg, 4),
+            "delay_violations": self.delay_violations,
+            "failed_pod_starts": self.failed_pod_starts,
             "dynamic_energy_kwh": round(self.dynamic_energy_kwh, 4),
             "fan_energy_kwh": round(self.fan_energy_kwh, 4),
             "above_envelope_energy_kwh": round(self.above_envelope_energy_kwh, 4),
@@ -118,7 +150,6 @@ class PolicyResult:
             "peak_power_w": round(self.peak_power_w, 1),
             "pods": self.pods,
             "placed_pods": self.placed_pods,
-            "unplaced_pods": self.unplaced_pods,
             "unfinished_pods": self.unfinished_pods,
             "moved_pods": self.moved_pods,
             "mean_slowdown": round(self.mean_slowdown, 4),
@@ -128,6 +159,7 @@ class PolicyResult:
             "mean_requested_share": round(self.mean_requested_share, 4),
             "mean_cpu_util": round(self.mean_cpu_util, 4),
             "duration_h": round(self.duration_s / 3600.0, 3),
+            **self.kpis,
         }
 
 
@@ -216,6 +248,7 @@ class Simulation:
         self.placed = self.unplaced = self.moved = 0
         self.decisions: list[DecisionRecord] = []
         self.slowdowns: list[float] = []
+        self.waits_s: list[float] = []
 
         # Nodes: utilisation, CPU temperatures (first-order lag) and what telemetry will show.
         self.util = np.zeros(len(cluster))
@@ -331,6 +364,7 @@ class Simulation:
             now_s=now_s,
         )
         self.placed += 1
+        self.waits_s.append(now_s - float(self.trace.arrival_s[pod]))
         return True
 
     def _reschedule(self, t0_s: float) -> None:
@@ -501,6 +535,8 @@ class Simulation:
             power_times_s=np.arange(series_w.size) * self.settings.power_series_step_s,
             power_w=series_w,
             decisions=self.decisions,
+            nodes=len(cluster),
+            pod_waits_s=np.array(self.waits_s),
         )
 
 

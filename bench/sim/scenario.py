@@ -1,0 +1,165 @@
+"""What one bench run simulates: the settings, the preset, the cluster, the trace, the models.
+
+A *preset* names a kind of cluster and workload (contract 5: `default`, `multizone`, `edge`,
+`faults`; more may come): its description, the policies it runs unless `--policies` says
+otherwise, the settings it changes from `BenchSettings`' defaults, and an optional `prepare`
+step that adds its own world to the scenario (carbon intensity series, an RTT matrix, faulty
+nodes...) under `Scenario.world`. Presets register themselves with `register_preset`;
+`bench.sim.presets` imports every preset module, so `PRESETS` is complete once it is imported.
+
+The extender's models are trained honestly: the simulated nodes' history is synthesised as BMC
+telemetry (`training.synth.synth_fleet`) and fitted with `training.fit.fit_fleet` into a bundle
+cached under the output directory, keyed by what it depends on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from bench.sim.cluster import SimCluster, build_cluster
+from bench.sim.engine import SimSettings
+from bench.sim.workload import Trace, generate_trace, load_trace_csv
+from predictor.bundle import BundleError, read_bundle
+from training.dataset import clean_metrics
+from training.fit import fit_fleet
+from training.synth import synth_fleet
+
+log = logging.getLogger("bench.sim.scenario")
+
+BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
+HISTORY_STEP_S = 60.0
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The bench's own settings (the simulator's physics are `SimSettings`)."""
+
+    preset: str = "default"
+    nodes: int = 16
+    hours: float = 24.0
+    load: float = 0.45
+    seed: int = 7
+    history_hours: float = 72.0
+    extender_weight: int = 5
+    battery_share: float = 0.25
+    assumed_window_s: float = 120.0
+    reschedule_interval_s: float = 60.0
+
+
+@dataclass
+class Scenario:
+    """Everything the policies of one bench run share: they all place the same trace."""
+
+    settings: BenchSettings
+    sim_settings: SimSettings
+    cluster: SimCluster
+    trace: Trace
+    bundle_dir: Path | None = None  # the extender's models; None until a policy needs them
+    # A preset's own world (e.g. "carbon": intensity series per zone), by name.
+    world: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named kind of cluster and workload; see the module docstring."""
+
+    name: str
+    description: str
+    policies: tuple[str, ...]
+    # BenchSettings / SimSettings fields this preset sets (flags given explicitly still win).
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    prepare: Callable[[Scenario], None] | None = None
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def register_preset(preset: Preset) -> Preset:
+    if preset.name in PRESETS:
+        raise ValueError(f"preset {preset.name!r} is registered twice")
+    unknown = set(preset.defaults) - _setting_names()
+    if unknown:
+        raise ValueError(f"preset {preset.name}: unknown settings {sorted(unknown)}")
+    PRESETS[preset.name] = preset
+    return preset
+
+
+def _setting_names() -> set[str]:
+    return {f.name for f in fields(BenchSettings)} | {f.name for f in fields(SimSettings)}
+
+
+def apply_preset_defaults(
+    preset: Preset, settings: BenchSettings, sim_settings: SimSettings, explicit: set[str]
+) -> tuple[BenchSettings, SimSettings]:
+    """The preset's settings, except those the user set explicitly (`explicit` field names)."""
+    bench_fields = {f.name for f in fields(BenchSettings)}
+    chosen = {k: v for k, v in preset.defaults.items() if k not in explicit}
+    settings = replace(settings, **{k: v for k, v in chosen.items() if k in bench_fields})
+    sim_settings = replace(
+        sim_settings, **{k: v for k, v in chosen.items() if k not in bench_fields}
+    )
+    return settings, sim_settings
+
+
+def build_scenario(
+    settings: BenchSettings, sim_settings: SimSettings, *, trace_csv: Path | None = None
+) -> Scenario:
+    """The cluster and trace of `settings` (a CSV trace when given), and the preset's world.
+
+    Raises `bench.sim.workload.TraceError` on a bad CSV trace.
+    """
+    preset = PRESETS[settings.preset]
+    cluster = build_cluster(settings.nodes, settings.seed, battery_share=settings.battery_share)
+    if trace_csv is not None:
+        trace = load_trace_csv(trace_csv)
+    else:
+        trace = generate_trace(
+            float(cluster.cores.sum()), settings.hours, settings.load, settings.seed
+        )
+    scenario = Scenario(settings, sim_settings, cluster, trace)
+    if preset.prepare is not None:
+        preset.prepare(scenario)
+    return scenario
+
+
+# ---- the extender's model bundle, trained on the sim nodes' synthetic history ----------------
+
+
+def bundle_dir_for(settings: BenchSettings, out_dir: Path) -> Path:
+    key = json.dumps(
+        [BUNDLE_RECIPE, settings.nodes, settings.seed, settings.history_hours, HISTORY_STEP_S]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return out_dir / f"bundle-{settings.nodes}n-seed{settings.seed}-{digest}"
+
+
+def trained_bundle(settings: BenchSettings, out_dir: Path, *, progress: bool) -> Path:
+    """The cached bundle for these settings, fitted from synthetic history if missing.
+
+    Raises `training.fit.FitError` when fitting fails.
+    """
+    bundle_dir = bundle_dir_for(settings, out_dir)
+    if (bundle_dir / "manifest.json").exists():
+        try:
+            bundle = read_bundle(bundle_dir)
+            log.info("reusing bundle %s (version %s)", bundle_dir, bundle.version)
+            return bundle_dir
+        except BundleError as exc:
+            log.warning("cached bundle unusable (%s); fitting again", exc)
+    started = time.perf_counter()
+    history = synth_fleet(settings.nodes, settings.history_hours, HISTORY_STEP_S, settings.seed)
+    cleaned = clean_metrics(history, source=f"training.synth seed {settings.seed}")
+    fit_fleet(cleaned, bundle_dir, progress=progress)
+    log.info(
+        "fitted bundle %s from %d rows in %.1f s",
+        bundle_dir,
+        len(history),
+        time.perf_counter() - started,
+    )
+    return bundle_dir
