@@ -59,3 +59,40 @@ MAX_POWER_ANNOTATION = "power-aware-scheduler/max-power-w"
 # ---- eviction (cluster-autoscaler's meaning) ---------------------------------------------------
 
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+
+# ---- node power management (the node power controller, controllers.node_power) ---------------
+
+# Node annotation the controller writes: the node's power state and since when (RFC 3339).
+POWER_STATE_ANNOTATION = "power-aware-scheduler/power-state"
+POWER_STATE_SINCE_ANNOTATION = "power-aware-scheduler/power-state-since"
+# Why the last power action happened or failed, in words (for `kubectl describe node`).
+POWER_STATE_REASON_ANNOTATION = "power-aware-scheduler/power-state-reason"
+POWER_ON = "on"
+POWER_DRAINING = "draining"
+POWER_OFF = "off"
+POWER_WAKING = "waking"
+POWER_STATES = (POWER_ON, POWER_DRAINING, POWER_OFF, POWER_WAKING)
+# Node label an operator sets to let the controller power the node off ("enabled").
+POWER_MANAGEMENT_LABEL = "power-aware-scheduler/power-management"
+POWER_MANAGEMENT_ENABLED = "enabled"
+# Node label (or annotation) choosing the power driver: redfish, ipmi or dry-run.
+POWER_DRIVER_LABEL = "power-aware-scheduler/power-driver"
+# Kill switch, on a node or on the controller's namespace: "true" stops every power action.
+POWER_MANAGEMENT_DISABLED_ANNOTATION = "power-aware-scheduler/power-management-disabled"
+# cluster-autoscaler's opt-out, honoured too: a node with it set to "true" is never powered off.
+SCALE_DOWN_DISABLED_ANNOTATION = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+
+# ---- placement constraints and preferences -----------------------------------------------------
+
+# Pod annotation: a deadline (RFC 3339 or a duration) up to which the pod may wait for cleaner
+# power (the Carbon plugin's deferral).
+DEFER_UNTIL_ANNOTATION = "power-aware-scheduler/defer-until"
+# Pod label prefix of the edge seed's delay constraints: `delay_<from>: "<ms>"`.
+DELAY_LABEL_PREFIX = "delay_"
+# Node label of the edge seed's cloud nodes (value "cloud").
+ROLE_LABEL = "kubernetes.io/role"
+CLOUD_ROLE = "cloud"
+# Node label naming the grid zone for carbon intensity (configurable in the Carbon plugin).
+REGION_LABEL = "topology.kubernetes.io/region"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
