@@ -30,6 +30,7 @@ printed next to it: httpx writes headers and body separately, and the server's c
 starts before the body is read, also counts the gap between the two writes.
 
     python3 -m bench.extender_latency [--requests 300] [--own-models 300] [--quiet]
+    python3 -m bench.extender_latency --baseline REV   # today's code against REV's, side by side
 """
 
 from __future__ import annotations
@@ -38,13 +39,10 @@ import argparse
 import copy
 import json
 import logging
-import re
 import shutil
-import socket
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +52,10 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.curves import build_fleet_bundle, percentiles_us
+from bench.extender_baseline import compare, print_comparison
 from bench.naive_extender import NaiveRuntime, run_naive_extender
 from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, KubeletMount, edit_manifest
+from bench.support.http import OneWriteClient, Result, measure
 from bench.support.server import REPO_ROOT, run_extender, write_snapshot
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
 from extender.config import ExtenderConfig
@@ -73,7 +73,6 @@ log = logging.getLogger("bench.extender_latency")
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "kube-scheduler-v1.28"
 CLUSTER_NODES = 5000
-SERVER_TIMING = re.compile(r"app;dur=([0-9.]+)")
 TARGET_P99_MS = {"prioritize NodeNames 500": 2.0, "prioritize NodeNames 5000": 10.0}
 TARGET_NAIVE_RATIO = 50.0
 SWAP_POLL_INTERVAL_S = 0.2
@@ -84,30 +83,6 @@ NAIVE_REQUEST_DIVISOR = 5  # the naive service takes ~10 ms a request: fewer req
 ONE_WRITE_500 = "prioritize 500, one write"
 NAIVE_500 = "naive: prioritize 500"
 NAIVE_ONE_WRITE_500 = "naive: prioritize 500, 1 write"
-
-
-@dataclass
-class Result:
-    name: str
-    requests: int
-    body_bytes: int
-    server_ms: np.ndarray  # empty for endpoints without Server-Timing
-    client_ms: np.ndarray
-    wall_s: float
-
-    def row(self) -> str:
-        server = (
-            f"{np.percentile(self.server_ms, 50):7.3f} {np.percentile(self.server_ms, 99):7.3f}"
-            if self.server_ms.size
-            else f"{'-':>7} {'-':>7}"
-        )
-        client = (
-            f"{np.percentile(self.client_ms, 50):7.3f} {np.percentile(self.client_ms, 99):7.3f}"
-        )
-        return (
-            f"{self.name:<31} {self.body_bytes / 1024:9.1f} {server}  {client} "
-            f"{self.requests / self.wall_s:8.0f}"
-        )
 
 
 def node_names() -> list[str]:
@@ -170,84 +145,6 @@ def rotating_bodies() -> list[bytes]:
         picked = [names[(start + i) % len(names)] for i in range(500)]
         bodies.append(json.dumps({**cached, "NodeNames": picked}).encode())
     return bodies
-
-
-@dataclass
-class RawResponse:
-    """The parts of an ``httpx.Response`` that ``measure`` reads."""
-
-    status_code: int
-    headers: dict[str, str]
-    text: str
-
-
-class OneWriteClient:
-    """An HTTP/1.1 keep-alive client that sends each request in one write, as Go does.
-
-    kube-scheduler's transport buffers the request and writes headers and body back to back;
-    httpx writes them in two calls with Python in between, and on a busy 2-core machine the
-    server (whose clock starts before it reads the body) then waits for the second write.
-    Answers must carry Content-Length (the service's always do).
-    """
-
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("http://").rstrip("/").split(":")
-        self.host = host
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def post(self, path: str, body: bytes) -> RawResponse:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        self.sock.sendall(head.encode() + body)
-        received = b""
-        while b"\r\n\r\n" not in received:
-            received += self._recv()
-        raw_head, content = received.split(b"\r\n\r\n", 1)
-        status_line, *header_lines = raw_head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in header_lines:
-            key, _, value = line.partition(":")
-            headers[key.strip().lower()] = value.strip()
-        length = int(headers["content-length"])
-        while len(content) < length:
-            content += self._recv()
-        return RawResponse(int(status_line.split()[1]), headers, content.decode())
-
-    def _recv(self) -> bytes:
-        chunk = self.sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("the server closed the connection")
-        return chunk
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def measure(
-    client: object,
-    name: str,
-    send: Callable[[], httpx.Response | RawResponse],
-    body_bytes: int,
-    count: int,
-) -> Result:
-    for _ in range(min(20, count)):  # warm-up: first-touch allocations, caches
-        send()
-    server_ms, client_ms = [], []
-    wall_start = time.perf_counter()
-    for _ in range(count):
-        start = time.perf_counter()
-        response = send()
-        client_ms.append((time.perf_counter() - start) * 1e3)
-        if response.status_code != 200:
-            raise RuntimeError(f"{name}: HTTP {response.status_code}: {response.text[:200]}")
-        timing = SERVER_TIMING.search(response.headers.get("server-timing", ""))
-        if timing:
-            server_ms.append(float(timing.group(1)))
-    wall_s = time.perf_counter() - wall_start
-    return Result(name, count, body_bytes, np.array(server_ms), np.array(client_ms), wall_s)
 
 
 def one_write_scenario(url: str, name: str, body: bytes, count: int) -> Result:
@@ -391,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         "--own-models", type=int, default=300, help="nodes with their own model (default 300)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="instead of the full run, serve today's code and git revision REV's side by side "
+        "on the same bundle and cluster and compare their server-side latency "
+        "(bench.extender_baseline)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -405,6 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         build_fleet_bundle(bundle_dir, args.own_models, quiet)
         snapshot = cluster_snapshot(Path(tmp) / "cluster.json")
         bodies = scheduler_bodies()
+        if args.baseline is not None:
+            figures = compare(
+                args.baseline,
+                ["--bundle", str(bundle_dir), "--cluster", str(snapshot)],
+                {**bodies, "prioritize 500, new list": rotating_bodies()[0]},
+                args.requests,
+                quiet=quiet,
+            )
+            print_comparison(args.baseline, figures)
+            return 0
         body_500 = bodies["prioritize NodeNames 500"]
         windows = rotating_bodies()
         results: list[Result] = []

@@ -174,7 +174,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     limits = runtime.config.limits
     warnings = WarningThrottle()
 
-    def assess_request(args: ExtenderArgs, now_s: float) -> Scored:
+    def assess_request(args: ExtenderArgs, now_s: float, verb: str) -> Scored:
         try:
             demand_cores = pod_cpu_demand_cores(args.pod)
         except ValueError as exc:
@@ -189,6 +189,8 @@ def create_app(runtime: Runtime) -> FastAPI:
             now_s=now_s,
             telemetry_ttl_s=runtime.telemetry_ttl_s,
             pod=args.pod,
+            run_filters=verb != "prioritize",
+            run_scores=verb != "filter",
         )
         if assessment.unknown_nodes:
             metrics.unknown_nodes.inc(assessment.unknown_nodes)
@@ -205,7 +207,7 @@ def create_app(runtime: Runtime) -> FastAPI:
             check_json_depth(body, limits.max_json_depth)
             args = parse_extender_args(body)
             check_node_count(len(args.candidate_names), limits.max_nodes)
-            scored = assess_request(args, runtime.clock())
+            scored = assess_request(args, runtime.clock(), verb)
             payload, code = answer(args, scored, runtime), 200
         except LimitError as exc:
             metrics.errors.labels(verb=verb, kind=exc.kind).inc()

@@ -210,7 +210,6 @@ class Cycle:
         self.now_s = now_s
         self.pod = pod
         with np.errstate(invalid="ignore", divide="ignore"):
-            self.telemetry_age_s = now_s - nodes.observed_at_s
             self.d = demand_cores / nodes.allocatable
 
     def __len__(self) -> int:
@@ -219,6 +218,11 @@ class Cycle:
     def node_values(self, attribute: NodeAttribute) -> np.ndarray:
         """A plugin's per-node attribute at the candidates (cached per candidate list)."""
         return self.candidates.node_values(attribute)
+
+    @cached_property
+    def telemetry_age_s(self) -> np.ndarray:
+        """Seconds since each candidate's telemetry was observed (inf without any)."""
+        return self.now_s - self.nodes.observed_at_s
 
     @cached_property
     def power_after_w(self) -> np.ndarray:

@@ -203,12 +203,16 @@ def assess(
     now_s: float,
     telemetry_ttl_s: float | None,
     pod: Mapping[str, object] | None = None,
+    run_filters: bool = True,
+    run_scores: bool = True,
 ) -> Assessment:
     """Filter and score `candidates` (node names, or `NodeInfo`s built from request objects).
 
     With names, allocatable CPU, labels and annotations come from `view`; with `NodeInfo`s
     they come from the request and only telemetry and assumed load come from `view`.
-    `telemetry_ttl_s` None means telemetry never goes stale (snapshot mode).
+    `telemetry_ttl_s` None means telemetry never goes stale (snapshot mode). A verb that needs
+    only one half skips the other (`run_filters`, `run_scores`): `/filter` answers with
+    verdicts, `/prioritize` with scores; skipped scores are 0 and nothing fails.
     """
     resolved = resolve_candidates(view, candidates)
     nodes = candidate_state(view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
@@ -217,17 +221,21 @@ def assess(
 
     failed: dict[str, str] = {}
     unresolvable: set[str] = set()
-    for plugin in profile.filters:
+    for plugin in profile.filters if run_filters else ():
         verdict = plugin.filter(cycle)
         for i, reason in verdict.failed.items():
             failed.setdefault(names[i], reason)
         unresolvable.update(names[i] for i in verdict.unresolvable)
 
     scores: dict[str, PluginScore] = {}
-    for plugin, weight in profile.scores:
+    for plugin, weight in profile.scores if run_scores else ():
         raw = plugin.score(cycle)
         scores[plugin.name] = PluginScore(plugin.name, raw, plugin.normalise(raw, cycle), weight)
-    score = combine(profile, {name: entry.points for name, entry in scores.items()}, len(names))
+    if run_scores:
+        points = {name: entry.points for name, entry in scores.items()}
+        score = combine(profile, points, len(names))
+    else:
+        score = np.zeros(len(names), dtype=np.int64)
     if nodes.known_count < len(names):
         score[~nodes.known] = 0
 

@@ -54,6 +54,7 @@ class NodeInfo:
 
 
 NodeValue = float | int | bool
+_MISSING = object()
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,6 +122,15 @@ class Candidates:
     def gather(self, array: np.ndarray, missing: float | bool | int) -> np.ndarray:
         """`array` (aligned to the view) at the candidates; `missing` where not in the view."""
         return _gather(array, self.positions, self.in_view, self.all_in_view, missing)
+
+    def memo(self, key: Hashable, compute: Callable[[Candidates], Any]) -> Any:
+        """`compute(self)`, once per candidate list: for what a plugin derives from node
+        attributes alone (e.g. the positions of powerless nodes). `key` must be unique to the
+        plugin (a module-level object); the value must be immutable."""
+        value = self._attributes.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._attributes[key] = compute(self)
+        return value
 
     def node_values(self, attribute: NodeAttribute) -> np.ndarray:
         """`attribute` of each candidate (read-only); computed once per candidate list."""

@@ -69,14 +69,20 @@ class ExtenderProcess:
 
 @contextlib.contextmanager
 def run_extender(
-    args: Sequence[str] = (), env: dict[str, str] | None = None
+    args: Sequence[str] = (), env: dict[str, str] | None = None, *, source: Path = REPO_ROOT
 ) -> Iterator[ExtenderProcess]:
-    """Start ``python -m extender --port 0 <args>``; yield once it logged its URL."""
+    """Start ``python -m extender --port 0 <args>``; yield once it logged its URL.
+
+    `source` is the checkout whose code runs (another revision's worktree, for a baseline).
+    """
     command = [sys.executable, "-m", "extender", "--port", "0", "--log-format", "json", *args]
+    environment = {**os.environ, **(env or {})}
+    if source != REPO_ROOT:
+        environment["PYTHONPATH"] = str(source)
     process = subprocess.Popen(
         command,
-        cwd=REPO_ROOT,
-        env={**os.environ, **(env or {})},
+        cwd=source,
+        env=environment,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

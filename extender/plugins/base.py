@@ -140,7 +140,11 @@ class Plugin:
 
 def clip_points(raw: np.ndarray) -> np.ndarray:
     """Raw values that are already points: clipped to 0..10, NaN (cannot tell) as 0."""
-    return np.clip(np.nan_to_num(raw, nan=0.0), 0.0, MAX_POINTS)
+    points = np.minimum(np.maximum(raw, 0.0), MAX_POINTS)  # NaN stays NaN here
+    missing = np.isnan(points)
+    if missing.any():
+        points[missing] = 0.0
+    return points
 
 
 def cost_ratio_points(cost: np.ndarray, *, points_per_doubling: float, floor: float) -> np.ndarray:

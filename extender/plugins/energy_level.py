@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extender.plugins.base import FilterVerdict, Plugin
-from extender.state import NodeAttribute, NodeInfo
+from extender.plugins.base import PASS_ALL, FilterVerdict, Plugin
+from extender.state import Candidates, NodeAttribute, NodeInfo
 from livedata.labels import ENERGY_LABEL, LOW_POWERED, POWERLESS, VULNERABLE, WELL_POWERED
 
 if TYPE_CHECKING:
@@ -94,6 +94,24 @@ ENERGY_LEVEL = NodeAttribute(
     check=_unknown_label,
 )
 POWERLESS_REASON = "energy-status is powerless (0-15 % stored energy)"
+# Keys of what is derived once per candidate list (labels change with the node layout only).
+_POWERLESS_VERDICT = object()
+_POINTS = object()
+
+
+def _powerless_verdict(candidates: Candidates) -> FilterVerdict:
+    level = candidates.node_values(ENERGY_LEVEL)
+    known = candidates.has_node_info
+    powerless = np.flatnonzero(known & (level == EnergyLevel.POWERLESS)).tolist()
+    if not powerless:
+        return PASS_ALL
+    return FilterVerdict(dict.fromkeys(powerless, POWERLESS_REASON), frozenset(powerless))
+
+
+def _points(candidates: Candidates) -> np.ndarray:
+    points = ENERGY_SCORES[candidates.node_values(ENERGY_LEVEL)]
+    points.flags.writeable = False
+    return points
 
 
 class EnergyLevelPlugin(Plugin):
@@ -101,14 +119,13 @@ class EnergyLevelPlugin(Plugin):
     node_attributes = (ENERGY_LEVEL,)
 
     def filter(self, cycle: Cycle) -> FilterVerdict:
-        level = cycle.node_values(ENERGY_LEVEL)
-        powerless = np.flatnonzero(cycle.nodes.known & (level == EnergyLevel.POWERLESS)).tolist()
-        if not powerless:
-            return FilterVerdict({})
-        return FilterVerdict(dict.fromkeys(powerless, POWERLESS_REASON), frozenset(powerless))
+        return cycle.candidates.memo(_POWERLESS_VERDICT, _powerless_verdict)
 
     def score(self, cycle: Cycle) -> np.ndarray:
-        return ENERGY_SCORES[cycle.node_values(ENERGY_LEVEL)]
+        return cycle.candidates.memo(_POINTS, _points)
+
+    def normalise(self, raw: np.ndarray, cycle: Cycle) -> np.ndarray:
+        return raw  # already 0..10 points
 
     def explain(self, cycle: Cycle) -> Mapping[str, Sequence[object]]:
         return {

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extender.plugins.base import FilterVerdict, Plugin
-from extender.state import NodeAttribute, NodeInfo
+from extender.plugins.base import PASS_ALL, FilterVerdict, Plugin
+from extender.state import Candidates, NodeAttribute, NodeInfo
 from livedata.labels import MAX_POWER_ANNOTATION
 
 if TYPE_CHECKING:
@@ -52,16 +52,28 @@ MAX_POWER_W = NodeAttribute(
 )
 
 
+_CAPPED = object()  # key of the capped positions, derived once per candidate list
+
+
+def _capped_positions(candidates: Candidates) -> np.ndarray:
+    positions = np.flatnonzero(np.isfinite(candidates.node_values(MAX_POWER_W)))
+    positions.flags.writeable = False
+    return positions
+
+
 class PowerCap(Plugin):
     name = "PowerCap"
     node_attributes = (MAX_POWER_W,)
 
     def filter(self, cycle: Cycle) -> FilterVerdict:
+        capped = cycle.candidates.memo(_CAPPED, _capped_positions)
+        if capped.size == 0:
+            return PASS_ALL  # most clusters: no node has a cap, nothing to predict
         max_power_w = cycle.node_values(MAX_POWER_W)
         power_after_w = cycle.power_after_w
-        # A node without the annotation has NaN, which compares False; so does no prediction.
+        # No prediction is NaN, which compares False: such nodes pass.
         with np.errstate(invalid="ignore"):
-            over = np.flatnonzero(power_after_w > max_power_w).tolist()
+            over = capped[power_after_w[capped] > max_power_w[capped]].tolist()
         return FilterVerdict(
             {
                 i: f"predicted power after placement {power_after_w[i]:.1f} W exceeds "
