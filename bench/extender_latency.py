@@ -59,7 +59,7 @@ from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, KubeletMount, 
 from bench.support.server import REPO_ROOT, run_extender, write_snapshot
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
 from extender.config import ExtenderConfig
-from extender.demand import pod_cpu_demand_cores
+from livedata.pod_resources import pod_cpu_demand_cores
 from extender.protocol import encode, parse_extender_args, prioritize_result_arrays
 from extender.runtime import Runtime
 from extender.scoring import assess

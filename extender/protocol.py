@@ -26,7 +26,7 @@ from typing import NoReturn
 import numpy as np
 import orjson
 
-from extender.demand import parse_cpu_quantity
+from livedata.pod_resources import parse_cpu_quantity
 from extender.state import NodeInfo
 
 MIN_EXTENDER_PRIORITY = 0

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from extender.demand import pod_cpu_demand_cores
+from livedata.pod_resources import pod_cpu_demand_cores
 from extender.protocol import (
     ExtenderArgs,
     ProtocolError,

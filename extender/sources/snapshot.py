@@ -29,7 +29,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from extender.demand import parse_cpu_quantity
+from livedata.pod_resources import parse_cpu_quantity
 from extender.state import ClusterState, NodeInfo
 from livedata.metrics_table import CPU_UTIL
 
