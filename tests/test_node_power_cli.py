@@ -13,6 +13,7 @@ import requests
 
 from controllers.node_power.cli import build_parser, main, settings_from_args
 from controllers.node_power.health import serve_health
+from tests.support.bmc import RedfishEmulator
 from tests.support.power_cluster import (
     make_kube,
     node,
@@ -164,3 +165,27 @@ def test_probes_metrics_and_status_over_http() -> None:
         server.shutdown()
         controller.stop()
         kube.stop()
+
+
+def test_check_bmc_asks_each_nodes_bmc_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with RedfishEmulator(tmp_path / "redfish", ["rack-1"], auth=("admin", "bmc-pass")) as bmc:
+        secret = tmp_path / "bmc"
+        secret.mkdir()
+        (secret / "rack-1").write_text(f"address: {bmc.url}\nusername: admin\npassword: bmc-pass\n")
+        (secret / "rack-2").write_text(f"address: {bmc.url}\nusername: admin\npassword: wrong\n")
+        kube = make_kube([node("rack-1", driver="redfish"), node("rack-2", driver="redfish")])
+        try:
+            kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+            common = [f"--kubeconfig={kubeconfig}", f"--bmc-secret-dir={secret}"]
+            assert main([*common, "--check-bmc", "rack-1"]) == 0
+            assert capsys.readouterr().out.strip() == f"rack-1: redfish ({bmc.url}): power on"
+            assert main([*common, "--check-bmc", "rack-2", "--check-bmc", "rack-9"]) == 1
+            out = capsys.readouterr().out
+            assert "rack-2: FAILED (refused)" in out and "wrong" not in out
+            assert "rack-9: FAILED (config): node rack-9: no such node" in out
+            assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
+            assert bmc.power_state("rack-1") == "On"
+        finally:
+            kube.stop()

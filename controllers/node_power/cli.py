@@ -22,12 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from controllers.node_power.actuator import ActuatorSettings
 from controllers.node_power.controller import ControllerSettings, NodePowerController
-from controllers.node_power.drivers import BmcSecret
+from controllers.node_power.drivers import BmcSecret, DriverError
 from controllers.node_power.health import serve_health
 from controllers.node_power.idle_power import IdlePower, NominalConditions
+from controllers.node_power.kube import describe_api_error
 from controllers.node_power.lease import LeaderElector, LeaseSettings
 from controllers.node_power.policy import PolicySettings
 from livedata.collect_config import CollectConfig, CollectConfigError, parse_duration_s
@@ -376,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one round (no leader election) and print its decisions as JSON; exit 1 if it failed",
     )
+    run.add_argument(
+        "--check-bmc",
+        action="append",
+        metavar="NODE",
+        help="ask NODE's BMC for its power state through the node's driver and BMC Secret "
+        "entry, print it and exit 1 if it failed; changes nothing (repeatable)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="text", choices=LOG_FORMATS)
     return parser
@@ -504,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         secret=BmcSecret(args.bmc_secret_dir),
         elector=elector,
     )
+    if args.check_bmc:
+        return check_bmcs(api_client, args.check_bmc, controller)
     if args.once:
         return _run_once(controller)
     if args.listen_port is not None:
@@ -523,6 +534,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         stop.set()
     return 0
+
+
+def check_bmcs(
+    api_client: client.ApiClient, nodes: Sequence[str], controller: NodePowerController
+) -> int:
+    """`--check-bmc`: each node's driver and BMC answer, one line per node; 1 if any failed."""
+    core = client.CoreV1Api(api_client)
+    failed = 0
+    for name in nodes:
+        try:
+            response = core.list_node(
+                field_selector=f"metadata.name={name}", _preload_content=False
+            )
+            items = json.loads(response.data).get("items") or []
+            if not items:
+                raise DriverError("config", f"node {name}: no such node")
+            driver = controller.actuator.driver_for(items[0], "on")
+            print(f"{name}: {driver.describe()}: power {driver.power_state()}")
+        except DriverError as error:
+            failed += 1
+            print(f"{name}: FAILED ({error.kind}): {error}")
+        except ApiException as error:
+            failed += 1
+            print(f"{name}: FAILED: cannot read the node: {describe_api_error(error)}")
+    return 1 if failed else 0
 
 
 def _run_once(controller: NodePowerController) -> int:
