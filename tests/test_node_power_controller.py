@@ -349,7 +349,111 @@ def test_power_off_through_ipmi(cleanup: list, tmp_path: Path) -> None:
         now = time.time()
         assert controller.run_round(now).acted == ["power_off idle"]
         assert state_of(kube, "idle")[:2] == ("off", True)
-        assert bmc.requests == ["off"]  # one soft power off
+        assert bmc.requests == ["soft-off"]  # a graceful shutdown, nothing forced
+
+
+def test_a_node_ignoring_the_graceful_shutdown_is_forced_off(cleanup: list, tmp_path: Path) -> None:
+    with IpmiBmc(tmp_path / "ipmi", password=PASSWORD, ignore_soft_off=True) as bmc:
+        kube = make_kube([node("busy"), node("stuck", driver="ipmi")], [pod("web-1", "busy", "12")])
+        cleanup.append(kube)
+        actuator = ActuatorSettings(shutdown_timeout_s=300.0, bmc_timeout_s=15.0)
+        controller = started_controller(
+            kube, settings(actuator=actuator), secret=secret_dir(tmp_path, {"stuck": bmc.address})
+        )
+        cleanup.append(controller)
+        now = time.time()
+        controller.run_round(now)
+        controller.run_round(now + 200)  # still on, within the shutdown timeout: wait
+        assert state_of(kube, "stuck")[:2] == ("draining", True)
+        controller.run_round(now + 310)  # past it: forced
+        wait_until(lambda: controller.run_round(now + 320) and state_of(kube, "stuck")[0] == "off")
+        assert bmc.requests == ["soft-off (ignored)", "off"]
+
+
+def test_a_woken_node_that_never_becomes_ready_is_recorded_off_and_another_is_woken(
+    cleanup: list,
+) -> None:
+    kube = make_kube(
+        [
+            node("full"),
+            node("dead", state="off", unschedulable=True, ready=False),
+            node("spare", state="off", unschedulable=True, ready=False),
+        ],
+        [pod("web-1", "full", "16"), pod("job-1", None, "4", pending=True)],
+    )
+    cleanup.append(kube)
+    actuator = ActuatorSettings(wake_timeout_s=600.0, retry_backoff_s=60.0)
+    controller = started_controller(kube, settings(actuator=actuator))
+    cleanup.append(controller)
+    now = time.time()
+    assert controller.run_round(now).acted == ["wake dead"]  # name order: same idle watts
+    caught_up(controller, kube)
+    assert controller.run_round(now + 300).acted == []  # still booting, the pod waits
+    caught_up(controller, kube)
+    controller.run_round(now + 610)
+    state, cordoned, reason = state_of(kube, "dead")
+    assert (state, cordoned) == ("off", True)
+    assert "not Ready within 600 s" in reason
+    caught_up(controller, kube)
+    assert controller.run_round(now + 620).acted == ["wake spare"]  # dead backs off
+
+
+def test_a_drain_that_does_not_finish_in_time_is_given_up(cleanup: list) -> None:
+    stuck = pod("web-1", "light", "1")
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # a finalizer holds it
+    stuck["metadata"]["finalizers"] = ["example.com/cleanup"]
+    kube = make_kube([node("keep"), node("light")], [pod("big-1", "keep", "10"), stuck])
+    cleanup.append(kube)
+    actuator = ActuatorSettings(drain_timeout_s=600.0)
+    controller = started_controller(kube, settings(actuator=actuator))
+    cleanup.append(controller)
+    now = time.time()
+    assert controller.run_round(now).acted == ["drain light"]
+    caught_up(controller, kube)
+    controller.run_round(now + 300)
+    assert state_of(kube, "light")[:2] == ("draining", True)
+    caught_up(controller, kube)
+    controller.run_round(now + 601)
+    state, cordoned, reason = state_of(kube, "light")
+    assert (state, cordoned) == ("on", False)
+    assert "drain did not finish within 600 s (1 pod(s) left: default/web-1)" in reason
+    assert controller.metrics.drain_failures.labels(cause="timeout")._value.get() == 1
+
+
+def test_a_node_powered_on_by_hand_is_taken_back_as_on(cleanup: list, tmp_path: Path) -> None:
+    with RedfishEmulator(tmp_path / "redfish", ["busy", "spare"], auth=("admin", PASSWORD)) as bmc:
+        _set_emulator_power(bmc, "spare", "Off")
+        now = time.time()
+        kube = make_kube(
+            [
+                node("busy", driver="redfish"),
+                node(
+                    "spare",
+                    driver="redfish",
+                    state="off",
+                    since_s=now - 3600,
+                    unschedulable=True,
+                    ready=False,
+                ),
+            ],
+            [pod("web-1", "busy", "12")],
+        )
+        cleanup.append(kube)
+        secret = secret_dir(tmp_path, {"busy": bmc.url, "spare": bmc.url})
+        controller = started_controller(kube, settings(), secret=secret)
+        cleanup.append(controller)
+        kubelet = FakeKubelet(kube, lambda name: bmc.power_state(name).lower())
+        kubelet.sync(now - 3590)  # Unknown since it went off
+        caught_up(controller, kube)
+        controller.run_round(now)
+        assert state_of(kube, "spare")[0] == "off"
+        _set_emulator_power(bmc, "spare", "On")  # someone pressed the button
+        kubelet.sync(now)
+        caught_up(controller, kube)
+        controller.run_round(now + 10)
+        state, cordoned, reason = state_of(kube, "spare")
+        assert (state, cordoned) == ("on", False)
+        assert "powered on outside the controller" in reason
 
 
 # ---- kill switch, watch drops, API errors ---------------------------------------------------

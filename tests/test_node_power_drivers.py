@@ -186,7 +186,7 @@ def test_ipmi_powers_the_chassis_off_softly_and_on(ipmi: IpmiBmc) -> None:
     driver.request_power_on()
     assert wait_for(lambda: driver.power_state() == POWER_STATE_ON)
     # "shutdown" is chassis control "soft", "off" the hard power off.
-    assert ipmi.requests == ["off", "on", "off", "on"]
+    assert ipmi.requests == ["soft-off", "on", "off", "on"]
 
 
 def test_ipmi_refusals_are_refused_errors(ipmi: IpmiBmc) -> None:

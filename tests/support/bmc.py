@@ -163,10 +163,12 @@ class IpmiBmc:
         password: str = "ipmi-test-password",
         power: str = "on",
         delay_s: float = 0.0,
+        ignore_soft_off: bool = False,
     ) -> None:
         self.workdir = workdir
         self.user, self.password = user, password
         self.power, self.delay_s = power, delay_s
+        self.ignore_soft_off = ignore_soft_off
         self.port = free_port(socket.SOCK_DGRAM)
         self.address = f"127.0.0.1:{self.port}"
         self.requests: list[str] = []  # power requests the BMC received, in order
@@ -192,6 +194,7 @@ class IpmiBmc:
                 self.power,
                 "--delay",
                 str(self.delay_s),
+                *(["--ignore-soft-off"] if self.ignore_soft_off else []),
             ],
             cwd=REPO,
             env=_subprocess_env(),
@@ -212,7 +215,7 @@ class IpmiBmc:
         assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:
             if line.startswith("request "):
-                self.requests.append(line.split()[1])
+                self.requests.append(line.split(" ", 1)[1].strip())
 
     def __exit__(self, *exc_info: object) -> None:
         if self._process is not None:

@@ -1,12 +1,13 @@
 """A real IPMI 2.0 endpoint for tests: pyghmi's own BMC server with a chassis that powers.
 
     python -m tests.support.ipmi_bmc --port 9623 --user admin --password-file FILE \
-        [--power on|off] [--delay 0.5]
+        [--power on|off] [--delay 0.5] [--ignore-soft-off]
 
 Run it in a subprocess (`tests.support.bmc.IpmiBmc`): pyghmi's server and client share
 module-level session tables and one I/O thread, and a BMC served from a thread of the test
 process makes clients in that process flaky. The chassis reports a new power state `--delay`
-seconds after a request, like a server that takes time to shut down or start.
+seconds after a request, like a server that takes time to shut down or start; with
+`--ignore-soft-off` it accepts a soft (ACPI) power off and stays on, like a hung OS.
 
 Two pyghmi 1.6 server bugs are worked around, so that the pyghmi *client* (the controller's
 IPMI driver) logs in as it would to a real BMC:
@@ -63,18 +64,28 @@ serversession.ServerSession._got_rakp1 = _rakp1_rejecting_unknown_users
 class ChassisBmc(bmc.Bmc):
     """A BMC whose chassis takes `delay_s` to reach a requested power state."""
 
-    def __init__(self, users: dict[str, str], port: int, power: str, delay_s: float) -> None:
+    def __init__(
+        self,
+        users: dict[str, str],
+        port: int,
+        power: str,
+        delay_s: float,
+        *,
+        ignore_soft_off: bool = False,
+    ) -> None:
         super().__init__(users, port=port, address="127.0.0.1")
         self._lock = threading.Lock()
         self._power = power
         self._pending: tuple[str, float] | None = None
         self.delay_s = delay_s
+        # An OS that ignores the ACPI power button: a soft off is accepted and nothing happens.
+        self.ignore_soft_off = ignore_soft_off
         self.stopping = threading.Event()
 
-    def _request(self, target: str) -> None:
+    def _request(self, target: str, what: str | None = None) -> None:
         with self._lock:
             self._pending = (target, time.monotonic() + self.delay_s)
-        print(f"request {target}", flush=True)
+        print(f"request {what or target}", flush=True)
 
     def get_power_state(self) -> str:
         with self._lock:
@@ -91,7 +102,10 @@ class ChassisBmc(bmc.Bmc):
     def power_shutdown(self) -> int | None:
         if self.get_power_state() == "off":
             return NOT_IN_PRESENT_STATE
-        self._request("off")
+        if self.ignore_soft_off:
+            print("request soft-off (ignored)", flush=True)
+            return None
+        self._request("off", "soft-off")
         return None
 
     def power_cycle(self) -> None:
@@ -119,9 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--password-file", type=Path, required=True)
     parser.add_argument("--power", choices=("on", "off"), default="on")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--ignore-soft-off", action="store_true")
     args = parser.parse_args(argv)
     password = args.password_file.read_text().strip()
-    server = ChassisBmc({args.user: password}, args.port, args.power, args.delay)
+    server = ChassisBmc(
+        {args.user: password},
+        args.port,
+        args.power,
+        args.delay,
+        ignore_soft_off=args.ignore_soft_off,
+    )
     signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: server.stopping.set())
     print(f"listening on udp 127.0.0.1:{args.port}", flush=True)
