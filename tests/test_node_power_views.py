@@ -23,6 +23,7 @@ from controllers.node_power.views import (
     selector_matches,
     unmanaged_reason,
 )
+from livedata.collect_config import CollectConfig
 from livedata.labels import (
     POWER_MANAGEMENT_DISABLED_ANNOTATION,
     POWER_STATE_ANNOTATION,
@@ -31,7 +32,9 @@ from livedata.labels import (
     SCALE_DOWN_DISABLED_ANNOTATION,
 )
 from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.exporters import two_nodes
 from tests.support.power_cluster import budget, node, pod, stamp
+from tests.support.prometheus import require_prometheus, start_prometheus
 
 SCHEDULER = "power-aware-scheduler"
 
@@ -242,3 +245,44 @@ def test_idle_watts_at_nominal_temperatures_from_the_bundle(tmp_path: Path) -> N
     assert watts["unknown"] == pytest.approx(150.0, abs=0.5)  # the fallback model
     assert idle.bundle_version is not None
     assert math.isnan(IdlePower(None).idle_w(["a"])["a"])
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_idle_watts_at_current_temperatures_from_prometheus(tmp_path: Path) -> None:
+    require_prometheus()
+    curves = {
+        "node-a": PowerCurveSpec(
+            100.0, 300.0, temp_w_per_c=2.0, thermal={"cpu1_temp_c_per_util": 20.0}
+        ),
+        "node-c": PowerCurveSpec(
+            100.0, 300.0, temp_w_per_c=2.0, thermal={"cpu1_temp_c_per_util": 20.0}
+        ),
+    }
+    make_bundle(tmp_path / "bundle", curves)
+    with two_nodes() as (node_a, node_b):
+        # Idle: the CPU reads exactly as hot as it is at u = 0 (a measured rate is never
+        # exact, and the slope would carry its error into the expected watts).
+        node_a.host.cpu_util = 0.0
+        prom = start_prometheus(tmp_path / "prom", scrape_targets=[node_a.target, node_b.target])
+        try:
+            prom.wait_for(
+                f'count_over_time(node_cpu_seconds_total{{instance="{node_a.target}",'
+                f'mode="idle",cpu="0"}}[10s]) >= 8'
+            )
+            config = CollectConfig(url=prom.url, cpu_rate_window="5s")
+            idle = IdlePower(tmp_path / "bundle", prometheus=config)
+            idle.refresh()
+            watts = idle.idle_w(["node-a", "node-c"])
+            # node-a reads 22 C ambient and 55 C on its CPU at u = 0 -> 100 + 2 * (55 - 50).
+            assert watts["node-a"] == pytest.approx(110.0, abs=1.0)
+            # node-c has no readings (it is off): nominal 24 + 32 - 20 * 0.5 = 46 C -> 92 W.
+            assert watts["node-c"] == pytest.approx(92.0, abs=1.0)
+            assert idle.last_reading_error is None
+            prom.stop()
+            # Prometheus gone: nominal temperatures for everyone, and the error says why.
+            watts = idle.idle_w(["node-a"])
+            assert watts["node-a"] == pytest.approx(92.0, abs=1.0)
+            assert idle.last_reading_error
+        finally:
+            prom.stop()
