@@ -130,6 +130,17 @@ def test_once_prints_the_round_and_changes_nothing_without_apply(
         assert json.loads(capsys.readouterr().out)["acted"] == ["power_off idle"]
         annotations = kube.get("nodes", "idle")["metadata"]["annotations"]
         assert annotations["power-aware-scheduler/power-state"] == "off"
+        # Acting, it took the Lease and gave it back; while a controller holds it, it refuses.
+        lease = kube.get("leases", "power-node-controller", "power-aware-scheduler")
+        assert not lease["spec"].get("holderIdentity")
+        kube.patch(
+            "leases",
+            "power-node-controller",
+            {"spec": {"holderIdentity": "running-replica", "leaseDurationSeconds": 15}},
+            "power-aware-scheduler",
+        )
+        assert main([*common, "--apply"]) == 1
+        assert "held by running-replica" in capsys.readouterr().err
     finally:
         kube.stop()
 

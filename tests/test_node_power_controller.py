@@ -522,7 +522,8 @@ def test_the_controller_keeps_going_through_watch_drops_and_api_errors(cleanup: 
     assert "HTTP 500" in failed.error or "not synced" in failed.error
     assert state_of(kube, "spare")[0] == "off"
     assert controller.metrics.rounds.labels(result="error")._value.get() == 1
-    # The next round works: the waiting pod wakes the spare node.
+    # Once the caches have listed again, the next round works: the waiting pod wakes the spare.
+    wait_until(lambda: controller.synced, what="caches synced again")
     assert controller.run_round(now + 20).acted == ["wake spare"]
     assert state_of(kube, "spare")[0] == "waking"
 

@@ -176,6 +176,9 @@ class Actuator:
     # ---- drivers --------------------------------------------------------------------------
 
     def driver_for(self, node: JsonObject, recorded_state: str) -> PowerDriver:
+        """The node's driver. BMC drivers are built afresh from the Secret for every step (a
+        rotated password or a new address takes effect at once); a dry-run driver is kept,
+        since it remembers the power state it pretends to switch."""
         name = (node.get("metadata") or {}).get("name", "")
         kind = driver_kind(node, self.settings.default_driver)
         cached = self._drivers.get(name)
@@ -188,7 +191,8 @@ class Actuator:
             timeout_s=self.settings.bmc_timeout_s,
             state=POWER_STATE_OFF if recorded_state == POWER_OFF else "on",
         )
-        self._drivers[name] = (kind, driver)
+        if kind == POWER_DRIVER_DRY_RUN:
+            self._drivers[name] = (kind, driver)
         return driver
 
     def _driver_error(self, kind: str, error: DriverError) -> None:

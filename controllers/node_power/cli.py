@@ -376,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--once",
         action="store_true",
-        help="one round (no leader election) and print its decisions as JSON; exit 1 if it failed",
+        help="one round, its decisions printed as JSON; exit 1 if it failed. With --apply it "
+        "takes the Lease first and refuses while a running controller holds it",
     )
     run.add_argument(
         "--check-bmc",
@@ -504,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nominal=NominalConditions(args.nominal_ambient_c, args.nominal_cpu_above_ambient_c),
     )
     elector = None
-    if args.leader_elect and not args.once:
+    if args.leader_elect and (args.apply or not args.once):
         elector = LeaderElector(client.CoordinationV1Api(api_client), lease)
     controller = NodePowerController(
         settings,
@@ -516,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_bmc:
         return check_bmcs(api_client, args.check_bmc, controller)
     if args.once:
-        return _run_once(controller)
+        return _run_once(controller, elector)
     if args.listen_port is not None:
         server = serve_health(controller, args.listen_host, args.listen_port)
         log.info("health, metrics and status on http://%s:%d", *server.server_address[:2])
@@ -561,7 +562,17 @@ def check_bmcs(
     return 1 if failed else 0
 
 
-def _run_once(controller: NodePowerController) -> int:
+def _run_once(controller: NodePowerController, elector: LeaderElector | None) -> int:
+    """One round. Acting (`--apply`) takes the Lease first, so that it never acts beside a
+    running controller; a dry run reads only and needs none."""
+    if elector is not None and not elector.try_acquire_or_renew():
+        holder = elector.holder or "another replica"
+        print(
+            f"error: the Lease {elector.settings.namespace}/{elector.settings.name} is held by "
+            f"{holder}: a controller is running; stop it (or run without --apply)",
+            file=sys.stderr,
+        )
+        return 1
     controller.start()
     try:
         if not _wait_synced(controller):
@@ -570,6 +581,8 @@ def _run_once(controller: NodePowerController) -> int:
         result = controller.run_round()
     finally:
         controller.stop()
+        if elector is not None:
+            elector.release()
     print(json.dumps(round_summary(controller, result), indent=2, default=str))
     return 1 if result.error else 0
 

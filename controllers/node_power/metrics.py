@@ -38,7 +38,7 @@ class ControllerMetrics:
             registry=r,
         )
         self.power_cycles = Counter(
-            PREFIX + "power_cycles_total",
+            PREFIX + "cycles_total",
             "Nodes powered off (each off is one power cycle)",
             registry=r,
         )
