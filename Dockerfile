@@ -1,5 +1,6 @@
 # One image for every power-aware-scheduler process: the extender (python -m extender), the
-# energy adapter (python -m controllers.energy_adapter) and the trainer CronJob
+# energy adapter (python -m controllers.energy_adapter), the node power controller
+# (python -m controllers.node_power) and the trainer CronJob
 # (python -m training.collect / fit / publish).
 #   docker build -t power-aware-scheduler:0.1.0 .
 FROM python:3.11-slim

@@ -59,11 +59,11 @@ from bench.support.http import OneWriteClient, Result, measure
 from bench.support.server import REPO_ROOT, run_extender, write_snapshot
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
 from extender.config import ExtenderConfig
-from extender.demand import pod_cpu_demand_cores
 from extender.protocol import encode, parse_extender_args, prioritize_result_arrays
 from extender.runtime import Runtime
 from extender.scoring import assess
 from extender.sources.snapshot import DEMO_CLUSTER_FILE
+from livedata.pod_resources import pod_cpu_demand_cores
 from predictor.bundle import read_bundle, write_bundle
 from predictor.model import Predictor
 from training.export import model_to_onnx

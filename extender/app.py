@@ -34,7 +34,6 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import ClientDisconnect
 
-from extender.demand import pod_cpu_demand_cores
 from extender.limits import LimitError, body_too_large, check_json_depth, check_node_count
 from extender.protocol import (
     ExtenderArgs,
@@ -47,6 +46,7 @@ from extender.protocol import (
 )
 from extender.runtime import Runtime
 from extender.scoring import Assessment, assess
+from livedata.pod_resources import pod_cpu_demand_cores
 from predictor.reload import ModelState
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from typing import NoReturn
 import numpy as np
 import orjson
 
-from extender.demand import parse_cpu_quantity
 from extender.state import NodeInfo
+from livedata.pod_resources import parse_cpu_quantity
 
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10

@@ -59,6 +59,8 @@ MAX_POWER_ANNOTATION = "power-aware-scheduler/max-power-w"
 # ---- eviction (cluster-autoscaler's meaning) ---------------------------------------------------
 
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# Pod annotation kubelet puts on the API mirror of a static pod: it goes with its node.
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 
 # ---- node power management (the node power controller, controllers.node_power) ---------------
 
@@ -77,6 +79,10 @@ POWER_MANAGEMENT_LABEL = "power-aware-scheduler/power-management"
 POWER_MANAGEMENT_ENABLED = "enabled"
 # Node label (or annotation) choosing the power driver: redfish, ipmi or dry-run.
 POWER_DRIVER_LABEL = "power-aware-scheduler/power-driver"
+POWER_DRIVER_REDFISH = "redfish"
+POWER_DRIVER_IPMI = "ipmi"
+POWER_DRIVER_DRY_RUN = "dry-run"
+POWER_DRIVERS = (POWER_DRIVER_REDFISH, POWER_DRIVER_IPMI, POWER_DRIVER_DRY_RUN)
 # Kill switch, on a node or on the controller's namespace: "true" stops every power action.
 POWER_MANAGEMENT_DISABLED_ANNOTATION = "power-aware-scheduler/power-management-disabled"
 # cluster-autoscaler's opt-out, honoured too: a node with it set to "true" is never powered off.

@@ -1,4 +1,4 @@
-"""Pod CPU demand as kube-scheduler counts it, and Kubernetes CPU quantities."""
+"""Pod CPU and memory requests as kube-scheduler counts them, and Kubernetes quantities."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from extender.demand import parse_cpu_quantity, pod_cpu_demand_cores
+from livedata.pod_resources import (
+    parse_cpu_quantity,
+    parse_memory_quantity,
+    pod_cpu_demand_cores,
+    pod_memory_request_bytes,
+)
 
 
 def container(name: str, requests: object = None, limits: object = None, **extra) -> dict:
@@ -161,3 +166,54 @@ def test_garbage_in_a_pod_names_the_field() -> None:
         pod_cpu_demand_cores({"spec": {"initContainers": ["x"]}})
     with pytest.raises(ValueError, match="pod must be an object"):
         pod_cpu_demand_cores([])  # type: ignore[arg-type]
+
+
+# ---- memory (the node power controller's fit check) -------------------------------------------
+
+
+def memory_container(requests: object = None, limits: object = None, **extra) -> dict:
+    resources = {}
+    if requests is not None:
+        resources["requests"] = {"memory": requests}
+    if limits is not None:
+        resources["limits"] = {"memory": limits}
+    return {"name": "c", "image": "x", "resources": resources, **extra}
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("512Mi", 512 * 2**20),
+        ("1G", 10**9),
+        ("1e9", 10**9),
+        ("1.5Ki", 1536),
+        ("100m", 1),  # a tenth of a byte rounds up to one
+        (1024, 1024),
+        ("0", 0),
+    ],
+)
+def test_memory_quantity_forms(text: object, size: int) -> None:
+    assert parse_memory_quantity(text) == size
+
+
+@pytest.mark.parametrize("bad", ["-1Gi", "1 Gi", "lots", None, True, float("inf"), "1e30"])
+def test_bad_memory_quantities_name_the_value(bad: object) -> None:
+    with pytest.raises(ValueError, match="memory quantity"):
+        parse_memory_quantity(bad)
+
+
+def test_pod_memory_follows_the_same_rules_as_cpu_but_defaults_to_nothing() -> None:
+    app = [memory_container("1Gi"), memory_container(limits="512Mi")]  # limit stands in
+    sidecar = memory_container("256Mi", restartPolicy="Always")
+    big_init = memory_container("3Gi")
+    spec_pod = pod(app, init=[sidecar, big_init], overhead={"memory": "128Mi"})
+    # max(1Gi + 512Mi + 256Mi sidecar, 3Gi init + 256Mi sidecar) + 128Mi overhead
+    assert pod_memory_request_bytes(spec_pod) == (3 * 1024 + 256 + 128) * 2**20
+    assert pod_memory_request_bytes(pod([memory_container()])) == 0
+    # The CPU count of the same pod is untouched by memory.
+    assert pod_cpu_demand_cores(spec_pod) == 0.1
+
+
+def test_bad_memory_request_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"spec\.containers\[1\]\.resources\.requests\.memory"):
+        pod_memory_request_bytes(pod([memory_container("1Gi"), memory_container("big")]))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from kubernetes import client, watch
 from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
@@ -340,3 +341,178 @@ def test_kubeconfig_points_the_client_at_the_fake(kube: FakeKube, tmp_path: Path
         names = [n.metadata.name for n in client.CoreV1Api(api_client).list_node().items]
     assert names == ["node-a"]
     assert kube.requests[-1].headers["Authorization"] == "Bearer fake-token"
+
+
+# ---- what the node power controller uses: evictions under budgets, Leases -------------------
+
+
+def running_pod(name: str, labels: dict[str, str], *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "nodeName": "node-a"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def budget(name: str, labels: dict[str, str], allowed: int, **status: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": labels}},
+        "status": {
+            "observedGeneration": 1,
+            "disruptionsAllowed": allowed,
+            "currentHealthy": status.get("current", 2),
+            "desiredHealthy": status.get("desired", 2),
+            "expectedPods": 2,
+        },
+    }
+
+
+def evict(core: client.CoreV1Api, name: str) -> None:
+    core.create_namespaced_pod_eviction(
+        name,
+        "default",
+        {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}},
+        _preload_content=False,
+    )
+
+
+def test_eviction_refused_by_a_budget_is_429_with_the_real_status(
+    kube: FakeKube, core: client.CoreV1Api
+) -> None:
+    kube.create("pods", running_pod("web-1", {"app": "web"}), "default")
+    kube.create("poddisruptionbudgets", budget("web-pdb", {"app": "web"}, 0), "default")
+    with pytest.raises(ApiException) as raised:
+        evict(core, "web-1")
+    assert raised.value.status == 429
+    assert status_of(raised.value) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "reason": "TooManyRequests",
+        "details": {
+            "causes": [
+                {
+                    "reason": "DisruptionBudget",
+                    "message": "The disruption budget web-pdb needs 2 healthy pods and has 2 "
+                    "currently",
+                }
+            ]
+        },
+        "code": 429,
+    }
+    assert kube.get("pods", "web-1", "default") is not None
+
+
+def test_an_allowed_eviction_takes_one_disruption_from_the_budget(
+    kube: FakeKube, core: client.CoreV1Api
+) -> None:
+    for name in ("web-1", "web-2"):
+        kube.create("pods", running_pod(name, {"app": "web"}), "default")
+    kube.create("poddisruptionbudgets", budget("web-pdb", {"app": "web"}, 1), "default")
+    evict(core, "web-1")
+    assert kube.get("pods", "web-1", "default") is None
+    status = kube.get("poddisruptionbudgets", "web-pdb", "default")["status"]
+    assert status["disruptionsAllowed"] == 0
+    assert set(status["disruptedPods"]) == {"web-1"}
+    with pytest.raises(ApiException) as raised:
+        evict(core, "web-2")
+    assert raised.value.status == 429
+
+
+def test_eviction_budget_rules_of_the_registry(kube: FakeKube, core: client.CoreV1Api) -> None:
+    kube.create("poddisruptionbudgets", budget("strict", {"app": "web"}, 0), "default")
+    # Pending pods go without a budget check; an unready pod costs nothing while the budget holds.
+    pending = running_pod("starting", {"app": "web"})
+    pending["status"]["phase"] = "Pending"
+    kube.create("pods", pending, "default")
+    kube.create("pods", running_pod("sick", {"app": "web"}, ready=False), "default")
+    evict(core, "starting")
+    evict(core, "sick")
+    # A budget whose status predates its spec refuses, asking to come back in 10 s.
+    kube.create("pods", running_pod("db-0", {"app": "db"}), "default")
+    stale = budget("db-pdb", {"app": "db"}, 1)
+    stale["status"]["observedGeneration"] = 0
+    kube.create("poddisruptionbudgets", stale, "default")
+    with pytest.raises(ApiException) as raised:
+        evict(core, "db-0")
+    details = status_of(raised.value)["details"]
+    assert details["retryAfterSeconds"] == 10
+    assert "still being processed" in details["causes"][0]["message"]
+    # Two budgets over one pod: the eviction API does not support it.
+    kube.create("poddisruptionbudgets", budget("db-pdb-2", {"app": "db"}, 1), "default")
+    with pytest.raises(ApiException) as raised:
+        evict(core, "db-0")
+    assert raised.value.status == 500
+    assert "more than one PodDisruptionBudget" in status_of(raised.value)["message"]
+    # The URL and the body must name the same pod.
+    with pytest.raises(ApiException) as raised:
+        core.create_namespaced_pod_eviction(
+            "db-0", "default", {"metadata": {"name": "other"}}, _preload_content=False
+        )
+    assert raised.value.status == 400
+
+
+def test_budgets_list_across_namespaces_under_the_policy_group(kube: FakeKube) -> None:
+    kube.create("poddisruptionbudgets", budget("a", {"app": "a"}, 1), "default")
+    kube.create("poddisruptionbudgets", budget("b", {"app": "b"}, 1), "kube-system")
+    policy = client.PolicyV1Api(kube.api_client())
+    listed = policy.list_pod_disruption_budget_for_all_namespaces()
+    assert sorted(p.metadata.name for p in listed.items) == ["a", "b"]
+    assert listed.items[0].metadata.generation == 1
+    assert listed.items[0].status.disruptions_allowed == 1
+    # The core group does not serve it.
+    assert requests.get(f"{kube.url}/api/v1/poddisruptionbudgets", timeout=5).status_code == 404
+
+
+def lease_body(holder: str, renew: str = "2026-01-01T00:00:00.123456Z") -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "lock"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renew},
+    }
+
+
+def test_lease_optimistic_concurrency(kube: FakeKube) -> None:
+    coordination = client.CoordinationV1Api(kube.api_client())
+    created = coordination.create_namespaced_lease("default", lease_body("a"))
+    assert created.api_version == "coordination.k8s.io/v1"
+    with pytest.raises(ApiException) as raised:
+        coordination.create_namespaced_lease("default", lease_body("b"))
+    assert raised.value.status == 409
+    assert status_of(raised.value)["message"] == (
+        'leases.coordination.k8s.io "lock" already exists'
+    )
+    assert status_of(raised.value)["details"] == {
+        "name": "lock",
+        "group": "coordination.k8s.io",
+        "kind": "leases",
+    }
+    # Two writers read the same version; the second replace is a Conflict.
+    first, second = lease_body("a", renew="2026-01-01T00:00:02.000001Z"), lease_body("b")
+    for body in (first, second):
+        body["metadata"]["resourceVersion"] = created.metadata.resource_version
+    coordination.replace_namespaced_lease("lock", "default", first)
+    with pytest.raises(ApiException) as raised:
+        coordination.replace_namespaced_lease("lock", "default", second)
+    assert raised.value.status == 409
+    assert status_of(raised.value)["reason"] == "Conflict"
+    assert coordination.read_namespaced_lease("lock", "default").spec.holder_identity == "a"
+
+
+def test_lease_times_must_be_microtimes(kube: FakeKube) -> None:
+    # The official client turns times into datetimes and writes them back with isoformat(),
+    # which drops a zero fraction: the server's MicroTime parser refuses that.
+    coordination = client.CoordinationV1Api(kube.api_client())
+    with pytest.raises(ApiException) as raised:
+        coordination.create_namespaced_lease(
+            "default", lease_body("a", renew="2026-01-01T00:00:00.000000Z")
+        )
+    assert raised.value.status == 400
+    assert 'as "2006-01-02T15:04:05.000000Z07:00"' in status_of(raised.value)["message"]

@@ -52,6 +52,18 @@ NEEDED: dict[str, set[Right]] = {
     | _rights(CLUSTER, "", ("pods/eviction",), ("create",))
     | _rights(CLUSTER, "", ("events",), ("create", "update"))
     | _rights(CLUSTER, "events.k8s.io", ("events",), ("create", "update")),
+    # List+watch caches of nodes, pods and budgets; patches nodes (power-state annotations,
+    # cordon); evicts through the Eviction API; reads its namespace's kill switch; its own
+    # leader-election Lease (controllers.node_power). BMC credentials are a mounted Secret.
+    "power-node-controller": _rights(CLUSTER, "", ("nodes",), ("list", "watch", "patch"))
+    | _rights(CLUSTER, "", ("pods",), ("list", "watch"))
+    | _rights(CLUSTER, "", ("pods/eviction",), ("create",))
+    | _rights(CLUSTER, "policy", ("poddisruptionbudgets",), ("list", "watch"))
+    | _rights(CLUSTER, "", ("namespaces",), ("get",), ("power-aware-scheduler",))
+    | _rights(NAMESPACE, "coordination.k8s.io", ("leases",), ("create",))
+    | _rights(
+        NAMESPACE, "coordination.k8s.io", ("leases",), ("get", "update"), ("power-node-controller",)
+    ),
 }
 # Built-in roles (cluster-defined, versioned with the cluster) each account may be bound to.
 BUILT_IN_ALLOWED: dict[str, set[str]] = {
@@ -142,9 +154,15 @@ def test_no_write_verb_without_a_named_reason() -> None:
             ("events", "update"),
             ("pods/eviction", "create"),
         ],
+        "power-node-controller": [
+            ("leases", "create"),
+            ("leases", "update"),
+            ("nodes", "patch"),
+            ("pods/eviction", "create"),
+        ],
     }
     # Updates and deletes of existing objects are limited by name wherever the name is known.
-    for account in ("power-model-trainer", "power-aware-scheduler"):
+    for account in ("power-model-trainer", "power-aware-scheduler", "power-node-controller"):
         for right in NEEDED[account]:
             if right[3] in ("update", "delete", "get"):
                 assert right[4], f"{account}: {right} should be limited by resourceNames"

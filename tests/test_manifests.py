@@ -55,7 +55,12 @@ BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
 MODEL_SHARD_PREFIX = "power-models-"
 # `python -m NAME` of a package runs its CLI module, which holds `build_parser`.
-CLI_MODULES = {"training.collect": "training.collect.cli", "training.fit": "training.fit.cli"}
+CLI_MODULES = {
+    "training.collect": "training.collect.cli",
+    "training.fit": "training.fit.cli",
+    "controllers.node_power": "controllers.node_power.cli",
+    "controllers.energy_adapter": "controllers.energy_adapter.cli",
+}
 
 # kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
 SCHEDULER_CONFIG_FIELDS = {
@@ -613,7 +618,7 @@ def _guide_commands() -> list[list[str]]:
             if not line.strip().startswith("python -m "):
                 continue
             words = shlex.split(line.split("|")[0].split("#")[0])
-            if words[2].split(".")[0] in ("training", "extender"):
+            if words[2].split(".")[0] in ("training", "extender", "controllers"):
                 commands.append(words)
     return commands
 
@@ -622,6 +627,7 @@ def test_the_operations_guide_commands_parse() -> None:
     commands = _guide_commands()
     modules = {words[2] for words in commands}
     assert {"training.collect", "training.fit", "training.publish"} <= modules
+    assert "controllers.node_power" in modules
     for words in commands:
         module = importlib.import_module(CLI_MODULES.get(words[2], words[2]))
         module.build_parser().parse_args(words[3:])  # exits (fails the test) on a bad flag
@@ -629,3 +635,69 @@ def test_the_operations_guide_commands_parse() -> None:
             args = module.build_parser().parse_args(words[3:])
             assert f"{args.name}-0" == _model_shard_sources()[0]["name"]
             assert args.namespace == SCHEDULER_NAME
+
+
+# ---------------------------------------------------------------------------------------------
+# The node power controller
+
+
+def _node_power_container() -> tuple[dict, dict, list[str]]:
+    deployment = find_object("Deployment", "power-node-controller", SCHEDULER_NAME)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {"POD_NAME": "power-node-controller-abc12"}
+    return deployment, container, _expand_args(container, env)
+
+
+def test_node_power_controller_flags_parse_and_ship_in_dry_run() -> None:
+    cli = importlib.import_module("controllers.node_power.cli")
+    deployment, container, args = _node_power_container()
+    assert container["command"] == ["python", "-m", "controllers.node_power"]
+    parsed = cli.build_parser().parse_args(args)
+    settings = cli.settings_from_args(parsed)
+    assert not settings.apply, "shipped in dry run: --apply is the operator's decision"
+    assert parsed.in_cluster and parsed.leader_elect
+    assert parsed.identity == "power-node-controller-abc12"
+    # The kill switch and the Lease live in the namespace it runs in.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert deployment["metadata"]["namespace"] == SCHEDULER_NAME
+    # Two replicas, leader-elected; the probes are the controller's own endpoints.
+    assert deployment["spec"]["replicas"] == 2
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (port,) = container["ports"]
+    assert port["containerPort"] == parsed.listen_port
+
+
+def test_node_power_controller_mounts_the_bundle_and_the_bmc_secret() -> None:
+    deployment, container, args = _node_power_container()
+    cli = importlib.import_module("controllers.node_power.cli")
+    parsed = cli.build_parser().parse_args(args)
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    models = volumes[mounts[str(parsed.bundle)]["name"]]
+    # The same shards as the extender, so both rank nodes by the same models.
+    shards = [s["configMap"]["name"] for s in models["projected"]["sources"]]
+    assert shards == [s["name"] for s in _model_shard_sources()]
+    bmc = volumes[mounts[str(parsed.bmc_secret_dir)]["name"]]
+    assert bmc["secret"]["secretName"] == "power-node-bmc"
+    assert bmc["secret"]["optional"] is True  # dry run needs no credentials
+    # Readable by the controller's group only, never world-readable.
+    assert bmc["secret"]["defaultMode"] & 0o007 == 0
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["mountPath"] != "/tmp")
+
+
+def test_node_power_controller_can_take_its_own_lease() -> None:
+    _deployment, _container, args = _node_power_container()
+    cli = importlib.import_module("controllers.node_power.cli")
+    parsed = cli.build_parser().parse_args(args)
+    role = find_object("Role", "power-node-controller-lease", SCHEDULER_NAME)
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert [r["resourceNames"] for r in named] == [[parsed.leader_elect_resource_name]]
+    # Nothing about Secrets: the BMC credentials are a volume.
+    granted = _granted("power-node-controller", SCHEDULER_NAME)
+    assert not {g for g in granted if g[1] == "secrets"}
+    assert not {g for g in granted if g[1] == "pods" and g[2] in ("delete", "deletecollection")}

@@ -9,7 +9,6 @@ import numpy as np
 import orjson
 import pytest
 
-from extender.demand import pod_cpu_demand_cores
 from extender.protocol import (
     ExtenderArgs,
     ProtocolError,
@@ -22,6 +21,7 @@ from extender.protocol import (
     prioritize_result_arrays,
 )
 from extender.state import NodeInfo
+from livedata.pod_resources import pod_cpu_demand_cores
 
 SAMPLES = Path(__file__).parent / "fixtures" / "kube-scheduler-v1.28"
 NAMES = ["node-a", "node-b", "node-c"]

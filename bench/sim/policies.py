@@ -11,7 +11,7 @@
   (`set_telemetry_many`) against the extender's own `ClusterState`.
 
 Requests and memory: the extender only prices CPU. It reads the pod's CPU demand the way
-NodeResourcesFit counts requests (`extender.demand.pod_cpu_demand_cores`: requests, else
+NodeResourcesFit counts requests (`livedata.pod_resources.pod_cpu_demand_cores`: requests, else
 limits, else 100m), so the pod objects sent here carry `resources.requests.cpu` in millicores
 and memory in MiB. Memory never reaches the extender's decision: NodeResourcesFit (run here by
 `fits`, before the extender, as in kube-scheduler) rejects nodes short of memory, and the

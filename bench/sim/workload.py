@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from extender.demand import parse_cpu_quantity
+from livedata.pod_resources import parse_cpu_quantity
 
 REQUIRED_COLUMNS = ("arrival_s", "cpu_request", "duration_s")
 OPTIONAL_COLUMNS = ("name", "memory_mib", "usage_ratio")

@@ -32,8 +32,8 @@ import orjson
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from extender.demand import parse_cpu_quantity, pod_cpu_demand_cores
 from extender.state import ClusterState, NodeInfo
+from livedata.pod_resources import parse_cpu_quantity, pod_cpu_demand_cores
 
 log = logging.getLogger(__name__)
 

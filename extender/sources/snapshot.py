@@ -29,9 +29,9 @@ from pathlib import Path
 import orjson
 import yaml
 
-from extender.demand import parse_cpu_quantity
 from extender.state import ClusterState, NodeInfo
 from livedata.metrics_table import CPU_UTIL
+from livedata.pod_resources import parse_cpu_quantity
 
 DEMO_CLUSTER_FILE = Path(__file__).resolve().parent / "demo_cluster.json"
 UTIL_FIELD = CPU_UTIL  # the telemetry value checked to be a fraction 0..1

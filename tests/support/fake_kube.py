@@ -1,21 +1,31 @@
 """A small fake Kubernetes API server for tests: the only faked part of the system.
 
-The live sources (node and pod watches), model publishing (ConfigMaps) and the energy adapter
-(node label patches) all talk to the Kubernetes API through the official `kubernetes` client.
+The live sources (node and pod watches), model publishing (ConfigMaps), the energy adapter
+(node label patches) and the node power controller (cordon, evictions that PodDisruptionBudgets
+may refuse, Leases for leader election) all talk to the Kubernetes API through the official
+`kubernetes` client.
 Tests point that client, unchanged, at this server::
 
     with FakeKube() as kube:
         api = kubernetes.client.CoreV1Api(kube.api_client())
         api.create_namespaced_config_map("default", {...})
 
-It answers as a real kube-apiserver does for the core/v1 resources the project uses: the same
-paths, the same JSON (objects, lists, `Status` errors with the real reasons and messages), the
-same watch streams (chunked, one JSON event per line, starting after a resourceVersion, 410 Gone
-when that version is too old) and the same size limits (3 MiB request bodies, 1 MiB ConfigMaps).
+It answers as a real kube-apiserver does for the resources the project uses (core/v1, Leases of
+coordination.k8s.io/v1, PodDisruptionBudgets of policy/v1): the same paths, the same JSON
+(objects, lists, `Status` errors with the real reasons and messages), the same watch streams
+(chunked, one JSON event per line, starting after a resourceVersion, 410 Gone when that version
+is too old), the same size limits (3 MiB request bodies, 1 MiB ConfigMaps), the same optimistic
+concurrency (a stale resourceVersion is 409 Conflict) and the Eviction subresource's
+PodDisruptionBudget checks (pkg/registry/core/pod/storage/eviction.go: 429 TooManyRequests with
+a DisruptionBudget cause when the budget allows no disruption, 500 when several budgets match,
+no check for pods that are Pending, finished or already being deleted, and an allowed eviction
+takes one disruption from the budget's status).
 
 Simplifications, on purpose: deletion is immediate (no graceful termination or finalizers),
 strategic merge patches are applied as JSON merge patches (lists are replaced, not merged by
-key), list pagination (`limit`/`continue`) is ignored, and there is no authentication.
+key), list pagination (`limit`/`continue`) is ignored, there is no authentication, and no
+controller runs (a PodDisruptionBudget's status is whatever the test sets, as if the disruption
+controller had written it).
 
 Test hooks: every request is recorded (`requests`), faults can be injected (`fail_next`,
 `failing`, `drop_watches`, `expire_watches`), and objects can be changed from Python
@@ -63,6 +73,18 @@ class ResourceType:
     namespaced: bool
     # Field selectors the real server supports for this resource (others answer 400).
     fields: tuple[str, ...] = ("metadata.name", "metadata.namespace")
+    group: str = ""  # "" = the core group, served under /api/v1
+    # Times the real server parses as metav1.MicroTime (exactly six fractional digits).
+    micro_times: tuple[str, ...] = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/v1" if self.group else "v1"
+
+    @property
+    def qualified(self) -> str:
+        """The name in messages: `configmaps`, `leases.coordination.k8s.io`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
 RESOURCES: dict[str, ResourceType] = {
@@ -87,6 +109,14 @@ RESOURCES: dict[str, ResourceType] = {
             ),
         ),
         ResourceType("configmaps", "ConfigMap", True),
+        ResourceType(
+            "leases",
+            "Lease",
+            True,
+            group="coordination.k8s.io",
+            micro_times=("spec.acquireTime", "spec.renewTime"),
+        ),
+        ResourceType("poddisruptionbudgets", "PodDisruptionBudget", True, group="policy"),
         ResourceType(
             "events",
             "Event",
@@ -141,13 +171,30 @@ class ApiError(Exception):
         return body
 
 
+def _details(plural: str, name: str) -> JsonObject:
+    """StatusDetails of an object error: name, group (when not core) and resource."""
+    resource = RESOURCES.get(plural)
+    group = resource.group if resource is not None else ""
+    return {"name": name, **({"group": group} if group else {}), "kind": plural}
+
+
+def _qualified(plural: str) -> str:
+    resource = RESOURCES.get(plural)
+    return resource.qualified if resource is not None else plural
+
+
 def not_found(plural: str, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
+    return ApiError(
+        404, "NotFound", f'{_qualified(plural)} "{name}" not found', _details(plural, name)
+    )
 
 
 def already_exists(plural: str, name: str) -> ApiError:
     return ApiError(
-        409, "AlreadyExists", f'{plural} "{name}" already exists', {"name": name, "kind": plural}
+        409,
+        "AlreadyExists",
+        f'{_qualified(plural)} "{name}" already exists',
+        _details(plural, name),
     )
 
 
@@ -155,10 +202,18 @@ def conflict(plural: str, name: str) -> ApiError:
     return ApiError(
         409,
         "Conflict",
-        f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
-        "please apply your changes to the latest version and try again",
-        {"name": name, "kind": plural},
+        f'Operation cannot be fulfilled on {_qualified(plural)} "{name}": the object has been '
+        "modified; please apply your changes to the latest version and try again",
+        _details(plural, name),
     )
+
+
+def too_many_requests(message: str, cause: str, retry_after_s: int = 0) -> ApiError:
+    """errors.NewTooManyRequests with one DisruptionBudget cause, as the eviction REST sends it."""
+    details: JsonObject = {"causes": [{"reason": "DisruptionBudget", "message": cause}]}
+    if retry_after_s:
+        details["retryAfterSeconds"] = retry_after_s
+    return ApiError(429, "TooManyRequests", message, details)
 
 
 def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
@@ -398,7 +453,60 @@ def _now_rfc3339() -> str:
 
 
 def _with_type(resource: ResourceType, obj: JsonObject) -> JsonObject:
-    return {"kind": resource.kind, "apiVersion": "v1", **obj}
+    return {"kind": resource.kind, "apiVersion": resource.api_version, **obj}
+
+
+# metav1.MicroTime's wire form (RFC3339Micro): exactly six fractional digits.
+_MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+
+
+def _check_micro_times(resource: ResourceType, obj: JsonObject) -> None:
+    """400 for a MicroTime field the real server's JSON decoder would not parse."""
+    for path in resource.micro_times:
+        value: Any = obj
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None or (isinstance(value, str) and _MICRO_TIME.match(value)):
+            continue
+        raise bad_request(
+            f'{resource.kind} in version "v1" cannot be handled as a {resource.kind}: parsing '
+            f'time "{value}" as "2006-01-02T15:04:05.000000Z07:00": cannot parse '
+            f'"{str(value)[19:]}" as ".000000"'
+        )
+
+
+def selector_object_matches(selector: Any, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelectorAsSelector(selector).Matches(labels); an empty selector matches all."""
+    if not isinstance(selector, dict):
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression.get("key"), expression.get("operator")
+        values = set(expression.get("values") or [])
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _selector_is_empty(selector: Any) -> bool:
+    return not isinstance(selector, dict) or not (
+        selector.get("matchLabels") or selector.get("matchExpressions")
+    )
+
+
+def _pod_is_ready(pod: JsonObject) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 class FakeKube:
@@ -571,6 +679,8 @@ class FakeKube:
         metadata.pop("resourceVersion", None)
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = _now_rfc3339()
+        if plural == "poddisruptionbudgets":
+            metadata["generation"] = 1  # the registry counts spec changes
         if plural == "pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if plural == "namespaces":
@@ -697,6 +807,92 @@ class FakeKube:
             status["conditions"] = conditions
             return self._update(resource, ("pods", ns, name), current, updated)
 
+    def evict(self, name: str, namespace: str | None, eviction: JsonObject) -> JsonObject:
+        """POST pods/NAME/eviction: delete the pod unless its PodDisruptionBudget forbids it.
+
+        As the real registry: a pod that is Pending, finished or already being deleted goes
+        without a budget check; otherwise the one budget whose selector matches the pod's
+        labels must allow a disruption (429 TooManyRequests when it does not, or when its
+        status does not reflect its newest spec yet), and the eviction takes one from its
+        `status.disruptionsAllowed`. Several matching budgets are a 500. An unready pod costs
+        the budget nothing while the budget is met. Answers the Success Status.
+        """
+        body_name = (eviction.get("metadata") or {}).get("name")
+        if body_name != name:
+            raise bad_request("name in URL does not match name in Eviction object")
+        resource = RESOURCES["pods"]
+        ns = self._ns(resource, namespace)
+        with self._lock:
+            pod = self._objects.get(("pods", ns, name))
+            if pod is None:
+                raise not_found("pods", name)
+            phase = (pod.get("status") or {}).get("phase")
+            if phase not in ("Succeeded", "Failed", "Pending") and not pod["metadata"].get(
+                "deletionTimestamp"
+            ):
+                labels = pod["metadata"].get("labels") or {}
+                budgets = [
+                    key
+                    for key, budget in sorted(self._objects.items())
+                    if key[0] == "poddisruptionbudgets"
+                    and key[1] == ns
+                    # A budget with an empty selector matches nothing here (eviction.go).
+                    and not _selector_is_empty((budget.get("spec") or {}).get("selector"))
+                    and selector_object_matches(budget["spec"]["selector"], labels)
+                ]
+                if len(budgets) > 1:
+                    raise internal_error(
+                        "This pod has more than one PodDisruptionBudget, which the eviction "
+                        "subresource does not support."
+                    )
+                if budgets:
+                    self._take_disruption(budgets[0], pod)
+            self._commit(resource, ("pods", ns, name), "DELETED", None, pod)
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+
+    def _take_disruption(self, key: tuple[str, str, str], pod: JsonObject) -> None:
+        """checkAndDecrement of the eviction registry. Lock held."""
+        budget = self._objects[key]
+        name = budget["metadata"]["name"]
+        spec, status = budget.get("spec") or {}, budget.get("status") or {}
+        desired, current = status.get("desiredHealthy", 0), status.get("currentHealthy", 0)
+        if not _pod_is_ready(pod) and (
+            spec.get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+            or (current >= desired and desired > 0)
+        ):
+            return
+        refusal = "Cannot evict pod as it would violate the pod's disruption budget."
+        if status.get("observedGeneration", 0) < budget["metadata"].get("generation", 1):
+            raise too_many_requests(
+                refusal, f"The disruption budget {name} is still being processed by the server.", 10
+            )
+        allowed = status.get("disruptionsAllowed", 0)
+        if allowed < 0:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'poddisruptionbudgets.policy "{name}" is forbidden: pdb disruptions allowed is '
+                "negative",
+                _details("poddisruptionbudgets", name),
+            )
+        if allowed == 0:
+            raise too_many_requests(
+                refusal,
+                f"The disruption budget {name} needs {desired} healthy pods and has {current} "
+                "currently",
+            )
+        updated = copy.deepcopy(budget)
+        new_status = updated.setdefault("status", {})
+        new_status["disruptionsAllowed"] = allowed - 1
+        new_status.setdefault("disruptedPods", {})[pod["metadata"]["name"]] = _now_rfc3339()
+        self._commit(RESOURCES["poddisruptionbudgets"], key, "MODIFIED", updated, budget)
+
     def delete(self, plural: str, name: str, namespace: str | None = None) -> JsonObject:
         """Immediate deletion; answers the object (pods, namespaces) or a Success Status."""
         resource = RESOURCES[plural]
@@ -728,11 +924,20 @@ class FakeKube:
         updated.pop("apiVersion", None)
         metadata = updated.setdefault("metadata", {})
         # Identity and bookkeeping fields are the server's, whatever the client sent.
-        for immutable in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion"):
+        for immutable in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+            "generation",
+        ):
             if immutable in current["metadata"]:
                 metadata[immutable] = current["metadata"][immutable]
             else:
                 metadata.pop(immutable, None)
+        if "generation" in metadata and updated.get("spec") != current.get("spec"):
+            metadata["generation"] += 1
         self._validate(resource, updated)
         if updated == current:
             # A no-op write keeps its resourceVersion and wakes no watch, as the real one.
@@ -769,6 +974,7 @@ class FakeKube:
         self._lock.notify_all()
 
     def _validate(self, resource: ResourceType, obj: JsonObject) -> None:
+        _check_micro_times(resource, obj)
         name = obj["metadata"].get("name") or ""
         if not name:
             raise invalid(
@@ -1038,16 +1244,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> None:
         parts = [p for p in path.split("/") if p]
-        if parts[:2] != ["api", "v1"] or len(parts) < 3:
+        group = ""
+        if parts[:2] == ["api", "v1"] and len(parts) >= 3:
+            rest = parts[2:]
+        elif len(parts) >= 4 and parts[0] == "apis" and parts[2] == "v1":
+            group, rest = parts[1], parts[3:]
+        else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        rest = parts[2:]
         namespace: str | None = None
         if rest[0] == "namespaces" and len(rest) >= 3:
             namespace, rest = rest[1], rest[2:]
         plural, name = rest[0], (rest[1] if len(rest) > 1 else None)
         subresource = rest[2] if len(rest) > 2 else None
         resource = RESOURCES.get(plural)
-        if resource is None or len(rest) > 3 or (namespace is not None and not resource.namespaced):
+        if resource is None or resource.group != group:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if len(rest) > 3 or (namespace is not None and not resource.namespaced):
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         if not resource.namespaced and namespace is not None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
@@ -1086,10 +1298,12 @@ class _Handler(BaseHTTPRequestHandler):
 
         if subresource in ("eviction", "binding") and plural == "pods" and method == "POST":
             if subresource == "eviction":
-                self.kube.delete("pods", name, namespace)
-            else:
-                target = (self._body_object(body, resource).get("target") or {}).get("name")
-                self.kube.bind_pod(name, target or "", namespace)
+                self._send_json(
+                    201, self.kube.evict(name, namespace, self._body_object(body, resource))
+                )
+                return
+            target = (self._body_object(body, resource).get("target") or {}).get("name")
+            self.kube.bind_pod(name, target or "", namespace)
             self._send_json(
                 201,
                 {

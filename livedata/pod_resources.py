@@ -1,7 +1,9 @@
-"""A pod's CPU demand, counted the way kube-scheduler counts it (`resource.PodRequests`).
+"""Pod CPU and memory requests, counted the way kube-scheduler counts them (`PodRequests`).
 
-The power increase of placing a pod depends on how much CPU it will use; the best estimate the
-scheduler has is what the pod requests. kube-scheduler's NodeResourcesFit sums, per pod:
+The extender prices a pod by how much CPU it will use, and the best estimate the scheduler has
+is what the pod requests; the node power controller needs the same counts to tell whether a
+node's pods fit elsewhere and how full a node is. Shared here so that both count alike.
+kube-scheduler's NodeResourcesFit sums, per pod and per resource:
 
 - the app containers' requests;
 - restartable init containers (sidecars, `restartPolicy: Always`) like app containers, since
@@ -10,11 +12,14 @@ scheduler has is what the pod requests. kube-scheduler's NodeResourcesFit sums, 
   started before it (init containers run one after another);
 - plus `spec.overhead` (the runtime's own cost, e.g. a VM sandbox).
 
-A container without a CPU request uses its limit (the API server defaults request to limit);
-a pod asking for nothing at all counts as 100m, so that it still costs something.
+A container without a request uses its limit (the API server defaults request to limit). A
+pod asking for no CPU at all counts as 100m, so that it still costs power (the scheduler's
+own scoring does the same); a pod asking for no memory counts as 0 bytes, as the fit filter
+counts it.
 
 Quantities are Kubernetes `resource.Quantity` strings ("100m", "2", "0.5", "1e3", "1k",
-"1Ki"); kube-scheduler reads them in whole millicores rounded up, and so do we.
+"1Ki"); kube-scheduler reads CPU in whole millicores and memory in whole bytes, rounded up,
+and so do we.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import ROUND_CEILING, Decimal
 
 DEFAULT_POD_CPU_MILLICORES = 100
 MAX_CPU_CORES = 1e6
+MAX_MEMORY_BYTES = 2**70  # a zebibyte: anything larger is a typo, not a request
 
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
@@ -69,33 +75,69 @@ def pod_cpu_demand_cores(pod: Mapping) -> float:
     """
     if not isinstance(pod, Mapping):
         raise ValueError(f"pod must be an object, got {type(pod).__name__}")
-    spec = _mapping_field(pod, "spec", "spec")
-    total_m = 0
-    for where, container in _containers(spec, "containers"):
-        total_m += _container_millicores(container, where)
-
-    sidecars_m = 0
-    largest_init_m = 0
-    for where, container in _containers(spec, "initContainers"):
-        own_m = _container_millicores(container, where)
-        if container.get("restartPolicy") == "Always":
-            total_m += own_m
-            sidecars_m += own_m
-            phase_m = sidecars_m
-        else:
-            phase_m = own_m + sidecars_m
-        largest_init_m = max(largest_init_m, phase_m)
-    total_m = max(total_m, largest_init_m)
-
-    overhead = _mapping_field(spec, "overhead", "spec.overhead")
-    if overhead.get("cpu") is not None:
-        total_m += _millicores_at(overhead["cpu"], "spec.overhead.cpu")
-
+    total_m = _pod_requests(pod, "cpu", _millicores)
     if total_m == 0:
         total_m = DEFAULT_POD_CPU_MILLICORES
     if total_m > MAX_CPU_CORES * 1000:
         raise ValueError(f"pod CPU demand {total_m / 1000:g} cores exceeds {MAX_CPU_CORES:g}")
     return total_m / 1000.0
+
+
+def parse_memory_quantity(value: object) -> int:
+    """Bytes from a Kubernetes quantity ("512Mi", "1G", "1e9", 1024), rounded up to a byte.
+
+    Raises `ValueError` naming the value for anything that is not a non-negative quantity of
+    at most `MAX_MEMORY_BYTES`.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"memory quantity {value!r} is not a string or number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"memory quantity {value!r} is not finite")
+    try:
+        amount = _quantity_decimal(value) if isinstance(value, str) else Decimal(value)
+    except ValueError as exc:
+        raise ValueError(f"memory {exc}") from None
+    if amount < 0:
+        raise ValueError(f"memory quantity {value!r} is negative")
+    if amount > MAX_MEMORY_BYTES:
+        raise ValueError(f"memory quantity {value!r} is absurd (more than 2^70 bytes)")
+    return int(amount.to_integral_value(rounding=ROUND_CEILING))
+
+
+def pod_memory_request_bytes(pod: Mapping) -> int:
+    """The pod's memory request in bytes as kube-scheduler's fit filter counts it (0 if none).
+
+    Raises `ValueError` naming the field when a quantity or a structure is malformed.
+    """
+    if not isinstance(pod, Mapping):
+        raise ValueError(f"pod must be an object, got {type(pod).__name__}")
+    return _pod_requests(pod, "memory", parse_memory_quantity)
+
+
+def _pod_requests(pod: Mapping, resource: str, parse: Callable[[object], int]) -> int:
+    """Sum of one resource over a pod (whole units: millicores or bytes); see the docstring."""
+    spec = _mapping_field(pod, "spec", "spec")
+    total = 0
+    for where, container in _containers(spec, "containers"):
+        total += _container_request(container, where, resource, parse)
+
+    sidecars = 0
+    largest_init = 0
+    for where, container in _containers(spec, "initContainers"):
+        own = _container_request(container, where, resource, parse)
+        if container.get("restartPolicy") == "Always":
+            total += own
+            sidecars += own
+            phase = sidecars
+        else:
+            phase = own + sidecars
+        largest_init = max(largest_init, phase)
+    total = max(total, largest_init)
+
+    overhead = _mapping_field(spec, "overhead", "spec.overhead")
+    if overhead.get(resource) is not None:
+        total += _parsed_at(overhead[resource], f"spec.overhead.{resource}", parse)
+    return total
 
 
 def _millicores(value: object) -> int:
@@ -111,18 +153,25 @@ def _millicores(value: object) -> int:
 # Node objects repeat the same few allocatable strings ("8", "7910m") in every nocache request.
 @functools.lru_cache(maxsize=4096)
 def _text_millicores(value: str) -> int:
+    try:
+        number = _quantity_decimal(value)
+    except ValueError as exc:
+        raise ValueError(f"CPU {exc}") from None
+    return _whole_millicores(number, value)
+
+
+def _quantity_decimal(value: str) -> Decimal:
+    """The exact amount a quantity string stands for (in its base unit: cores or bytes)."""
     match = _QUANTITY.fullmatch(value)
     if match is None:
-        raise ValueError(f"CPU quantity {value!r} is not a Kubernetes quantity")
+        raise ValueError(f"quantity {value!r} is not a Kubernetes quantity")
     try:
         number = Decimal(match["number"])
         if match["exponent"] is not None:
-            number = number.scaleb(int(match["exponent"]))
-        else:
-            number *= _SUFFIX_FACTORS[match["suffix"] or ""]
+            return number.scaleb(int(match["exponent"]))
+        return number * _SUFFIX_FACTORS[match["suffix"] or ""]
     except (ArithmeticError, ValueError) as exc:
-        raise ValueError(f"CPU quantity {value!r} is out of range") from exc
-    return _whole_millicores(number, value)
+        raise ValueError(f"quantity {value!r} is out of range") from exc
 
 
 def _whole_millicores(cores: Decimal, value: object) -> int:
@@ -133,9 +182,9 @@ def _whole_millicores(cores: Decimal, value: object) -> int:
     return int((cores * 1000).to_integral_value(rounding=ROUND_CEILING))
 
 
-def _millicores_at(value: object, where: str) -> int:
+def _parsed_at(value: object, where: str, parse: Callable[[object], int]) -> int:
     try:
-        return _millicores(value)
+        return parse(value)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
 
@@ -164,10 +213,12 @@ def _containers(spec: Mapping, key: str) -> list[tuple[str, Mapping]]:
     return containers
 
 
-def _container_millicores(container: Mapping, where: str) -> int:
+def _container_request(
+    container: Mapping, where: str, resource: str, parse: Callable[[object], int]
+) -> int:
     resources = _mapping_field(container, "resources", f"{where}.resources")
     for kind in ("requests", "limits"):
         quantities = _mapping_field(resources, kind, f"{where}.resources.{kind}")
-        if quantities.get("cpu") is not None:
-            return _millicores_at(quantities["cpu"], f"{where}.resources.{kind}.cpu")
+        if quantities.get(resource) is not None:
+            return _parsed_at(quantities[resource], f"{where}.resources.{kind}.{resource}", parse)
     return 0

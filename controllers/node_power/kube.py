@@ -1,0 +1,360 @@
+"""The controller's Kubernetes calls: cached reads by list + watch, and the few writes it makes.
+
+Reads. `Informer` keeps one resource (Nodes, Pods, PodDisruptionBudgets) in memory the way
+client-go's reflector does: list, then watch from the list's resourceVersion with a
+server-side timeout, resume where the watch ended, relist on 410 Gone, and retry everything
+else (refused connections, dropped streams, 5xx) with exponential backoff. A round reads the
+cached objects, so the API server sees one watch per resource, not a list per round. Objects
+the controller writes are put into the cache from the write's answer (`observe`), so the next
+round sees its own changes even before the watch event arrives.
+
+Writes (`KubeOps`), each bounded by a timeout:
+
+- `record_power_state`: one merge patch of the node's annotations (`power-state`, `-since`,
+  `-reason`) and, with it, `spec.unschedulable` (cordon / uncordon);
+- `evict`: the Eviction API, so PodDisruptionBudgets are respected; a 429 (a budget allows no
+  disruption now) is an `EvictionRefused` carrying the server's message and causes;
+- `pods_on_node`: a fresh list of the pods bound to one node, read just before a node is
+  powered off, so a pod that arrived since the cache was filled can never be powered off;
+- `read_namespace`: the controller's namespace, for the kill switch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from livedata.labels import (
+    POWER_STATE_ANNOTATION,
+    POWER_STATE_REASON_ANNOTATION,
+    POWER_STATE_SINCE_ANNOTATION,
+)
+
+log = logging.getLogger(__package__)
+
+JsonObject = dict[str, Any]
+HTTP_NOT_FOUND = 404
+HTTP_GONE = 410
+HTTP_TOO_MANY_REQUESTS = 429
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_SLACK_S = 30.0
+MAX_REASON_CHARS = 1000  # an annotation value stays readable in `kubectl describe node`
+
+
+def rfc3339(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
+
+
+def _newer_or_equal(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    """Whether `candidate` is at least as new as `current` (resourceVersions as etcd numbers)."""
+    if current is None:
+        return True
+    try:
+        new = int((candidate.get("metadata") or {}).get("resourceVersion") or 0)
+        old = int((current.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return True
+    return new >= old
+
+
+@dataclass
+class InformerStatus:
+    synced: bool = False  # listed, and no failure since
+    last_ok_s: float | None = None
+    consecutive_failures: int = 0
+    failures_total: int = 0
+    relists_total: int = 0
+    events_total: int = 0
+    last_error: str = ""
+
+
+class Informer:
+    """One resource's objects, kept current by list + watch in a daemon thread."""
+
+    def __init__(
+        self,
+        name: str,
+        list_func: Callable[..., Any],
+        *,
+        clock: Callable[[], float] = time.time,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        watch_timeout_s: int = 300,
+        list_timeout_s: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.status = InformerStatus()
+        self._list_func = list_func
+        self._clock = clock
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._watch_timeout_s = watch_timeout_s
+        self._list_timeout_s = list_timeout_s
+        self._store: dict[str, JsonObject] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
+
+    # ---- what readers use -------------------------------------------------------------------
+
+    def items(self) -> list[JsonObject]:
+        """The cached objects (do not change them)."""
+        with self._lock:
+            return list(self._store.values())
+
+    def observe(self, obj: JsonObject) -> None:
+        """Put an object the controller just wrote (the API's answer) into the cache."""
+        key = object_key(obj)
+        with self._lock:
+            if _newer_or_equal(obj, self._store.get(key)):
+                self._store[key] = obj
+
+    @property
+    def synced(self) -> bool:
+        return self.status.synced
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        current = self._watch
+        if current is not None:
+            current.stop()
+        self._thread.join(5)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        resource_version: str | None = None  # None: list first
+        delay_s = self._backoff_s
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    resource_version = self._list()
+                resource_version = self._watch_from(resource_version)
+                delay_s = self._backoff_s
+                continue
+            except ApiException as error:
+                if error.status == HTTP_GONE:
+                    log.info("%s watch expired (410 Gone); relisting", self.name)
+                    resource_version = None
+                    continue
+                self._failed(f"HTTP {error.status} {error.reason}")
+            except Exception as error:  # dropped streams, refused connections, bad JSON
+                if self._stop.is_set():
+                    break
+                # Resumed from the last version seen: the server replays what came after it.
+                self._failed(f"{type(error).__name__}: {error}")
+            if self._stop.wait(delay_s):
+                break
+            delay_s = min(delay_s * 2, self._max_backoff_s)
+
+    def _list(self) -> str:
+        response = self._list_func(
+            _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, self._list_timeout_s)
+        )
+        try:
+            body = json.loads(response.data)
+        finally:
+            response.release_conn()
+        items = body.get("items") or []
+        with self._lock:
+            self._store = {object_key(obj): obj for obj in items}
+        self.status.relists_total += 1
+        self._succeeded()
+        return (body.get("metadata") or {}).get("resourceVersion") or "0"
+
+    def _watch_from(self, resource_version: str) -> str:
+        stream = watch.Watch(return_type="object")
+        self._watch = stream
+        try:
+            for event in stream.stream(
+                self._list_func,
+                resource_version=resource_version,
+                timeout_seconds=self._watch_timeout_s,
+                allow_watch_bookmarks=True,
+                _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout_s + READ_TIMEOUT_SLACK_S),
+            ):
+                if self._stop.is_set():
+                    break
+                obj = event["raw_object"]
+                if event["type"] == "ERROR":
+                    code = obj.get("code")
+                    raise ApiException(status=code, reason=obj.get("reason") or obj.get("message"))
+                resource_version = (obj.get("metadata") or {}).get(
+                    "resourceVersion"
+                ) or resource_version
+                if event["type"] != "BOOKMARK":
+                    self._apply(event["type"], obj)
+                self._succeeded()
+        finally:
+            self._watch = None
+        return resource_version
+
+    def _apply(self, kind: str, obj: JsonObject) -> None:
+        key = object_key(obj)
+        self.status.events_total += 1
+        with self._lock:
+            if kind == "DELETED":
+                self._store.pop(key, None)
+            else:
+                self._store[key] = obj
+
+    def _succeeded(self) -> None:
+        if self.status.consecutive_failures:
+            log.info(
+                "%s list/watch recovered after %d failures",
+                self.name,
+                self.status.consecutive_failures,
+            )
+        self.status.consecutive_failures = 0
+        self.status.synced = True
+        self.status.last_ok_s = self._clock()
+
+    def _failed(self, why: str) -> None:
+        if self.status.consecutive_failures == 0:
+            log.warning("%s list/watch failed (%s); retrying with backoff", self.name, why)
+        self.status.consecutive_failures += 1
+        self.status.failures_total += 1
+        self.status.synced = False
+        self.status.last_error = why
+
+
+class EvictionRefused(Exception):
+    """The Eviction API answered 429: a PodDisruptionBudget allows no disruption now."""
+
+    def __init__(self, pod: str, message: str, causes: list[str]) -> None:
+        self.pod = pod
+        self.causes = causes
+        super().__init__(
+            f"eviction of {pod} refused: {message}" + "".join(f"; {c}" for c in causes)
+        )
+
+
+def describe_api_error(error: ApiException) -> str:
+    """HTTP status and the server's own message, in one line."""
+    message = ""
+    try:
+        status = json.loads(error.body or "")
+        message = status.get("message", "") if isinstance(status, dict) else ""
+    except (TypeError, ValueError):
+        message = ""
+    return f"HTTP {error.status} {error.reason}" + (f": {message}" if message else "")
+
+
+class KubeOps:
+    """The controller's writes and fresh reads, each with a timeout."""
+
+    def __init__(self, api_client: client.ApiClient, *, timeout_s: float = 10.0) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.timeout_s = timeout_s
+
+    def record_power_state(
+        self,
+        node: str,
+        state: str,
+        since_s: float,
+        reason: str,
+        *,
+        unschedulable: bool | None,
+    ) -> JsonObject:
+        """Annotate the node's power state (and cordon/uncordon it); the node as now stored."""
+        patch: JsonObject = {
+            "metadata": {
+                "annotations": {
+                    POWER_STATE_ANNOTATION: state,
+                    POWER_STATE_SINCE_ANNOTATION: rfc3339(since_s),
+                    POWER_STATE_REASON_ANNOTATION: reason[:MAX_REASON_CHARS],
+                }
+            }
+        }
+        if unschedulable is not None:
+            patch["spec"] = {"unschedulable": unschedulable}
+        response = self.core.patch_node(
+            node, patch, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        return json.loads(response.data)
+
+    def record_reason(self, node: str, reason: str) -> JsonObject:
+        """Only the reason annotation (a failure that changes no state)."""
+        patch = {
+            "metadata": {"annotations": {POWER_STATE_REASON_ANNOTATION: reason[:MAX_REASON_CHARS]}}
+        }
+        response = self.core.patch_node(
+            node, patch, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        return json.loads(response.data)
+
+    def evict(self, pod: Mapping[str, Any], max_grace_s: int | None) -> None:
+        """Evict through the Eviction API; gone already is fine; 429 -> EvictionRefused."""
+        metadata = pod.get("metadata") or {}
+        name, namespace = metadata.get("name"), metadata.get("namespace")
+        body: JsonObject = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if max_grace_s is not None:
+            grace = max_grace_s if grace is None else min(grace, max_grace_s)
+            body["deleteOptions"] = {"gracePeriodSeconds": grace}
+        try:
+            # The server answers a Status, not an Eviction: take the raw answer.
+            self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False, _request_timeout=self.timeout_s
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return
+            if error.status == HTTP_TOO_MANY_REQUESTS:
+                status = _status_body(error)
+                causes = [
+                    c.get("message", "")
+                    for c in (status.get("details") or {}).get("causes") or []
+                    if c.get("message")
+                ]
+                raise EvictionRefused(
+                    f"{namespace}/{name}", status.get("message", "HTTP 429"), causes
+                ) from None
+            raise
+
+    def pods_on_node(self, node: str) -> list[JsonObject]:
+        response = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}",
+            _preload_content=False,
+            _request_timeout=self.timeout_s,
+        )
+        return json.loads(response.data).get("items") or []
+
+    def read_namespace(self, name: str) -> JsonObject:
+        response = self.core.read_namespace(
+            name, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        return json.loads(response.data)
+
+
+def _status_body(error: ApiException) -> JsonObject:
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}

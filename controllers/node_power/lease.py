@@ -1,0 +1,312 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+Two controller replicas run for availability; only the one holding the Lease may act. Every
+`retry_period_s` each candidate reads the Lease and then:
+
+- creates it, holding it, when it does not exist (a racing create loses with 409);
+- leaves it alone while another holder's record is fresh: a record counts as expired only
+  `lease_duration_s` after this candidate *saw it change*, on its own monotonic clock (never by
+  comparing the holder's wall-clock `renewTime` with ours, so clock skew cannot elect two);
+- otherwise writes itself in as holder (renewing, or taking over an expired or released
+  record) with a replace that carries the resourceVersion it read: when another candidate
+  wrote in between, the API server answers 409 Conflict and nothing changes.
+
+The holder counts as leader only until `renew_deadline_s` after the start of its last
+successful renewal. That is shorter than the `lease_duration_s` any other candidate waits
+after seeing that renewal, so the old leader has stopped acting before anyone else may take
+over, even when its renewals fail silently (API server unreachable, process stalled).
+`release()` (on a clean shutdown) clears the holder so that a successor takes over at once.
+
+Not `kubernetes.leaderelection` from the official client: it compares wall-clock times across
+machines and its renew loop does not bound leadership by a deadline. Lease times are written
+as metav1.MicroTime (six fractional digits; see `micro_time`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__package__)
+
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """kube-scheduler's --leader-elect-* flags and defaults."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    request_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise ValueError("the leader election identity must not be empty")
+        if not 0 < self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                "leader election needs 0 < retry period < renew deadline < lease duration, got "
+                f"{self.retry_period_s:g} s, {self.renew_deadline_s:g} s, "
+                f"{self.lease_duration_s:g} s"
+            )
+
+
+def micro_time(wall_s: float) -> str:
+    """A metav1.MicroTime string (UTC, six fractional digits) for Unix seconds.
+
+    The official client turns body times into datetimes and writes them back with
+    `isoformat()`, which drops the fraction when it is zero; the API server's MicroTime parser
+    then refuses the request. A time never falls on a whole second here: at most 1 us later.
+    """
+    stamp = datetime.fromtimestamp(wall_s, UTC)
+    if stamp.microsecond == 0:
+        stamp = stamp.replace(microsecond=1)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The spec fields that say who leads; what a candidate compares to see a change."""
+
+    holder: str
+    renew_time: str
+    lease_duration_s: float
+    acquire_time: str
+    transitions: int
+
+    @classmethod
+    def from_lease(cls, lease: Mapping[str, Any]) -> LeaseRecord:
+        spec = lease.get("spec") or {}
+        return cls(
+            holder=spec.get("holderIdentity") or "",
+            renew_time=spec.get("renewTime") or "",
+            lease_duration_s=float(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=spec.get("acquireTime") or "",
+            transitions=int(spec.get("leaseTransitions") or 0),
+        )
+
+
+class LeaderElector:
+    """One candidate: `try_acquire_or_renew()` every retry period, `is_leader()` before acting."""
+
+    def __init__(
+        self,
+        coordination: client.CoordinationV1Api,
+        settings: LeaseSettings,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.api = coordination
+        self.settings = settings
+        self._monotonic = monotonic
+        self._wall_clock = wall_clock
+        self._on_change = on_change
+        self._observed: LeaseRecord | None = None
+        self._observed_at_s = 0.0  # our monotonic clock when the record last changed
+        self._leader_until_s: float | None = None
+        self._was_leader = False
+        self.last_error: str | None = None
+
+    # ---- the answer the controller asks before every write ----------------------------------
+
+    def is_leader(self) -> bool:
+        until = self._leader_until_s
+        leader = until is not None and self._monotonic() < until
+        self._note(leader)
+        return leader
+
+    @property
+    def holder(self) -> str:
+        """Who holds the Lease as last seen ("" when nobody or not read yet)."""
+        return self._observed.holder if self._observed is not None else ""
+
+    # ---- one attempt --------------------------------------------------------------------------
+
+    def try_acquire_or_renew(self) -> bool:
+        """Read the Lease and take or renew it when allowed; True when we hold it now."""
+        started_s = self._monotonic()
+        try:
+            lease = self._read()
+        except ApiException as error:
+            if error.status != HTTP_NOT_FOUND:
+                return self._failed(f"reading Lease: HTTP {error.status} {error.reason}")
+            return self._create(started_s)
+        except OSError as error:  # connection refused, timeouts (urllib3's are OSErrors)
+            return self._failed(f"reading Lease: {error}")
+
+        record = LeaseRecord.from_lease(lease)
+        if record != self._observed:
+            self._observed, self._observed_at_s = record, started_s
+        me = self.settings.identity
+        if record.holder and record.holder != me:
+            expires_s = self._observed_at_s + (record.lease_duration_s or 0.0)
+            if started_s < expires_s:
+                self._leader_until_s = None
+                self.last_error = None
+                return self.is_leader()
+        now = micro_time(self._wall_clock())
+        taking_over = record.holder != me
+        spec = dict(lease.get("spec") or {})
+        spec.update(
+            holderIdentity=me,
+            leaseDurationSeconds=round(self.settings.lease_duration_s),
+            renewTime=now,
+        )
+        if taking_over:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = record.transitions + 1
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": lease["metadata"],  # carries the resourceVersion we read
+            "spec": spec,
+        }
+        try:
+            written = self._replace(body)
+        except ApiException as error:
+            what = "Conflict" if error.status == HTTP_CONFLICT else f"HTTP {error.status}"
+            return self._failed(f"writing Lease: {what} {error.reason}")
+        except OSError as error:
+            return self._failed(f"writing Lease: {error}")
+        return self._succeeded(written, started_s, "acquired" if taking_over else None)
+
+    def _create(self, started_s: float) -> bool:
+        now = micro_time(self._wall_clock())
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
+            "spec": {
+                "holderIdentity": self.settings.identity,
+                "leaseDurationSeconds": round(self.settings.lease_duration_s),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            response = self.api.create_namespaced_lease(
+                self.settings.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.settings.request_timeout_s,
+            )
+        except ApiException as error:  # 409 AlreadyExists: another candidate created it first
+            return self._failed(f"creating Lease: HTTP {error.status} {error.reason}")
+        except OSError as error:
+            return self._failed(f"creating Lease: {error}")
+        return self._succeeded(json.loads(response.data), started_s, "created")
+
+    def _succeeded(self, lease: Mapping[str, Any], started_s: float, how: str | None) -> bool:
+        self._observed, self._observed_at_s = LeaseRecord.from_lease(lease), started_s
+        # Counted from before the read: anyone who saw this renewal saw it after that.
+        self._leader_until_s = started_s + self.settings.renew_deadline_s
+        self.last_error = None
+        if how is not None:
+            log.info(
+                "leader election: %s Lease %s/%s as %s",
+                how,
+                self.settings.namespace,
+                self.settings.name,
+                self.settings.identity,
+            )
+        return self.is_leader()
+
+    def _failed(self, why: str) -> bool:
+        if why != self.last_error:
+            log.warning("leader election (%s): %s", self.settings.identity, why)
+        self.last_error = why
+        # Leadership is not dropped here: it lapses by itself at the renew deadline.
+        return self.is_leader()
+
+    def _note(self, leader: bool) -> None:
+        if leader != self._was_leader:
+            self._was_leader = leader
+            log.info(
+                "leader election: %s %s leading",
+                self.settings.identity,
+                "started" if leader else "stopped",
+            )
+            if self._on_change is not None:
+                self._on_change(leader)
+
+    # ---- API calls ----------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any]:
+        response = self.api.read_namespaced_lease(
+            self.settings.name,
+            self.settings.namespace,
+            _preload_content=False,
+            _request_timeout=self.settings.request_timeout_s,
+        )
+        return json.loads(response.data)
+
+    def _replace(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        response = self.api.replace_namespaced_lease(
+            self.settings.name,
+            self.settings.namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=self.settings.request_timeout_s,
+        )
+        return json.loads(response.data)
+
+    # ---- running ------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Try every retry period until `stop` is set (client-go's acquire and renew loops)."""
+        while not stop.is_set():
+            try:
+                self.try_acquire_or_renew()
+            except Exception:  # never let the elector die silently: leadership lapses
+                log.exception("leader election: unexpected error")
+            stop.wait(self.settings.retry_period_s)
+
+    def release(self) -> bool:
+        """Clear the holder if it is us (client-go's ReleaseOnCancel); True when released."""
+        self._leader_until_s = None
+        self._note(False)
+        try:
+            lease = self._read()
+        except (ApiException, OSError) as error:
+            log.warning("leader election: cannot release the Lease: %s", error)
+            return False
+        if LeaseRecord.from_lease(lease).holder != self.settings.identity:
+            return False
+        spec = dict(lease.get("spec") or {})
+        spec.update(
+            holderIdentity=None,
+            leaseDurationSeconds=1,
+            renewTime=micro_time(self._wall_clock()),
+        )
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": lease["metadata"],
+            "spec": spec,
+        }
+        try:
+            self._replace(body)
+        except (ApiException, OSError) as error:
+            log.warning("leader election: cannot release the Lease: %s", error)
+            return False
+        log.info(
+            "leader election: released Lease %s/%s", self.settings.namespace, self.settings.name
+        )
+        return True

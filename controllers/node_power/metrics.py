@@ -1,0 +1,109 @@
+"""The node power controller's Prometheus metrics (`power_aware_node_power_*`, at /metrics).
+
+Per node series are avoided (a fleet has thousands of nodes); the node-level story is in the
+node annotations and the logs. What an operator graphs and alerts on:
+
+- how many nodes are in each power state, and how many the controller manages;
+- power cycles (completed power-offs) and power actions by kind and result;
+- wake latency (power-on command to node Ready), as a histogram with boot-time buckets;
+- the watts saved by the nodes that are off, by the model's estimate of their idle power;
+- driver errors by driver and kind, drains that failed by cause, API errors;
+- the policy's inputs: pending pods, free CPU, headroom target, arrival rate;
+- leadership, and the rounds (count by result, time of the last one).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from livedata.labels import POWER_STATES
+
+PREFIX = "power_aware_node_power_"
+# Servers take one to several minutes to boot (POST, firmware, OS, kubelet registration).
+WAKE_LATENCY_BUCKETS_S = (15, 30, 60, 90, 120, 180, 240, 300, 420, 600, 900, 1200, 1800)
+
+
+class ControllerMetrics:
+    """Counters, gauges and the wake histogram of one controller process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.nodes = Gauge(
+            PREFIX + "nodes", "Nodes per recorded power state", ["state"], registry=r
+        )
+        self.managed_nodes = Gauge(
+            PREFIX + "managed_nodes",
+            "Nodes the controller may power off and on (opted in, no kill switch, no backoff)",
+            registry=r,
+        )
+        self.power_cycles = Counter(
+            PREFIX + "cycles_total",
+            "Nodes powered off (each off is one power cycle)",
+            registry=r,
+        )
+        self.actions = Counter(
+            PREFIX + "actions_total",
+            "Power actions by kind (drain, power_off, wake, cancel_drain, abort) and result "
+            "(ok, failed, dry_run)",
+            ["action", "result"],
+            registry=r,
+        )
+        self.wake_latency = Histogram(
+            PREFIX + "wake_latency_seconds",
+            "Time from the power-on command to the node being Ready",
+            buckets=WAKE_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.saved_watts = Gauge(
+            PREFIX + "saved_watts",
+            "Idle watts of the nodes that are off, by the model's estimate",
+            registry=r,
+        )
+        self.driver_errors = Counter(
+            PREFIX + "driver_errors_total",
+            "Failed BMC calls by driver and kind (timeout, unreachable, refused, garbage, config)",
+            ["driver", "kind"],
+            registry=r,
+        )
+        self.drain_failures = Counter(
+            PREFIX + "drain_failures_total",
+            "Drains given up, node uncordoned, by cause (disruption_budget, eviction_error, "
+            "timeout, driver, disabled)",
+            ["cause"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            PREFIX + "api_errors_total",
+            "Failed Kubernetes API calls by operation",
+            ["operation"],
+            registry=r,
+        )
+        self.pending_pods = Gauge(
+            PREFIX + "pending_pods", "Pods for our scheduler waiting as unschedulable", registry=r
+        )
+        self.free_cores = Gauge(
+            PREFIX + "free_cores", "Free requested-CPU room on nodes on or waking", registry=r
+        )
+        self.headroom_cores = Gauge(
+            PREFIX + "headroom_target_cores", "Free CPU the policy keeps on", registry=r
+        )
+        self.arrival_rate = Gauge(
+            PREFIX + "arrival_cores_per_second",
+            "Requested CPU of recently created pods, per second",
+            registry=r,
+        )
+        self.leader = Gauge(
+            PREFIX + "leader", "1 while this replica holds the Lease and may act", registry=r
+        )
+        self.apply = Gauge(PREFIX + "apply", "1 when acting (--apply), 0 in dry-run", registry=r)
+        self.rounds = Counter(
+            PREFIX + "rounds_total", "Control rounds by result (ok, error)", ["result"], registry=r
+        )
+        self.last_round = Gauge(
+            PREFIX + "last_round_timestamp_seconds",
+            "Unix time the last successful round ended",
+            registry=r,
+        )
+        for state in POWER_STATES:
+            self.nodes.labels(state=state)

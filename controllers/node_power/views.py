@@ -1,0 +1,513 @@
+"""Kubernetes objects in, the policy's views out: nodes, their pods, pending pods, arrivals.
+
+The node power policy (`policy.decide`) knows nothing of Kubernetes. This module turns what
+the API says (Node, Pod and PodDisruptionBudget JSON, the controller's Namespace) into the
+policy's `NodeView`, `PodInfo` and `PendingPod`, with no I/O, so that every rule below is
+tested on plain dicts:
+
+- **power state**: the node annotation `power-aware-scheduler/power-state` (`on`, `draining`,
+  `off`, `waking`) and `...-since` (RFC 3339); a node without them is `on` since it was
+  created (so a new node sits out the cool-down before it is ever powered off);
+- **managed**: the node opted in (label `power-aware-scheduler/power-management=enabled`),
+  and neither it nor the controller's namespace carries the kill switch
+  (`power-aware-scheduler/power-management-disabled: "true"`), nor the node
+  cluster-autoscaler's `scale-down-disabled: "true"`; otherwise the reason, in words;
+- **pods on a node**: requests as kube-scheduler counts them (`livedata.pod_resources`),
+  finished pods left out; DaemonSet and mirror (static) pods marked `daemon`, since they go
+  with their node;
+- **eviction blockers**, in words, as cluster-autoscaler's drain rules have them: the
+  `safe-to-evict: "false"` annotation; a PodDisruptionBudget with less room than the node has
+  of its pods (or still being processed, or several budgets over one pod, which the Eviction
+  API refuses); and, unless the pod is annotated `safe-to-evict: "true"`: no controller that
+  would recreate it, local storage (hostPath, or emptyDir not in memory), a kube-system pod
+  without a budget;
+- **pending pods**: pods for our scheduler that wait with PodScheduled=False, reason
+  Unschedulable;
+- **arrival rate**: requested CPU of the pods created in the last window, per second
+  (`ArrivalTracker` remembers pods seen once, so pods that came and went still count).
+
+A pod or node the API describes in a way that cannot be read (a malformed quantity) is never
+guessed: the pod blocks its node's drain, the node is left unmanaged, and the reason says
+which field was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controllers.node_power.policy import NodeView, PendingPod, PodInfo
+from livedata.labels import (
+    MIRROR_POD_ANNOTATION,
+    POWER_MANAGEMENT_DISABLED_ANNOTATION,
+    POWER_MANAGEMENT_ENABLED,
+    POWER_MANAGEMENT_LABEL,
+    POWER_ON,
+    POWER_STATE_ANNOTATION,
+    POWER_STATE_REASON_ANNOTATION,
+    POWER_STATE_SINCE_ANNOTATION,
+    POWER_STATES,
+    POWER_WAKING,
+    SAFE_TO_EVICT_ANNOTATION,
+    SCALE_DOWN_DISABLED_ANNOTATION,
+)
+from livedata.pod_resources import (
+    parse_cpu_quantity,
+    parse_memory_quantity,
+    pod_cpu_demand_cores,
+    pod_memory_request_bytes,
+)
+
+JsonObject = Mapping[str, Any]
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+SYSTEM_NAMESPACE = "kube-system"
+
+
+# ---- small readers ------------------------------------------------------------------------
+
+
+def parse_rfc3339_s(text: str) -> float:
+    """Unix seconds from an RFC 3339 time as the API server writes it; ValueError if not one."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _metadata(obj: JsonObject) -> JsonObject:
+    return obj.get("metadata") or {}
+
+
+def _annotations(obj: JsonObject) -> JsonObject:
+    return _metadata(obj).get("annotations") or {}
+
+
+def _labels(obj: JsonObject) -> JsonObject:
+    return _metadata(obj).get("labels") or {}
+
+
+def _time_s(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_rfc3339_s(text)
+    except ValueError:
+        return None
+
+
+def pod_key(pod: JsonObject) -> str:
+    """`namespace/name`, as the policy and the logs name pods."""
+    metadata = _metadata(pod)
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def is_true(value: object) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
+# ---- nodes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodePowerRecord:
+    """What the controller wrote on a node: state, since when, why."""
+
+    state: str
+    since_s: float
+    reason: str = ""
+    problem: str = ""  # an annotation that could not be read, in words
+
+
+def power_record(node: JsonObject) -> NodePowerRecord:
+    """The node's recorded power state; `on` since its creation when none (or a bad one)."""
+    annotations = _annotations(node)
+    created_s = _time_s(_metadata(node).get("creationTimestamp")) or 0.0
+    state = annotations.get(POWER_STATE_ANNOTATION)
+    reason = annotations.get(POWER_STATE_REASON_ANNOTATION) or ""
+    if state is None:
+        return NodePowerRecord(POWER_ON, created_s, reason)
+    if state not in POWER_STATES:
+        return NodePowerRecord(
+            POWER_ON,
+            created_s,
+            reason,
+            f"annotation {POWER_STATE_ANNOTATION}={state!r} is not one of {POWER_STATES}; "
+            "taken as on",
+        )
+    since_text = annotations.get(POWER_STATE_SINCE_ANNOTATION)
+    since_s = _time_s(since_text)
+    if since_s is None:
+        return NodePowerRecord(
+            state,
+            created_s,
+            reason,
+            f"annotation {POWER_STATE_SINCE_ANNOTATION}={since_text!r} is not an RFC 3339 time; "
+            "the node's creation time stands in",
+        )
+    return NodePowerRecord(state, since_s, reason)
+
+
+def node_ready(node: JsonObject) -> tuple[bool, float]:
+    """(Ready condition is True, the latest time kubelet or the node controller touched it).
+
+    The time is the later of the condition's heartbeat and transition, so a caller can tell a
+    Ready reported after some moment (a node that came back) from a stale one.
+    """
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            stamps = [
+                _time_s(condition.get(key)) for key in ("lastHeartbeatTime", "lastTransitionTime")
+            ]
+            latest = max((s for s in stamps if s is not None), default=0.0)
+            return condition.get("status") == "True", latest
+    return False, 0.0
+
+
+def unmanaged_reason(node: JsonObject, namespace: JsonObject | None) -> str:
+    """Why the controller must leave this node alone, in words; "" when it may manage it."""
+    labels, annotations = _labels(node), _annotations(node)
+    if labels.get(POWER_MANAGEMENT_LABEL) != POWER_MANAGEMENT_ENABLED:
+        return f"not opted in (label {POWER_MANAGEMENT_LABEL}={POWER_MANAGEMENT_ENABLED})"
+    if is_true(annotations.get(POWER_MANAGEMENT_DISABLED_ANNOTATION)):
+        return f"kill switch on the node ({POWER_MANAGEMENT_DISABLED_ANNOTATION})"
+    if namespace is not None and is_true(
+        _annotations(namespace).get(POWER_MANAGEMENT_DISABLED_ANNOTATION)
+    ):
+        name = _metadata(namespace).get("name", "")
+        return f"kill switch on namespace {name} ({POWER_MANAGEMENT_DISABLED_ANNOTATION})"
+    if is_true(annotations.get(SCALE_DOWN_DISABLED_ANNOTATION)):
+        return f"{SCALE_DOWN_DISABLED_ANNOTATION} is true"
+    return ""
+
+
+def node_allocatable(node: JsonObject) -> tuple[float, int, str]:
+    """(allocatable cores, allocatable memory bytes, problem in words or "")."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = parse_cpu_quantity(allocatable["cpu"])
+    except (KeyError, ValueError) as error:
+        return 0.0, 0, f"status.allocatable.cpu unreadable ({error})"
+    try:
+        memory = parse_memory_quantity(allocatable.get("memory", 0))
+    except ValueError as error:
+        return cpu, 0, f"status.allocatable.memory unreadable ({error})"
+    return cpu, memory, ""
+
+
+# ---- pods ---------------------------------------------------------------------------------
+
+
+def is_daemon_pod(pod: JsonObject) -> bool:
+    """DaemonSet pods and mirror pods of static pods: they go with their node."""
+    if MIRROR_POD_ANNOTATION in _annotations(pod):
+        return True
+    return any(
+        owner.get("kind") == "DaemonSet" and owner.get("controller")
+        for owner in _metadata(pod).get("ownerReferences") or []
+    )
+
+
+def has_controller(pod: JsonObject) -> bool:
+    return any(owner.get("controller") for owner in _metadata(pod).get("ownerReferences") or [])
+
+
+def local_storage_volume(pod: JsonObject) -> str | None:
+    """The first volume that keeps data on the node (hostPath, emptyDir not in memory)."""
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if volume.get("hostPath") is not None:
+            return f"hostPath volume {volume.get('name')!r}"
+        empty_dir = volume.get("emptyDir")
+        if empty_dir is not None and (empty_dir or {}).get("medium") != "Memory":
+            return f"emptyDir volume {volume.get('name')!r}"
+    return None
+
+
+def selector_matches(selector: object, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector object against labels, as the Eviction API applies a budget's selector.
+
+    An absent or empty selector matches nothing there (pkg/registry/core/pod/storage), so a
+    budget without one never refuses an eviction.
+    """
+    if not isinstance(selector, Mapping):
+        return False
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(key) != value for key, value in match_labels.items()):
+        return False
+    for expression in expressions:
+        key, operator = expression.get("key"), expression.get("operator")
+        values = set(expression.get("values") or [])
+        present = key in labels
+        if (
+            (operator == "In" and labels.get(key) not in values)
+            or (operator == "NotIn" and present and labels[key] in values)
+            or (operator == "Exists" and not present)
+            or (operator == "DoesNotExist" and present)
+            or operator not in ("In", "NotIn", "Exists", "DoesNotExist")
+        ):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A PodDisruptionBudget as the drain rules need it."""
+
+    key: str  # namespace/name
+    namespace: str
+    selector: Mapping[str, Any]
+    disruptions_allowed: int
+    processed: bool  # status.observedGeneration has caught up with metadata.generation
+
+    @classmethod
+    def from_object(cls, budget: JsonObject) -> Budget:
+        metadata = _metadata(budget)
+        status = budget.get("status") or {}
+        generation = metadata.get("generation") or 0
+        return cls(
+            key=f"{metadata.get('namespace', '')}/{metadata.get('name', '')}",
+            namespace=metadata.get("namespace", ""),
+            selector=(budget.get("spec") or {}).get("selector") or {},
+            disruptions_allowed=int(status.get("disruptionsAllowed") or 0),
+            processed=int(status.get("observedGeneration") or 0) >= generation,
+        )
+
+
+def budgets_of(pod: JsonObject, budgets: Sequence[Budget]) -> list[Budget]:
+    namespace = _metadata(pod).get("namespace", "")
+    labels = _labels(pod)
+    return [b for b in budgets if b.namespace == namespace and selector_matches(b.selector, labels)]
+
+
+def eviction_blockers(
+    pods: Sequence[JsonObject], budgets: Sequence[Budget]
+) -> dict[str, str | None]:
+    """Why each of one node's movable pods may not be evicted (None when it may), by pod key.
+
+    Budgets are judged per node: draining evicts all the node's pods of a budget, so a budget
+    allowing one disruption blocks a node holding two of its pods.
+    """
+    matched = {pod_key(pod): budgets_of(pod, budgets) for pod in pods}
+    on_node: dict[str, int] = {}
+    for pod_budgets in matched.values():
+        for budget in pod_budgets:
+            on_node[budget.key] = on_node.get(budget.key, 0) + 1
+    blockers: dict[str, str | None] = {}
+    for pod in pods:
+        key = pod_key(pod)
+        blockers[key] = _blocker(pod, matched[key], on_node)
+    return blockers
+
+
+def _blocker(
+    pod: JsonObject, pod_budgets: Sequence[Budget], on_node: Mapping[str, int]
+) -> str | None:
+    safe_to_evict = _annotations(pod).get(SAFE_TO_EVICT_ANNOTATION)
+    if isinstance(safe_to_evict, str) and safe_to_evict.strip().lower() == "false":
+        return f'annotated {SAFE_TO_EVICT_ANNOTATION}: "false"'
+    if len(pod_budgets) > 1:
+        names = ", ".join(b.key for b in pod_budgets)
+        return f"matched by several PodDisruptionBudgets ({names}); the Eviction API refuses it"
+    if pod_budgets:
+        budget = pod_budgets[0]
+        if not budget.processed:
+            return f"PodDisruptionBudget {budget.key} is still being processed"
+        if budget.disruptions_allowed < on_node[budget.key]:
+            return (
+                f"PodDisruptionBudget {budget.key} allows {budget.disruptions_allowed} "
+                f"disruption(s); the node has {on_node[budget.key]} of its pods"
+            )
+    if is_true(safe_to_evict):
+        return None  # cluster-autoscaler's meaning: the owner vouches for it
+    if not has_controller(pod):
+        return "no controller would recreate it (a bare pod)"
+    volume = local_storage_volume(pod)
+    if volume is not None:
+        return f"uses local storage ({volume})"
+    if _metadata(pod).get("namespace") == SYSTEM_NAMESPACE and not pod_budgets:
+        return "a kube-system pod without a PodDisruptionBudget"
+    return None
+
+
+def pod_requests(pod: JsonObject) -> tuple[float, int, str]:
+    """(CPU cores, memory bytes, problem in words or "") as kube-scheduler counts them."""
+    try:
+        return pod_cpu_demand_cores(pod), pod_memory_request_bytes(pod), ""
+    except ValueError as error:
+        return 0.0, 0, f"its requests cannot be read ({error})"
+
+
+def pods_by_node(pods: Iterable[JsonObject]) -> dict[str, list[JsonObject]]:
+    """Pods bound to a node and not finished, by node name."""
+    by_node: dict[str, list[JsonObject]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+            by_node.setdefault(node, []).append(pod)
+    return by_node
+
+
+def pod_infos(pods: Sequence[JsonObject], budgets: Sequence[Budget]) -> tuple[PodInfo, ...]:
+    """The policy's view of one node's pods."""
+    movable = [pod for pod in pods if not is_daemon_pod(pod)]
+    blockers = eviction_blockers(movable, budgets)
+    infos = []
+    for pod in pods:
+        cpu, memory, problem = pod_requests(pod)
+        daemon = is_daemon_pod(pod)
+        blocker = None if daemon else (problem or blockers[pod_key(pod)])
+        infos.append(PodInfo(pod_key(pod), cpu, memory, daemon, blocker))
+    return tuple(infos)
+
+
+def is_pending_unschedulable(pod: JsonObject, scheduler_name: str) -> bool:
+    """A pod for `scheduler_name` that waits because no node could take it."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("schedulerName") != scheduler_name or spec.get("nodeName"):
+        return False
+    if status.get("phase", "Pending") != "Pending" or _metadata(pod).get("deletionTimestamp"):
+        return False
+    return any(
+        c.get("type") == "PodScheduled"
+        and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
+    )
+
+
+def pending_pods(pods: Iterable[JsonObject], scheduler_name: str) -> list[PendingPod]:
+    pending = []
+    for pod in pods:
+        if is_pending_unschedulable(pod, scheduler_name):
+            cpu, memory, _ = pod_requests(pod)
+            pending.append(PendingPod(pod_key(pod), cpu, memory))
+    return pending
+
+
+def pending_beyond_waking(
+    pending: Sequence[PendingPod], nodes: Sequence[NodeView]
+) -> tuple[PendingPod, ...]:
+    """The pending pods that will not fit on the nodes already waking (first fit, biggest first).
+
+    Pods wait as Unschedulable while a woken node boots (it stays cordoned until Ready), and
+    `policy.decide` counts waking capacity only against the headroom, not against waiting
+    pods: without this, every round of a boot would wake more nodes for the same pods.
+    """
+    room = [
+        [
+            max(n.allocatable_cpu - n.requested_cpu - n.daemon_cpu, 0.0),
+            max(n.allocatable_memory_bytes - n.requested_memory_bytes, 0),
+        ]
+        for n in nodes
+        if n.state == POWER_WAKING
+    ]
+    left = []
+    for pod in sorted(pending, key=lambda p: -p.cpu_cores):
+        for slot in room:
+            if pod.cpu_cores <= slot[0] + 1e-9 and pod.memory_bytes <= slot[1]:
+                slot[0] -= pod.cpu_cores
+                slot[1] -= pod.memory_bytes
+                break
+        else:
+            left.append(pod)
+    return tuple(left)
+
+
+# ---- arrivals -----------------------------------------------------------------------------
+
+
+@dataclass
+class ArrivalTracker:
+    """Requested CPU per second of the pods created in the last `window_s` (DaemonSets aside)."""
+
+    window_s: float
+    _seen: dict[str, tuple[float, float]] = field(default_factory=dict)  # uid -> (created, cores)
+
+    def observe(self, pods: Iterable[JsonObject], now_s: float) -> float:
+        """Remember the new pods among `pods`, forget old ones; the rate in cores per second."""
+        horizon_s = now_s - self.window_s
+        for pod in pods:
+            uid = _metadata(pod).get("uid")
+            if not uid or uid in self._seen or is_daemon_pod(pod):
+                continue
+            created_s = _time_s(_metadata(pod).get("creationTimestamp"))
+            if created_s is None or created_s < horizon_s:
+                continue
+            self._seen[uid] = (created_s, pod_requests(pod)[0])
+        for uid in [u for u, (created_s, _) in self._seen.items() if created_s < horizon_s]:
+            del self._seen[uid]
+        return sum(cores for _, cores in self._seen.values()) / self.window_s
+
+
+# ---- the whole picture --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One round's input of the policy, plus what the controller needs beside it."""
+
+    nodes: tuple[NodeView, ...]
+    pending: tuple[PendingPod, ...]
+    records: Mapping[str, NodePowerRecord]  # node -> recorded power state
+    ready_at_s: Mapping[str, float]  # node -> latest Ready heartbeat/transition (0 if none)
+    problems: tuple[str, ...] = ()  # unreadable annotations and quantities, in words
+
+
+def cluster_view(
+    nodes: Sequence[JsonObject],
+    pods: Sequence[JsonObject],
+    budgets: Sequence[JsonObject],
+    namespace: JsonObject | None,
+    idle_w: Mapping[str, float],
+    scheduler_name: str,
+) -> ClusterView:
+    """Every node as a `NodeView`, and the pods pending for our scheduler."""
+    parsed_budgets = [Budget.from_object(b) for b in budgets]
+    on_nodes = pods_by_node(pods)
+    views, records, ready_at, problems = [], {}, {}, []
+    for node in sorted(nodes, key=lambda n: _metadata(n).get("name", "")):
+        name = _metadata(node).get("name", "")
+        record = power_record(node)
+        if record.problem:
+            problems.append(f"node {name}: {record.problem}")
+        cpu, memory, allocatable_problem = node_allocatable(node)
+        reason = unmanaged_reason(node, namespace)
+        if allocatable_problem:
+            problems.append(f"node {name}: {allocatable_problem}")
+            reason = reason or allocatable_problem
+        if record.state == POWER_ON and (node.get("spec") or {}).get("unschedulable"):
+            # The controller cordons only what it drains, powers off or wakes.
+            reason = reason or "cordoned outside the controller (spec.unschedulable)"
+        ready, ready_at_s = node_ready(node)
+        infos = pod_infos(on_nodes.get(name, []), parsed_budgets)
+        problems += [
+            f"pod {p.name} on node {name}: {p.eviction_blocker}"
+            for p in infos
+            if p.eviction_blocker and p.eviction_blocker.startswith("its requests")
+        ]
+        views.append(
+            NodeView(
+                name=name,
+                allocatable_cpu=cpu,
+                allocatable_memory_bytes=memory,
+                state=record.state,
+                state_since_s=record.since_s,
+                managed=not reason,
+                idle_w=idle_w.get(name, math.nan),
+                pods=infos,
+                ready=ready,
+                unmanaged_reason=reason,
+            )
+        )
+        records[name] = record
+        ready_at[name] = ready_at_s
+    return ClusterView(
+        nodes=tuple(views),
+        pending=tuple(pending_pods(pods, scheduler_name)),
+        records=records,
+        ready_at_s=ready_at,
+        problems=tuple(problems),
+    )

@@ -1,0 +1,322 @@
+"""BMCs for tests, real and broken: a Redfish emulator, an IPMI endpoint, and misbehaving ones.
+
+- `RedfishEmulator`: sushy-tools' `sushy-emulator` with its fake driver (no libvirt) in a
+  subprocess on 127.0.0.1, one system per node, optionally behind HTTP basic auth (bcrypt
+  htpasswd, the only kind it accepts), its state in a directory of its own;
+- `IpmiBmc`: pyghmi's BMC server in a subprocess on a loopback UDP port
+  (`tests.support.ipmi_bmc`);
+- `SilentTcpServer` (accepts connections, never answers: a hung Redfish BMC),
+  `GarbageHttpServer` (answers every GET with a body of the test's choosing) and
+  `SilentUdpServer` (swallows IPMI packets): the BMCs a controller must survive.
+
+Every server binds loopback only and stops with its context manager.
+"""
+
+from __future__ import annotations
+
+import os
+import pprint
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _stop(process: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class RedfishEmulator:
+    """`sushy-emulator` (fake driver) serving one ComputerSystem per name."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        systems: Iterable[str],
+        *,
+        power: str = "On",
+        power_delay_s: tuple[int, int] = (0, 0),
+        auth: tuple[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.systems = [
+            {
+                "uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
+                "name": name,
+                "power_state": power,
+                "nics": [{"mac": f"52:54:00:00:00:{i + 1:02x}", "ip": f"127.0.0.{10 + i}"}],
+            }
+            for i, name in enumerate(systems)
+        ]
+        self.power_delay_s = power_delay_s
+        self.auth = auth
+        self._process: subprocess.Popen | None = None
+
+    def system_path(self, name: str) -> str:
+        uid = next(s["uuid"] for s in self.systems if s["name"] == name)
+        return f"/redfish/v1/Systems/{uid}"
+
+    def power_state(self, name: str) -> str:
+        """The system's PowerState as the emulator reports it (On, Off)."""
+        response = requests.get(self.url + self.system_path(name), auth=self.auth, timeout=5)
+        response.raise_for_status()
+        return response.json()["PowerState"]
+
+    def _write_config(self) -> Path:
+        lines = [
+            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'",
+            f"SUSHY_EMULATOR_LISTEN_PORT = {self.port}",
+            "SUSHY_EMULATOR_FAKE_DRIVER = True",
+            f"SUSHY_EMULATOR_STATE_DIR = {str(self.workdir / 'state')!r}",
+            "SUSHY_EMULATOR_FAKE_SYSTEMS = " + pprint.pformat(self.systems),
+        ]
+        if self.auth is not None:
+            import bcrypt  # sushy-tools' own dependency; it accepts only bcrypt entries
+
+            user, password = self.auth
+            hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+            auth_file = self.workdir / "htpasswd"
+            auth_file.write_text(f"{user}:{hashed}\n")
+            lines.append(f"SUSHY_EMULATOR_AUTH_FILE = {str(auth_file)!r}")
+        config = self.workdir / "emulator.conf"
+        config.write_text("\n".join(lines) + "\n")
+        return config
+
+    def __enter__(self) -> RedfishEmulator:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        low, high = self.power_delay_s
+        self._log = (self.workdir / "emulator.log").open("w")
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.redfish_bmc",
+                "--power-delay",
+                f"{low}:{high}",
+                "--config",
+                str(config),
+            ],
+            cwd=REPO,
+            env=_subprocess_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:  # the service root answers without auth once the app serves
+            try:
+                if requests.get(self.url + "/redfish/v1/", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                _stop(self._process)
+                self._log.close()
+                log = (self.workdir / "emulator.log").read_text()[-2000:]
+                raise RuntimeError(f"sushy-emulator did not start:\n{log}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+        self._log.close()
+
+
+class IpmiBmc:
+    """pyghmi's BMC server (`tests.support.ipmi_bmc`) in a subprocess on a loopback UDP port."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        user: str = "admin",
+        password: str = "ipmi-test-password",
+        power: str = "on",
+        delay_s: float = 0.0,
+        ignore_soft_off: bool = False,
+    ) -> None:
+        self.workdir = workdir
+        self.user, self.password = user, password
+        self.power, self.delay_s = power, delay_s
+        self.ignore_soft_off = ignore_soft_off
+        self.port = free_port(socket.SOCK_DGRAM)
+        self.address = f"127.0.0.1:{self.port}"
+        self.requests: list[str] = []  # power requests the BMC received, in order
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+
+    def __enter__(self) -> IpmiBmc:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        password_file = self.workdir / f"ipmi-{self.port}.password"
+        password_file.write_text(self.password)
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.ipmi_bmc",
+                "--port",
+                str(self.port),
+                "--user",
+                self.user,
+                "--password-file",
+                str(password_file),
+                "--power",
+                self.power,
+                "--delay",
+                str(self.delay_s),
+                *(["--ignore-soft-off"] if self.ignore_soft_off else []),
+            ],
+            cwd=REPO,
+            env=_subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        first = self._process.stdout.readline()
+        if "listening" not in first:
+            _stop(self._process)
+            raise RuntimeError(f"IPMI BMC did not start: {first}{self._process.stdout.read()}")
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read_log(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.startswith("request "):
+                self.requests.append(line.split(" ", 1)[1].strip())
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._process is not None:
+            _stop(self._process)
+        if self._reader is not None:
+            self._reader.join(5)
+
+
+class SilentTcpServer:
+    """Accepts TCP connections on loopback and never answers (a hung BMC)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(16)
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.connections: list[socket.socket] = []
+        self._stop = threading.Event()
+
+    def _accept(self) -> None:
+        self._socket.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                continue
+            self.connections.append(connection)
+
+    def __enter__(self) -> SilentTcpServer:
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for connection in self.connections:
+            connection.close()
+        self._socket.close()
+
+
+class GarbageHttpServer:
+    """Answers every request with `answer(path) -> (status, content type, body)`."""
+
+    def __init__(self, answer: Callable[[str], tuple[int, str, bytes]]) -> None:
+        self.paths: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                server.paths.append(self.path)
+                status, content_type, body = answer(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PATCH = _answer
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> GarbageHttpServer:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class SilentUdpServer:
+    """Receives UDP datagrams on loopback and answers none (an IPMI BMC that is gone)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._socket.getsockname()[1]}"
+        self.datagrams = 0
+        self._stop = threading.Event()
+
+    def _receive(self) -> None:
+        self._socket.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                self._socket.recvfrom(65536)
+            except OSError:
+                continue
+            self.datagrams += 1
+
+    def __enter__(self) -> SilentUdpServer:
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._socket.close()

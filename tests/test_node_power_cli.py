@@ -1,0 +1,202 @@
+"""`python -m controllers.node_power`: its help, flags, one round, and its HTTP endpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from controllers.node_power.cli import build_parser, main, settings_from_args
+from controllers.node_power.health import serve_health
+from tests.support.bmc import RedfishEmulator
+from tests.support.power_cluster import (
+    make_kube,
+    node,
+    pod,
+    settings,
+    started_controller,
+)
+
+
+def test_help_explains_the_safety_defaults() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "controllers.node_power", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for needle in (
+        "--apply",
+        "Dry run is the default",
+        "power-aware-scheduler/power-management=enabled",
+        "power-aware-scheduler/power-management-disabled",
+        "--scale-down-unneeded-time",
+        "--max-off-fraction",
+        "--bmc-secret-dir",
+        "--leader-elect",
+    ):
+        assert needle in text, needle
+
+
+def test_flags_become_settings_with_autoscaler_names() -> None:
+    args = build_parser().parse_args(
+        [
+            "--scale-down-unneeded-time=20m",
+            "--scale-down-utilization-threshold=0.4",
+            "--node-cooldown=1h",
+            "--min-on-nodes=3",
+            "--max-off-fraction=0.25",
+            "--boot-time=4m",
+            "--boot-energy-kj=30",
+            "--empty-nodes-only",
+            "--namespace=power",
+        ]
+    )
+    parsed = settings_from_args(args)
+    assert not parsed.apply  # dry run unless asked
+    policy = parsed.policy
+    assert (policy.unneeded_time_s, policy.utilization_threshold) == (1200.0, 0.4)
+    assert (policy.cooldown_s, policy.min_on_nodes, policy.max_off_fraction) == (3600.0, 3, 0.25)
+    assert (policy.boot_s, policy.boot_energy_j, policy.consolidate) == (240.0, 30000.0, False)
+    assert parsed.namespace == "power"
+    assert parsed.actuator.default_driver == "dry-run"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-off-fraction=2"], "must be between 0 and 1"),
+        (["--scan-interval=10x"], "--scan-interval: bad duration"),
+        (["--default-driver=wol"], "invalid choice"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_inconsistent_leader_election_times_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--kubeconfig", str(tmp_path / "none"), "--leader-elect-renew-deadline=20s"])
+    assert code == 2
+    assert "renew deadline < lease duration" in capsys.readouterr().err
+
+
+def test_once_prints_the_round_and_changes_nothing_without_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube = make_kube(
+        [node("busy"), node("idle"), node("spare", state="off", unschedulable=True)],
+        [pod("web-1", "busy", "12")],
+    )
+    try:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            "--once",
+            "--namespace=power-aware-scheduler",
+            "--scale-down-unneeded-time=0",  # one round: nothing else is unneeded long enough
+            "--node-cooldown=0",
+            "--max-off-fraction=1",
+            "--boot-time=0",  # no headroom for web-1, which "arrived" a moment ago
+        ]
+        code = main(common)
+        assert code == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["apply"] is False
+        assert summary["acted"] == []
+        assert [a["node"] for a in summary["power_off"]] == ["idle"]
+        assert {n["name"]: n["state"] for n in summary["nodes"]} == {
+            "busy": "on",
+            "idle": "on",
+            "spare": "off",
+        }
+        assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
+        code = main([*common, "--apply"])
+        assert code == 0
+        assert json.loads(capsys.readouterr().out)["acted"] == ["power_off idle"]
+        annotations = kube.get("nodes", "idle")["metadata"]["annotations"]
+        assert annotations["power-aware-scheduler/power-state"] == "off"
+        # Acting, it took the Lease and gave it back; while a controller holds it, it refuses.
+        lease = kube.get("leases", "power-node-controller", "power-aware-scheduler")
+        assert not lease["spec"].get("holderIdentity")
+        kube.patch(
+            "leases",
+            "power-node-controller",
+            {"spec": {"holderIdentity": "running-replica", "leaseDurationSeconds": 15}},
+            "power-aware-scheduler",
+        )
+        assert main([*common, "--apply"]) == 1
+        assert "held by running-replica" in capsys.readouterr().err
+    finally:
+        kube.stop()
+
+
+def test_probes_metrics_and_status_over_http() -> None:
+    kube = make_kube(
+        [node("busy"), node("spare", state="off", unschedulable=True)], [pod("web-1", "busy", "12")]
+    )
+    controller = started_controller(kube, settings())
+    server = serve_health(controller, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert controller.run_round(time.time()).error is None
+        assert requests.get(base + "/healthz", timeout=5).status_code == 200
+        ready = requests.get(base + "/readyz", timeout=5)
+        assert ready.status_code == 200 and "leader, applying" in ready.text
+        metrics = requests.get(base + "/metrics", timeout=5).text
+        assert 'power_aware_node_power_nodes{state="off"} 1.0' in metrics
+        assert 'power_aware_node_power_nodes{state="on"} 1.0' in metrics
+        assert "power_aware_node_power_wake_latency_seconds_bucket" in metrics
+        assert "power_aware_node_power_leader 1.0" in metrics
+        status = requests.get(base + "/status", timeout=5).json()
+        assert status["apply"] is True and status["synced"] is True
+        assert requests.get(base + "/nope", timeout=5).status_code == 404
+        kube.failing = True
+        try:
+            assert controller.run_round(time.time()).error
+        finally:
+            kube.failing = False
+        not_ready = requests.get(base + "/readyz", timeout=5)
+        assert not_ready.status_code == 503 and "last round failed" in not_ready.text
+    finally:
+        server.shutdown()
+        controller.stop()
+        kube.stop()
+
+
+def test_check_bmc_asks_each_nodes_bmc_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with RedfishEmulator(tmp_path / "redfish", ["rack-1"], auth=("admin", "bmc-pass")) as bmc:
+        secret = tmp_path / "bmc"
+        secret.mkdir()
+        (secret / "rack-1").write_text(f"address: {bmc.url}\nusername: admin\npassword: bmc-pass\n")
+        (secret / "rack-2").write_text(f"address: {bmc.url}\nusername: admin\npassword: wrong\n")
+        kube = make_kube([node("rack-1", driver="redfish"), node("rack-2", driver="redfish")])
+        try:
+            kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+            common = [f"--kubeconfig={kubeconfig}", f"--bmc-secret-dir={secret}"]
+            assert main([*common, "--check-bmc", "rack-1"]) == 0
+            assert capsys.readouterr().out.strip() == f"rack-1: redfish ({bmc.url}): power on"
+            assert main([*common, "--check-bmc", "rack-2", "--check-bmc", "rack-9"]) == 1
+            out = capsys.readouterr().out
+            assert "rack-2: FAILED (refused)" in out and "wrong" not in out
+            assert "rack-9: FAILED (config): node rack-9: no such node" in out
+            assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
+            assert bmc.power_state("rack-1") == "On"
+        finally:
+            kube.stop()
