@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 OURS = ("livedata", "training", "predictor", "extender", "controllers", "bench")
-EXTENDER_MODEL = {"state", "cycle", "demand", "protocol", "limits"}
+EXTENDER_MODEL = {"state", "cycle", "protocol", "limits"}
 # Lower rooms first: an arrow may only point to a room listed before its importer.
 ORDER = (
     "livedata",
