@@ -119,20 +119,23 @@ class Runtime:
         return len(nodes)
 
     def load_bundle(self) -> bool:
-        """First bundle load, synchronously; True when a bundle is serving."""
-        self.watcher.check_now()
-        model = self.holder.state
-        if model is None:
-            refused = self.watcher.last_refused
-            log.error(
-                "no bundle loaded",
-                extra={
-                    "bundle_dir": str(self.config.bundle_dir),
-                    "error": refused.error if refused else "unknown",
-                },
-            )
-            return False
-        return True
+        """First bundle load, synchronously; True when a bundle is serving.
+
+        A refusal is not logged here: the caller says it once (`bundle_problem`), as the exit
+        message or as a warning when live mode serves on without a bundle.
+        """
+        self.watcher.check_now(log_refusal=False)
+        return self.holder.state is not None
+
+    def bundle_problem(self) -> str:
+        """Why no bundle serves, for a person: the directory and what is wrong with it."""
+        refused = self.watcher.last_refused
+        directory = self.config.bundle_dir
+        if refused is None:
+            return f"no model bundle in {directory}"
+        version = f" (version {refused.version})" if refused.version else ""
+        error = refused.error.rstrip(". ")  # the caller goes on with a sentence of its own
+        return f"the model bundle in {directory}{version} cannot be used: {error}"
 
     def start_background(self) -> None:
         """Start the bundle watcher, the curve refresher and (live mode) the sources."""
