@@ -5,6 +5,7 @@ writes it from a battery's charge:
 
     label            stored energy   points
     (no label)       grid power      10
+    grid             grid power      10  (the same, said explicitly; /explain's word for it)
     well-powered     75-100 %        10
     vulnerable       40-75 %          6
     low-powered      15-40 %          3
@@ -31,7 +32,15 @@ import numpy as np
 
 from extender.plugins.base import FilterVerdict, Plugin
 from extender.state import NodeAttribute, NodeInfo
-from livedata.labels import ENERGY_LABEL, LOW_POWERED, POWERLESS, VULNERABLE, WELL_POWERED
+from livedata.labels import (
+    ENERGY_LABEL,
+    ENERGY_LABEL_VALUES,
+    GRID,
+    LOW_POWERED,
+    POWERLESS,
+    VULNERABLE,
+    WELL_POWERED,
+)
 
 if TYPE_CHECKING:
     from extender.cycle import Cycle
@@ -48,17 +57,17 @@ class EnergyLevel(IntEnum):
     UNKNOWN = 5
 
 
-ENERGY_LABEL_VALUES: Mapping[str, EnergyLevel] = {
+LEVEL_OF_LABEL: Mapping[str, EnergyLevel] = {
     POWERLESS: EnergyLevel.POWERLESS,
     LOW_POWERED: EnergyLevel.LOW_POWERED,
     VULNERABLE: EnergyLevel.VULNERABLE,
     WELL_POWERED: EnergyLevel.WELL_POWERED,
+    GRID: EnergyLevel.GRID,
 }
 
-# How /explain spells each level: the label values, "grid" (no label), "unknown".
+# How /explain spells each level: the label values (grid also for no label), "unknown".
 ENERGY_LEVEL_NAMES: Mapping[EnergyLevel, str] = {
-    **{level: label for label, level in ENERGY_LABEL_VALUES.items()},
-    EnergyLevel.GRID: "grid",
+    **{level: label for label, level in LEVEL_OF_LABEL.items()},
     EnergyLevel.UNKNOWN: "unknown",
 }
 _NAMES_BY_CODE = tuple(ENERGY_LEVEL_NAMES[EnergyLevel(code)] for code in range(len(EnergyLevel)))
@@ -75,14 +84,15 @@ def energy_level_of(labels: Mapping[str, str] | None) -> EnergyLevel:
     value = labels.get(ENERGY_LABEL)
     if value is None:
         return EnergyLevel.GRID
-    return ENERGY_LABEL_VALUES.get(value, EnergyLevel.UNKNOWN)
+    return LEVEL_OF_LABEL.get(value, EnergyLevel.UNKNOWN)
 
 
 def _unknown_label(node: NodeInfo) -> str | None:
     if energy_level_of(node.labels) != EnergyLevel.UNKNOWN:
         return None
     return (
-        f"unknown {ENERGY_LABEL} label {node.labels.get(ENERGY_LABEL)!r}, scored like 'vulnerable'"
+        f"unknown {ENERGY_LABEL} label {node.labels.get(ENERGY_LABEL)!r}, scored like "
+        f"'vulnerable'; valid values: {', '.join(ENERGY_LABEL_VALUES)} (no label: grid)"
     )
 
 
