@@ -24,14 +24,15 @@ times). With (0.7, 0.3) the low-powered node's watts cost only 1.5 times as much
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from extender.plugins.base import FilterVerdict, Plugin
-from extender.state import NodeAttribute, NodeInfo
+from extender.state import ClusterView, NodeAttribute, NodeInfo
 from livedata.labels import (
     ENERGY_LABEL,
     ENERGY_LABEL_VALUES,
@@ -124,3 +125,17 @@ class EnergyLevelPlugin(Plugin):
         return {
             "energy_level": [_NAMES_BY_CODE[c] for c in cycle.node_values(ENERGY_LEVEL).tolist()]
         }
+
+    def node_metrics(self, view: ClusterView) -> Iterable[Metric]:
+        """`power_aware_extender_node_energy_level{node, level} 1` per node the extender knows
+        (kube-state-metrics' convention for a state: the level is a label, the value 1)."""
+        family = GaugeMetricFamily(
+            "power_aware_extender_node_energy_level",
+            f"The node's energy level from its {ENERGY_LABEL} label (grid: none), as scored; "
+            "value 1",
+            labels=["node", "level"],
+        )
+        codes = view.node_values(ENERGY_LEVEL)[view.has_node_info].tolist()
+        for name, code in zip(view.names, codes, strict=False):
+            family.add_metric([name, _NAMES_BY_CODE[code]], 1.0)
+        return (family,)
