@@ -213,16 +213,27 @@ MAX_SCORE = 10
 MAX_RETIRED_LAYOUTS = 8
 
 
+# One prioritize answer adds SCORED_ONE + its score to a node's packed count: the answers it was
+# in count in the high 32 bits, the sum of its scores (at most 10 each) in the low 32 bits. One
+# scatter-add instead of two on the request path; the counts are unpacked at every scrape, long
+# before 400 million answers could carry the sum into the count.
+SCORED_ONE = 1 << 32
+
+
 class _LayoutCounts:
     """Decision counts of one node layout: arrays aligned to the view's `names`."""
 
     def __init__(self, names: tuple[str, ...], filter_plugins: Sequence[str]) -> None:
         self.names = names
         size = len(names)
-        self.scored = np.zeros(size, dtype=np.int64)
-        self.score_sum = np.zeros(size, dtype=np.int64)
+        self.scored_packed = np.zeros(size, dtype=np.int64)  # answers * SCORED_ONE + score sum
         self.best = np.zeros(size, dtype=np.int64)
         self.filtered = {plugin: np.zeros(size, dtype=np.int64) for plugin in filter_plugins}
+
+    def columns(self) -> list[np.ndarray]:
+        """[answers, score sum, best, failures per filter plugin...], aligned to `names`."""
+        packed = self.scored_packed
+        return [packed >> 32, packed & (SCORED_ONE - 1), self.best, *self.filtered.values()]
 
 
 class DecisionCounters:
@@ -277,8 +288,7 @@ class DecisionCounters:
             if len(at) == 0:
                 return
             counts = self._counts_for(view_names)
-            counts.scored[at] += 1
-            counts.score_sum[at] += scores
+            counts.scored_packed[at] += scores + SCORED_ONE
             counts.best[at[scores == scores.max()]] += 1
 
     def record_filter(
@@ -301,7 +311,7 @@ class DecisionCounters:
 
     def _fold(self, counts: _LayoutCounts) -> None:
         totals = self._totals
-        columns = [counts.scored, counts.score_sum, counts.best, *counts.filtered.values()]
+        columns = counts.columns()
         touched = np.flatnonzero(np.any(np.stack(columns), axis=0)) if counts.names else []
         width = len(columns)
         for position in np.asarray(touched).tolist():
