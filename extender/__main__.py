@@ -32,6 +32,11 @@ log = logging.getLogger("extender")
 EXIT_USAGE = 2
 EXAMPLE_NODE_COUNT = 12
 REQUEST_GIL_WAIT_S = 0.001
+BUNDLE_HINT = (
+    "Point --bundle at a directory that `python -m training.fit --out DIR` wrote "
+    "(manifest.json and its .onnx files, unchanged), or rebuild the shipped one with "
+    "`make models`"
+)
 
 
 class StartupError(Exception):
@@ -145,12 +150,14 @@ def prepare(config: ExtenderConfig) -> Runtime:
     except (ValueError, OSError) as exc:
         raise StartupError(f"--config: a plugin's data source cannot start: {exc}") from None
     if not runtime.load_bundle():
-        refused = runtime.watcher.last_refused
-        reason = refused.error if refused else f"no bundle at {config.bundle_dir}"
+        problem = runtime.bundle_problem()
         if runtime.mode != "live":
-            raise StartupError(f"cannot load the model bundle: {reason}")
+            raise StartupError(f"{problem}. {BUNDLE_HINT}")
         # In a cluster the ConfigMap may be fixed without a restart: serve, not ready.
-        log.warning("serving without a bundle until a valid one appears (readyz: 503)")
+        log.warning(
+            f"{problem}. Serving without a bundle: /readyz answers 503 until a valid bundle "
+            "appears there (it is checked every --bundle-poll-interval)"
+        )
     return runtime
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from extender.limits import LimitError, body_too_large, check_json_depth, check_node_count
@@ -171,6 +172,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     app.state.runtime = runtime
     metrics = runtime.metrics
+    decisions = metrics.decisions
     limits = runtime.config.limits
     warnings = WarningThrottle()
 
@@ -197,6 +199,19 @@ def create_app(runtime: Runtime) -> FastAPI:
         runtime.note_unscored(assessment.no_telemetry_nodes + assessment.no_curve_nodes, now_s)
         return Scored(assessment, model)
 
+    def record_decisions(verb: str, scored: Scored) -> None:
+        """Count the answer per node for /metrics; a failure here never changes the answer."""
+        assessment = scored.assessment
+        cycle = assessment.cycle
+        try:
+            if verb == "prioritize":
+                decisions.record_prioritize(cycle.view.names, cycle.candidates, assessment.score)
+            elif verb == "filter":
+                decisions.record_filter(cycle.view.names, cycle.candidates, assessment.failed_by)
+        except Exception:
+            metrics.errors.labels(verb=verb, kind="internal").inc()
+            log.exception("%s: counting the decision for /metrics failed", verb)
+
     async def handle(request: Request, verb: str, answer: Answer, neutral: Neutral) -> Response:
         started = time.perf_counter()
         read_s = 0.0
@@ -209,6 +224,7 @@ def create_app(runtime: Runtime) -> FastAPI:
             check_node_count(len(args.candidate_names), limits.max_nodes)
             scored = assess_request(args, runtime.clock(), verb)
             payload, code = answer(args, scored, runtime), 200
+            record_decisions(verb, scored)
         except LimitError as exc:
             metrics.errors.labels(verb=verb, kind=exc.kind).inc()
             warnings.warn(verb, exc.kind, str(exc))
@@ -290,8 +306,12 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        return observed(
-            "metrics", lambda: Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # Per-node series make a scrape of a large fleet cost milliseconds: render them in a
+        # worker thread, so that the event loop keeps answering the scheduler meanwhile.
+        return await run_in_threadpool(
+            observed,
+            "metrics",
+            lambda: Response(metrics.render(), media_type=CONTENT_TYPE_LATEST),
         )
 
     return app

@@ -254,7 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         default=None,
-        help="cluster snapshot file (JSON or YAML): nodes with fixed telemetry",
+        help="cluster snapshot file (JSON or YAML): nodes with fixed telemetry, instead of "
+        'Kubernetes and Prometheus. Format: {"nodes": [{"name": "node-a", "allocatable_cpu": '
+        '32, "labels": {"energy-status": "vulnerable"}, "annotations": '
+        '{"power-aware-scheduler/max-power-w": "450"}, "telemetry": {"cpu_util": 0.35, '
+        '"ambient_temp_c": 23, "cpu1_temp_c": 51, "cpu2_temp_c": 49.5}}]}; labels, '
+        "annotations and telemetry are optional (no telemetry: scored lowest on power). "
+        "Write one from a metrics table or a live cluster with python -m "
+        "extender.sources.snapshot",
     )
     cluster.add_argument(
         "--prometheus",

@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from extender.config import ExtenderConfig
-from extender.metrics import ServiceMetrics, StateSample
+from extender.metrics import NodeSample, ServiceMetrics, StateSample
 from extender.plugins.base import LiveSource, SourceContext
 from extender.profile import Profile, ProfileError, load_profile
 from extender.sources.snapshot import demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
+from livedata.metrics_table import POWER_W
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
 from predictor.reload import BundleWatcher, ModelHolder, ModelState
@@ -39,6 +40,8 @@ from predictor.reload import BundleWatcher, ModelHolder, ModelState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+MAX_NODES_LOGGED = 20  # node names in one log line; /status lists more
+MAX_NODES_LISTED = 500  # node names in one /status list
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,14 @@ class Runtime:
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
         self._last_no_telemetry_warning_s = -math.inf
-        self.metrics = ServiceMetrics(self.metrics_sample)
+        self._fallback_named: tuple[str | None, set[str]] = (None, set())
+        self._fallback_lock = threading.Lock()  # the watcher and the refresher both name them
+        self.metrics = ServiceMetrics(
+            self.metrics_sample,
+            self.node_sample,
+            filter_plugins=[plugin.name for plugin in self.profile.filters],
+            known_names=self.known_node_names,
+        )
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -119,20 +129,23 @@ class Runtime:
         return len(nodes)
 
     def load_bundle(self) -> bool:
-        """First bundle load, synchronously; True when a bundle is serving."""
-        self.watcher.check_now()
-        model = self.holder.state
-        if model is None:
-            refused = self.watcher.last_refused
-            log.error(
-                "no bundle loaded",
-                extra={
-                    "bundle_dir": str(self.config.bundle_dir),
-                    "error": refused.error if refused else "unknown",
-                },
-            )
-            return False
-        return True
+        """First bundle load, synchronously; True when a bundle is serving.
+
+        A refusal is not logged here: the caller says it once (`bundle_problem`), as the exit
+        message or as a warning when live mode serves on without a bundle.
+        """
+        self.watcher.check_now(log_refusal=False)
+        return self.holder.state is not None
+
+    def bundle_problem(self) -> str:
+        """Why no bundle serves, for a person: the directory and what is wrong with it."""
+        refused = self.watcher.last_refused
+        directory = self.config.bundle_dir
+        if refused is None:
+            return f"no model bundle in {directory}"
+        version = f" (version {refused.version})" if refused.version else ""
+        error = refused.error.rstrip(". ")  # the caller goes on with a sentence of its own
+        return f"the model bundle in {directory}{version} cannot be used: {error}"
 
     def start_background(self) -> None:
         """Start the bundle watcher, the curve refresher and (live mode) the sources."""
@@ -197,15 +210,20 @@ class Runtime:
         self.metrics.curve_rebuilds.inc()
         self.metrics.bundle_reloads.inc()
         model = self.holder.state
+        fallback_nodes = len(model.curves.fallback_names) if model else 0
         log.info(
             "bundle installed",
             extra={
                 "bundle_version": predictor.version,
                 "bundle_dir": str(predictor.bundle.directory),
                 "curves": len(model.curves) if model else 0,
+                "own_model_nodes": (len(model.curves) - fallback_nodes) if model else 0,
+                "fallback_nodes": fallback_nodes,
                 "build_s": round(time.perf_counter() - started, 4),
             },
         )
+        if model is not None:
+            self._name_fallback_nodes(model)
 
     def refresh_curves(self) -> bool:
         """Rebuild the curve table if the telemetry changed since the last one; True if so."""
@@ -234,7 +252,34 @@ class Runtime:
                 "curves rebuilt",
                 extra={"computed_rows": curves.computed_rows, "reused_rows": curves.reused_rows},
             )
+        model = self.holder.state
+        if model is not None:
+            self._name_fallback_nodes(model)
         return True
+
+    def _name_fallback_nodes(self, model: ModelState) -> None:
+        """Log the nodes scored by the fleet fallback: all of them when a bundle is installed,
+        then each node that joins them (its telemetry arrived later), once per bundle."""
+        version = model.predictor.version
+        with self._fallback_lock:
+            named_version, named = self._fallback_named
+            if named_version != version:
+                named = set()
+                self._fallback_named = (version, named)
+            new = [name for name in model.curves.fallback_names if name not in named]
+            named.update(new)
+        if not new:
+            return
+        shown = ", ".join(new[:MAX_NODES_LOGGED])
+        if len(new) > MAX_NODES_LOGGED:
+            shown += f" and {len(new) - MAX_NODES_LOGGED} more (GET /status lists them)"
+        error = _fallback_error_text(model)
+        log.warning(
+            f"{len(new)} {'more ' if len(named) > len(new) else ''}node(s) have no model of their "
+            f"own in bundle {version} and are scored with its fleet fallback model{error}: "
+            f"{shown}",
+            extra={"bundle_version": version, "fallback_nodes": len(named)},
+        )
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.config.curve_refresh_interval_s):
@@ -292,10 +337,49 @@ class Runtime:
                 )
         return Readiness(ready=not reasons, reasons=tuple(reasons))
 
+    def known_node_names(self) -> tuple[str, ...]:
+        """The nodes a node source reported (not telemetry-only names)."""
+        view = self.state.view(self.clock())
+        return view.names[: int(np.count_nonzero(view.has_node_info))]
+
+    def node_sample(self) -> NodeSample:
+        """Per-node series for /metrics: predicted power at the current telemetry, measured
+        power as read with it, the serving model and its held-out error, the plugins' node
+        metrics. Nodes whose telemetry is stale (or that no node source reported) are left out:
+        a gap, not a value that is no longer true."""
+        now_s = self.clock()
+        view = self.state.view(now_s)
+        extra = [metric for plugin in self.profile.plugins for metric in plugin.node_metrics(view)]
+        model = self.holder.state
+        if model is None or len(model.curves) == 0:
+            return NodeSample(extra=extra)
+        curves = model.curves
+        positions = view.index_of(curves.names)
+        in_view = positions >= 0
+        at = np.where(in_view, positions, 0)
+        shown = in_view & view.has_node_info[at]
+        if self.telemetry_ttl_s is not None:
+            shown &= now_s - view.observed_at_s[at] <= self.telemetry_ttl_s
+        rows = np.flatnonzero(shown)
+        _, telemetry = self.state.telemetry_snapshot()
+        names = [curves.names[row] for row in rows.tolist()]
+        measured_w = np.array(
+            [telemetry[name][0].get(POWER_W, math.nan) for name in names], dtype=np.float64
+        )
+        return NodeSample(
+            names=names,
+            model=[curves.model_kind[row] for row in rows.tolist()],
+            predicted_w=curves.predicted_now_w()[rows],
+            measured_w=measured_w,
+            model_mape_pct=curves.model_mape_pct[rows],
+            extra=extra,
+        )
+
     def metrics_sample(self) -> StateSample:
         now_s = self.clock()
         summary = self.telemetry_summary(now_s)
         model = self.holder.state
+        fallback_nodes = len(model.curves.fallback_names) if model else 0
         return StateSample(
             nodes=summary.nodes,
             nodes_without_telemetry=summary.without_telemetry,
@@ -306,6 +390,12 @@ class Runtime:
             curve_table_age_s=(now_s - model.built_at_s) if model else None,
             ready=self.readiness(now_s).ready,
             bundle_reload_refusals=self.watcher.counters.refusals,
+            nodes_by_model=(
+                {"own": len(model.curves) - fallback_nodes, "fallback": fallback_nodes}
+                if model
+                else {}
+            ),
+            fallback_mape_pct=_fallback_metric(model, "mape_pct"),
         )
 
     def status(self) -> dict[str, Any]:
@@ -328,11 +418,20 @@ class Runtime:
             skipped: dict[str, int] = {}
             for reason in model.curves.skipped.values():
                 skipped[reason] = skipped.get(reason, 0) + 1
+            fallback_names = sorted(model.curves.fallback_names)
             curves = {
                 "nodes": len(model.curves),
                 "skipped": skipped,
                 "built_at_s": model.built_at_s,
                 "age_s": now_s - model.built_at_s,
+                "own_model_nodes": len(model.curves) - len(fallback_names),
+                # Scored with the bundle's fleet model: rougher than a node's own model.
+                "fallback": {
+                    "nodes": len(fallback_names),
+                    "names": fallback_names[:MAX_NODES_LISTED],
+                    "heldout_mape_pct": _fallback_metric(model, "mape_pct"),
+                    "heldout_mae_w": _fallback_metric(model, "mae_w"),
+                },
             }
         watcher = self.watcher.status()
         return {
@@ -381,6 +480,25 @@ class Runtime:
                 "candidates without telemetry or curve get the lowest power score",
                 extra={"nodes_in_request": count},
             )
+
+
+def _fallback_metric(model: ModelState | None, name: str) -> float | None:
+    """A held-out figure of the bundle's fleet fallback model (manifest `metrics`), if any."""
+    fallback = model.predictor.bundle.fallback if model is not None else None
+    metrics = fallback.info.get("metrics") if fallback is not None else None
+    value = metrics.get(name) if isinstance(metrics, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _fallback_error_text(model: ModelState) -> str:
+    mape_pct = _fallback_metric(model, "mape_pct")
+    mae_w = _fallback_metric(model, "mae_w")
+    figures = [f"MAPE {mape_pct:.1f} %" if mape_pct is not None else None]
+    figures.append(f"MAE {mae_w:.1f} W" if mae_w is not None else None)
+    shown = ", ".join(f for f in figures if f)
+    return f" (held-out {shown})" if shown else " (no held-out error in its manifest)"
 
 
 def _profile(config: ExtenderConfig) -> Profile:

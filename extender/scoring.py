@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,6 +61,8 @@ class Assessment:
     score: np.ndarray
     failed: Mapping[str, str]
     unresolvable: frozenset[str]
+    # filter plugin -> the candidates (indices) it was the first to fail, for /metrics
+    failed_by: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     # ---- what every plugin shares, from the cycle ----------------------------------------
 
@@ -220,11 +222,14 @@ def assess(
     names = cycle.names
 
     failed: dict[str, str] = {}
+    failed_by: dict[str, list[int]] = {}
     unresolvable: set[str] = set()
     for plugin in profile.filters if run_filters else ():
         verdict = plugin.filter(cycle)
         for i, reason in verdict.failed.items():
-            failed.setdefault(names[i], reason)
+            if names[i] not in failed:
+                failed[names[i]] = reason
+                failed_by.setdefault(plugin.name, []).append(i)
         unresolvable.update(names[i] for i in verdict.unresolvable)
 
     scores: dict[str, PluginScore] = {}
@@ -246,6 +251,7 @@ def assess(
         score=score,
         failed=failed,
         unresolvable=frozenset(unresolvable),
+        failed_by=failed_by,
     )
 
 

@@ -39,6 +39,11 @@ POWERLESS = "powerless"
 LOW_POWERED = "low-powered"
 VULNERABLE = "vulnerable"
 WELL_POWERED = "well-powered"
+# A node on grid power, said explicitly: the same as no `energy-status` label at all. It is the
+# word the extender's /explain uses for such nodes, so an operator can write it back as a label.
+GRID = "grid"
+# Every value the label may take, best first (no label means GRID).
+ENERGY_LABEL_VALUES: tuple[str, ...] = (GRID, *(band.name for band in reversed(ENERGY_BANDS)))
 
 
 def energy_band_for(stored_pct: float) -> EnergyBand:

@@ -44,6 +44,15 @@ class BundleError(ValueError):
     """A bundle is unusable; the message names the file, node and field at fault."""
 
 
+def sha256_mismatch(path: Path, node: str, actual: str, expected: str) -> BundleError:
+    """A model file whose content is not what the manifest recorded."""
+    return BundleError(
+        f"{path}: node {node!r} field 'sha256': the file's hash {actual[:12]}... does not match "
+        f"the manifest's {expected[:12]}... (the file changed after the bundle was written: a "
+        "partial copy, or files of two bundles mixed?)"
+    )
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     file: str  # relative to the bundle directory
@@ -154,10 +163,7 @@ def read_model_bytes(bundle: Bundle, entry: ModelEntry, *, node: str = "") -> by
         raise BundleError(f"{path}: node {node!r} field 'model': cannot read: {exc}") from None
     actual = sha256_hex(data)
     if actual != entry.sha256:
-        raise BundleError(
-            f"{path}: node {node!r} field 'sha256': file hash {actual} does not match the "
-            f"manifest's {entry.sha256}"
-        )
+        raise sha256_mismatch(path, node, actual, entry.sha256)
     return data
 
 
@@ -215,10 +221,7 @@ def _check_entry(
     except OSError as exc:
         raise BundleError(f"{path}: node {node!r} field 'model': cannot read: {exc}") from None
     if actual != expected:
-        raise BundleError(
-            f"{path}: node {node!r} field 'sha256': file hash {actual} does not match the "
-            f"manifest's {expected}"
-        )
+        raise sha256_mismatch(path, node, actual, expected)
     info = {key: value for key, value in raw.items() if key not in _RESERVED_ENTRY}
     _check_thermal(info.get("thermal"), features, where, node)
     return ModelEntry(file=file, sha256=expected, info=info)

@@ -18,6 +18,7 @@ Everything stays float64: rounding is what tied small pods at 0 W in earlier sys
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -25,9 +26,10 @@ from types import MappingProxyType
 
 import numpy as np
 
-from predictor.bundle import thermal_slopes
+from predictor.bundle import ModelEntry, thermal_slopes
 from predictor.model import UTIL_FEATURE, Predictor
 
+FALLBACK = "fallback"  # model_kind of a row served by the bundle's fleet fallback
 log = logging.getLogger(__name__)
 
 GRID_POINTS = 201
@@ -50,8 +52,12 @@ class CurveTable:
     skipped: Mapping[str, str] = field(default_factory=dict)  # node -> why it has no row
     reused_rows: int = 0  # rows copied from the previous table in the build
     computed_rows: int = 0  # rows computed by model inference in the build
+    # [rows] held-out MAPE (%) of the model serving each row, from the manifest (NaN: unknown).
+    # Read by /explain, /status and /metrics, so it is looked up once here, not per request.
+    model_mape_pct: np.ndarray | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
+    _fallback_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rows = len(self.names)
@@ -65,12 +71,23 @@ class CurveTable:
             raise ValueError(f"curve table of {rows} nodes: model_kind/feature_rows lengths differ")
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
         object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
+        mape_pct = self.model_mape_pct
+        if mape_pct is None:
+            mape_pct = np.full(rows, np.nan)
+        mape_pct = np.asarray(mape_pct, dtype=np.float64)
+        if mape_pct.shape != (rows,):
+            raise ValueError(f"curve table of {rows} nodes: model_mape_pct has {mape_pct.shape}")
+        object.__setattr__(self, "model_mape_pct", mape_pct)
+        fallback = tuple(
+            n for n, kind in zip(self.names, self.model_kind, strict=True) if kind == FALLBACK
+        )
+        object.__setattr__(self, "_fallback_names", fallback)
         # Beyond u = 1: the last segment's slope, never less than the average slope over 0..1,
         # so a curve that saturates early (trees often do) still charges for overcommitment.
         last_slope = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
         chord_slope = grid[:, _LAST] - grid[:, 0]
         object.__setattr__(self, "_slope_beyond_w", np.maximum(last_slope, chord_slope))
-        for array in (grid, self.util_now, self.feature_rows, self._slope_beyond_w):
+        for array in (grid, self.util_now, self.feature_rows, self._slope_beyond_w, mape_pct):
             array.flags.writeable = False
 
     @classmethod
@@ -86,6 +103,15 @@ class CurveTable:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def fallback_names(self) -> tuple[str, ...]:
+        """Nodes whose curve comes from the bundle's fleet fallback model, in table order."""
+        return self._fallback_names
+
+    def predicted_now_w(self) -> np.ndarray:
+        """[rows] each node's predicted power at the telemetry it was tabulated at (watts)."""
+        return self.power_w(np.arange(len(self.names), dtype=np.intp), self.util_now)
 
     def row_of(self, name: str) -> int:
         return self._index.get(name, -1)
@@ -170,6 +196,7 @@ class CurveBuilder:
         skipped: dict[str, str] = {}
         names: list[str] = []
         kinds: list[str] = []
+        mape_pct: list[float] = []
         rows: list[np.ndarray] = []
         reuse_from: list[int] = []  # previous row per node, -1 = compute
         to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
@@ -189,6 +216,7 @@ class CurveBuilder:
             position = len(names)
             names.append(node)
             kinds.append(predictor.model_kind(node) or "")
+            mape_pct.append(heldout_mape_pct(predictor.entry(node)))
             rows.append(row)
             reuse_from.append(old)
             if old < 0:
@@ -223,6 +251,7 @@ class CurveBuilder:
             skipped=skipped,
             reused_rows=len(names) - computed,
             computed_rows=computed,
+            model_mape_pct=np.asarray(mape_pct, dtype=np.float64).reshape(len(names))[keep],
         )
 
     def _tabulate(
@@ -242,6 +271,15 @@ class CurveBuilder:
             batch = grid_rows(predictor, [names[p] for p in chunk], feature_rows[chunk], util_col)
             watts = predictor.run_model_w(key, batch.reshape(-1, batch.shape[-1]))
             grid_out[chunk] = watts.reshape(len(chunk), GRID_POINTS)
+
+
+def heldout_mape_pct(entry: ModelEntry | None) -> float:
+    """The manifest's held-out MAPE (%) of a model entry (`metrics.mape_pct`); NaN if absent."""
+    metrics = entry.info.get("metrics") if entry is not None else None
+    value = metrics.get("mape_pct") if isinstance(metrics, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    return float(value) if math.isfinite(value) else math.nan
 
 
 def grid_rows(

@@ -167,8 +167,9 @@ def _load_session(
     try:
         session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises several unrelated types for bad files
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BundleError(f"{where}: onnxruntime cannot load the model: {first_line}") from None
+        # All of it on one line: onnxruntime's first line alone may stop mid-sentence.
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise BundleError(f"{where}: onnxruntime cannot load the model: {detail}") from None
 
     width = len(bundle.features)
     inputs = session.get_inputs()

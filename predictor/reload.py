@@ -10,7 +10,9 @@ kubelet swaps again meanwhile), validates every model on the probe grid
 
 A bad bundle never replaces a good one: the caller keeps serving what it has, the refusal is
 logged, counted and kept in ``last_refused`` for ``/status`` and ``/metrics``. A directory that
-vanishes is a refusal too.
+vanishes is a refusal too. A payload that fails only because kubelet replaced it while it was
+being read (the old timestamped directory is deleted after the swap) is not: what is mounted
+now is read again at once, so a refusal always names what is actually mounted.
 
 ``ModelHolder`` pairs the current predictor with the curve table computed from it and swaps
 both in one reference assignment, so a request never sees half of two bundles.
@@ -35,6 +37,8 @@ from predictor.validation import ProbeGrid, load_validated
 log = logging.getLogger(__name__)
 
 DATA_LINK = "..data"
+# Reads of the directory within one check when kubelet replaces the payload while we read it.
+MAX_READS_PER_CHECK = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +94,16 @@ def _manifest_version(directory: Path) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def describe_refusal(directory: Path, version: str | None, error: str, serving: str | None) -> str:
+    """A refusal as a person reads it: which bundle, why, and what serves meanwhile."""
+    refused = f"version {version} of the model bundle" if version else "the model bundle"
+    if serving is None:
+        outcome = "No bundle is serving: the extender is not ready until a valid one appears."
+    else:
+        outcome = f"Version {serving} keeps serving."
+    return f"refused {refused} in {directory}: {error.rstrip('. ')}. {outcome}"
+
+
 class BundleWatcher:
     """Polls a bundle directory and hands each new, fully validated ``Predictor`` to ``on_swap``."""
 
@@ -143,48 +157,76 @@ class BundleWatcher:
 
     # --- one check -------------------------------------------------------------------------
 
-    def check_now(self) -> bool:
-        """Check once; True if a new bundle was swapped in. Safe to call from any thread."""
+    def check_now(self, *, log_refusal: bool = True) -> bool:
+        """Check once; True if a new bundle was swapped in. Safe to call from any thread.
+
+        ``log_refusal=False`` leaves reporting a refusal to the caller (it is still counted and
+        kept in ``last_refused``): the service's start-up says it once, as its exit message.
+        """
         with self._lock:
             self.counters.checks += 1
-            try:
-                identity, source = _source_of(self.directory)
-            except OSError as exc:
-                identity, source = ("error", str(exc)), self.directory
-            if identity == self._seen:
-                return False
-            self._seen = identity
-            if identity[0] == "missing" or not source.is_dir():
-                self._refuse(None, f"{source}: bundle directory is missing")
-                return False
+            for _attempt in range(MAX_READS_PER_CHECK):
+                swapped = self._check_source(log_refusal)
+                if swapped is not None:
+                    return swapped
+            return False  # kubelet kept swapping while we read: the next poll looks again
+
+    def _check_source(self, log_refusal: bool) -> bool | None:
+        """One look at what the directory holds; None when it was replaced while being read."""
+        try:
+            identity, source = _source_of(self.directory)
+        except OSError as exc:
+            identity, source = ("error", str(exc)), self.directory
+        if identity == self._seen:
+            return False
+        self._seen = identity
+        predictor: Predictor | None = None
+        version: str | None = None
+        if identity[0] == "missing" or not source.is_dir():
+            error = f"{source}: bundle directory is missing"
+        else:
             try:
                 predictor = self._loader(source)
             except BundleError as exc:
-                self._refuse(_manifest_version(source), str(exc))
-                return False
+                error, version = str(exc), _manifest_version(source)
             except Exception as exc:  # a loader bug must not take down the service either
-                self._refuse(_manifest_version(source), f"{source}: {type(exc).__name__}: {exc}")
-                return False
-            if predictor.version == self.current_version:
-                log.info("bundle %s unchanged (same version at %s)", predictor.version, source)
-                return False
-            try:
-                self.on_swap(predictor)
-            except Exception as exc:  # e.g. curves cannot be built: the old pair stays in place
-                log.exception("bundle %s: on_swap failed", predictor.version)
-                self._refuse(predictor.version, f"{source}: installing failed: {exc}")
-                return False
-            previous, self.current_version = self.current_version, predictor.version
-            self.counters.swaps += 1
-            log.info("bundle swapped: %s -> %s (from %s)", previous, predictor.version, source)
-            return True
+                error = f"{source}: {type(exc).__name__}: {exc}"
+                version = _manifest_version(source)
+        if predictor is None:
+            if self._replaced_since(identity):
+                # kubelet swapped the volume while we read it (and removed the payload we were
+                # reading): that payload is no longer what is mounted, so its failure is not a
+                # refusal. Read what is mounted now.
+                log.info("bundle in %s changed while being read; reading it again", source)
+                self._seen = None
+                return None
+            self._refuse(version, error, log_refusal)
+            return False
+        if predictor.version == self.current_version:
+            log.info("bundle %s unchanged (same version at %s)", predictor.version, source)
+            return False
+        try:
+            self.on_swap(predictor)
+        except Exception as exc:  # e.g. curves cannot be built: the old pair stays in place
+            log.exception("bundle %s: on_swap failed", predictor.version)
+            self._refuse(predictor.version, f"{source}: installing failed: {exc}", log_refusal)
+            return False
+        previous, self.current_version = self.current_version, predictor.version
+        self.counters.swaps += 1
+        log.info("bundle swapped: %s -> %s (from %s)", previous, predictor.version, source)
+        return True
 
-    def _refuse(self, version: str | None, error: str) -> None:
+    def _replaced_since(self, identity: tuple[object, ...]) -> bool:
+        try:
+            return _source_of(self.directory)[0] != identity
+        except OSError:
+            return False
+
+    def _refuse(self, version: str | None, error: str, log_refusal: bool = True) -> None:
         self.counters.refusals += 1
         self.last_refused = Refusal(version=version, error=error, at=time.time())
-        log.error(
-            "bundle refused (version %s), keeping %s: %s", version, self.current_version, error
-        )
+        if log_refusal:
+            log.error("%s", describe_refusal(self.directory, version, error, self.current_version))
 
     def status(self) -> dict[str, object]:
         """For ``/status``: what is served, what was refused last, and the counters."""

@@ -179,7 +179,9 @@ def test_missing_model_file(bundle_copy: Path) -> None:
 def test_bad_sha256(bundle_copy: Path) -> None:
     corrupt_model_bytes(bundle_copy, "node-a")
     with pytest.raises(
-        BundleError, match=r"node-a\.onnx: node 'node-a' field 'sha256': file hash [0-9a-f]{64} "
+        BundleError,
+        match=r"node-a\.onnx: node 'node-a' field 'sha256': the file's hash [0-9a-f]{12}\.\.\. "
+        r"does not match the manifest's [0-9a-f]{12}\.\.\. \(the file changed after",
     ):
         read_bundle(bundle_copy)
 

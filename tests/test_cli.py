@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,12 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.bundles import (
+    PowerCurveSpec,
+    corrupt_model_bytes,
+    make_bundle,
+    truncate_model,
+)
 from tests.support.server import REPO_ROOT, run_extender
 
 DEMO_NODES = [f"node-{i:02d}" for i in range(1, 13)]
@@ -155,3 +161,30 @@ def test_bad_input_is_a_one_line_error(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("python -m extender: error:")
     assert message in last
+
+
+@pytest.mark.parametrize(
+    ("damage", "what"),
+    [
+        (lambda bundle: (bundle / "manifest.json").write_text('{"format": '), "not valid JSON"),
+        (lambda bundle: truncate_model(bundle, "node-01"), "onnxruntime cannot load the model"),
+        (lambda bundle: corrupt_model_bytes(bundle, "node-01"), "does not match the manifest"),
+    ],
+    ids=["manifest", "truncated-onnx", "bad-sha256"],
+)
+def test_a_corrupt_bundle_at_start_up_is_said_once_for_a_person(
+    demo_bundle: Path, tmp_path: Path, damage, what: str
+) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(demo_bundle, bundle)
+    damage(bundle)
+    result = run_cli("--bundle", str(bundle), "--port", "0", "--log-format", "text")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if what in line]
+    assert len(lines) == 1, result.stderr  # said once: no log line repeating the exit message
+    (line,) = lines
+    assert line.startswith(f"python -m extender: error: the model bundle in {bundle}")
+    assert "None" not in line and "keeping" not in line
+    # A whole sentence and what to do about it, not a fragment cut mid-phrase.
+    assert line.endswith("or rebuild the shipped one with `make models`")
+    assert "Point --bundle at a directory that `python -m training.fit --out DIR` wrote" in line

@@ -257,9 +257,44 @@ def test_nothing_left_after_cleaning_says_why(tmp_path: Path) -> None:
     with pytest.raises(MetricsInputError) as caught:
         load_metrics(path)
     message = str(caught.value)
-    assert message.startswith(f"no rows left after cleaning {path}: 2 read")
-    assert "power_w_negative 2" in message
+    assert message.startswith("all 2 rows dropped, none left to fit: 2 power_w negative")
+    assert f"(input: {path})" in message
     assert f"file {path}, line 2, field power_w: value '-3'" in message
+
+
+def test_nothing_left_leads_with_the_largest_reason_not_the_first_row(tmp_path: Path) -> None:
+    # The case: most rows have negative power, a few earlier ones lack a temperature.
+    # The message must lead with the counts, largest first, and quote the largest reason's row.
+    header = "node,timestamp,cpu_util,ambient_temp_c,cpu1_temp_c,cpu2_temp_c,power_w\n"
+    rows = [f"a,2026-01-05T00:0{i}:00Z,0.5,,40,40,120\n" for i in range(2)]
+    rows += [f"a,2026-01-05T01:{i:02d}:00Z,0.5,21,40,40,-{i + 1}\n" for i in range(12)]
+    path = tmp_path / "mostly_negative.csv"
+    path.write_text(header + "".join(rows))
+    with pytest.raises(MetricsInputError) as caught:
+        load_metrics(path)
+    message = str(caught.value)
+    assert message.startswith(
+        "all 14 rows dropped, none left to fit: 12 power_w negative, 2 ambient_temp_c missing"
+    ), message
+    assert f"first row power_w negative: file {path}, line 4, field power_w: value '-1'" in message
+    assert "ambient_temp_c: value ''" not in message
+
+
+def test_nothing_left_counts_are_readable_at_fleet_scale() -> None:
+    from training.dataset import CleaningTally, nothing_left_error
+
+    tally = CleaningTally(
+        rows_read=12_734,
+        dropped={"ambient_temp_c_missing": 148, "power_w_negative": 12_586},
+        sources=[f"rack-{i}.parquet" for i in range(5)],
+        examples={"ambient_temp_c_missing": "x", "power_w_negative": "y"},
+    )
+    message = str(nothing_left_error(tally))
+    assert message.startswith(
+        "all 12,734 rows dropped, none left to fit: 12,586 power_w negative, "
+        "148 ambient_temp_c missing (input: rack-0.parquet, rack-1.parquet, rack-2.parquet "
+        "and 2 more); first row power_w negative: y"
+    ), message
 
 
 def test_timestamp_column_that_is_mostly_not_times_is_refused(tmp_path: Path) -> None:
@@ -439,7 +474,7 @@ def test_every_row_is_kept_or_counted(rows: list[tuple[str, ...]]) -> None:
     try:
         cleaned = clean_metrics(raw, source="messy")
     except MetricsInputError as error:
-        assert str(error).startswith(("messy", "no rows left"))
+        assert str(error).startswith(("messy", "all "))
         return
     frame = cleaned.frame
     assert cleaned.rows_read == len(raw) == len(frame) + sum(cleaned.dropped.values())
@@ -528,11 +563,9 @@ def test_stream_with_every_row_bad_says_so_for_the_whole_input(tmp_path: Path) -
         list(stream_metrics(tmp_path))
     assert_error_says(
         caught,
-        "no rows left after cleaning",
+        "all 2 rows dropped, none left to fit: 2 power_w negative",
         str(tmp_path / "node-a.csv"),
         str(tmp_path / "node-b.csv"),
-        "2 read",
-        "power_w_negative 2",
         f"file {tmp_path / 'node-a.csv'}, line 2, field power_w: value '-5'",
     )
 

@@ -317,6 +317,19 @@ def test_cli_rejects_an_unknown_family_in_one_line(tmp_path) -> None:
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+def test_an_error_is_said_once_with_or_without_quiet(tmp_path, quiet: bool) -> None:
+    metrics = tmp_path / "m.csv"
+    synth_fleet(1, 2, 60, seed=1).assign(power_w=-5.0).to_csv(metrics, index=False)
+    command = [sys.executable, "-m", "training.fit", "--input", str(metrics), "--out"]
+    command += [str(tmp_path / "b"), *(["--quiet"] if quiet else [])]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2
+    said = [line for line in completed.stderr.splitlines() if "none left to fit" in line]
+    assert len(said) == 1, completed.stderr
+    assert said[0].startswith("python -m training.fit: error: all ")
+
+
 def test_trees_are_ruled_out_across_a_gap_in_utilisation() -> None:
     rows = _falling_rows()
     util = np.where(rows.features[:, 0] < 0.5, 0.02, 0.95).astype(np.float32)  # idle or busy

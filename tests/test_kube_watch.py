@@ -282,11 +282,16 @@ def test_api_errors_for_a_while_then_recovery(
 
 
 def test_stop_ends_the_threads(api: client.CoreV1Api, state: ClusterState) -> None:
+    # This watcher's threads, not every "kube-" thread of the process: a live service another
+    # test stopped may still be winding its watches down on a loaded machine.
+    before = set(threading.enumerate())
     cluster_watcher = ClusterWatcher(api, state, watch_timeout_s=60)
     cluster_watcher.start()
     wait_until(lambda: cluster_watcher.healthy, "the watcher to sync")
+    started = [t for t in threading.enumerate() if t.name.startswith("kube-") and t not in before]
+    assert len(started) == 2  # the node and pod watch loops
     cluster_watcher.stop()
-    assert not any(t.name.startswith("kube-") for t in threading.enumerate())
+    assert [t.name for t in started if t.is_alive()] == []
 
 
 def test_node_info_and_bound_time_conversions() -> None:

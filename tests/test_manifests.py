@@ -11,6 +11,7 @@ references.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 import shutil
@@ -24,12 +25,18 @@ import pytest
 import yaml
 
 from tests.support.manifests import (
+    ALL_OBJECTS,
+    DASHBOARD,
+    EXAMPLE_OBJECTS,
+    EXAMPLES,
     MANIFESTS,
     OBJECTS,
     REPO,
     SCHEDULER_NAME,
+    dashboard,
     find_object,
     kustomization,
+    load_kustomization,
     object_id,
     pod_specs,
 )
@@ -141,16 +148,17 @@ def _expand_args(container: dict, env: dict[str, str]) -> list[str]:
 # Files and API models
 
 
-def test_kustomization_lists_every_manifest_file() -> None:
-    listed = set(kustomization()["resources"])
-    on_disk = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+@pytest.mark.parametrize("directory", [MANIFESTS, EXAMPLES], ids=["manifests", "examples"])
+def test_kustomization_lists_every_manifest_file(directory) -> None:
+    listed = set(kustomization(directory)["resources"])
+    on_disk = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk, (
         f"listed but missing: {listed - on_disk}; unlisted: {on_disk - listed}"
     )
 
 
 @pytest.mark.parametrize(
-    ("source", "obj"), OBJECTS, ids=[f"{s}:{object_id(o)}" for s, o in OBJECTS]
+    ("source", "obj"), ALL_OBJECTS, ids=[f"{s}:{object_id(o)}" for s, o in ALL_OBJECTS]
 )
 def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None:
     key = (obj.get("apiVersion"), obj.get("kind"))
@@ -161,22 +169,37 @@ def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None
 
 
 def test_object_names_are_unique() -> None:
-    idents = [object_id(obj) for _, obj in OBJECTS]
+    idents = [object_id(obj) for _, obj in ALL_OBJECTS]
     assert len(idents) == len(set(idents)), sorted(i for i in idents if idents.count(i) > 1)
 
 
 def test_every_namespace_used_exists_or_is_standard() -> None:
     defined = {obj["metadata"]["name"] for _, obj in OBJECTS if obj["kind"] == "Namespace"}
-    for _, obj in OBJECTS:
+    for _, obj in ALL_OBJECTS:
         namespace = obj["metadata"].get("namespace")
         if namespace is not None:
             assert namespace in defined | {"default", "kube-system"}, object_id(obj)
 
 
+def test_applying_the_manifests_deploys_no_workload_outside_our_namespace() -> None:
+    # `kubectl apply -k manifests/` must not start a demo in the user's `default`: the example
+    # lives in manifests/examples/ and is applied on its own.
+    for ident, owner, _pod in pod_specs(OBJECTS):
+        assert owner["metadata"].get("namespace") == SCHEDULER_NAME, ident
+    ours = (None, SCHEDULER_NAME, "kube-system")
+    for _, obj in OBJECTS:
+        assert obj["metadata"].get("namespace") in ours, object_id(obj)
+    assert {object_id(o) for _, o in EXAMPLE_OBJECTS} == {
+        "Deployment default/power-demo",
+        "PodDisruptionBudget default/power-demo",
+    }
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
-def test_kustomize_builds_the_same_objects() -> None:
+@pytest.mark.parametrize("directory", [MANIFESTS, EXAMPLES], ids=["manifests", "examples"])
+def test_kustomize_builds_the_same_objects(directory) -> None:
     result = subprocess.run(
-        ["kubectl", "kustomize", str(MANIFESTS)],
+        ["kubectl", "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -184,7 +207,11 @@ def test_kustomize_builds_the_same_objects() -> None:
     )
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    assert sorted(object_id(d) for d in built) == sorted(object_id(o) for _, o in OBJECTS)
+    expected = load_kustomization(directory)
+    assert sorted(object_id(d) for d in built) == sorted(object_id(o) for _, o in expected)
+    for obj in built:  # generated objects come out as the support module builds them
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("-dashboard"):
+            assert obj == next(o for _, o in expected if object_id(o) == object_id(obj))
     images = {
         c["image"]
         for doc in built
@@ -197,6 +224,44 @@ def test_kustomize_builds_the_same_objects() -> None:
     }
     # The kustomization pins our image with a tag; no container is left on `latest`.
     assert all(":" in image for image in images), images
+
+
+def test_images_tied_to_the_cluster_version_say_so() -> None:
+    # kube-scheduler and the descheduler are built per Kubernetes minor version: each image
+    # line carries the advice to match the cluster's version.
+    for path, image in (
+        (MANIFESTS / "scheduler.yaml", "registry.k8s.io/kube-scheduler:"),
+        (MANIFESTS / "descheduler.yaml", "registry.k8s.io/descheduler/descheduler:"),
+    ):
+        lines = path.read_text().splitlines()
+        (at,) = [i for i, line in enumerate(lines) if f"image: {image}" in line]
+        comment = " ".join(line.strip() for line in lines[max(0, at - 4) : at])
+        assert "Match the cluster's minor version" in comment, (path.name, comment)
+
+
+def test_dashboard_is_provisioned_for_the_grafana_sidecar() -> None:
+    configmap = find_object(
+        "ConfigMap", "power-aware-scheduler-dashboard", SCHEDULER_NAME, objects=OBJECTS
+    )
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (key,) = configmap["data"]
+    assert key == DASHBOARD.name and key.endswith(".json")
+    assert json.loads(configmap["data"][key]) == dashboard()
+
+
+def test_metrics_are_scrapeable_where_the_dashboard_expects_them() -> None:
+    # The dashboard reads the extender's and the energy adapter's /metrics: both pods say where.
+    for name in ("power-extender", "energy-adapter"):
+        deployment = find_object("Deployment", name, SCHEDULER_NAME)
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/path"] == "/metrics"
+        ports = [
+            port["containerPort"]
+            for container in deployment["spec"]["template"]["spec"]["containers"]
+            for port in container.get("ports", [])
+        ]
+        assert int(annotations["prometheus.io/port"]) in ports
 
 
 # ---------------------------------------------------------------------------------------------

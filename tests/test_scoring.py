@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.plugins.energy_level import ENERGY_SCORES, EnergyLevel, energy_level_of
+from extender.plugins.energy_level import (
+    ENERGY_LEVEL,
+    ENERGY_SCORES,
+    EnergyLevel,
+    energy_level_of,
+)
 from extender.plugins.power_cap import max_power_of
 from extender.profile import DEFAULT_PROFILE, ProfileError
 from extender.protocol import encode, prioritize_result
@@ -261,6 +266,37 @@ def test_unknown_energy_label_is_counted_and_scored_like_vulnerable(predictor: P
     assert result.points("EnergyLevel")[0] == 6.0
     assert result.failed == {}
     assert result.explain()[0]["energy_level"] == "unknown"
+
+
+def test_every_level_explain_reports_is_a_label_that_means_it(
+    predictor: Predictor, caplog: pytest.LogCaptureFixture
+) -> None:
+    # /explain says "grid" for an unlabelled node: writing that word back as the label must be
+    # accepted (no "unknown" warning) and mean the same level, score and filter verdict.
+    from livedata.labels import ENERGY_LABEL_VALUES
+
+    labels = {"plain": {}, **{value: {"energy-status": value} for value in ENERGY_LABEL_VALUES}}
+    with caplog.at_level("WARNING"):
+        state = make_state({name: {"labels": labels[name]} for name in labels})
+        for name, node_labels in labels.items():  # the check the service runs on every write
+            assert ENERGY_LEVEL.check(NodeInfo(name, 8.0, node_labels, {})) is None
+    assert "unknown energy-status" not in caplog.text
+    result = run(predictor, state, list(labels))
+    said = {row["node"]: row["energy_level"] for row in result.explain()}
+    assert said["plain"] == said["grid"] == "grid"
+    for value in ENERGY_LABEL_VALUES:
+        assert said[value] == value  # the word shown is the label that produces it
+    points = dict(zip(result.names, result.points("EnergyLevel").tolist(), strict=True))
+    assert points["grid"] == points["plain"] == 10.0
+    assert set(result.failed) == {"powerless"}
+
+
+def test_an_unknown_label_warning_lists_the_valid_values() -> None:
+    problem = ENERGY_LEVEL.check(NodeInfo("flat", 8.0, {"energy-status": "solar-ish"}, {}))
+    assert problem == (
+        "unknown energy-status label 'solar-ish', scored like 'vulnerable'; valid values: "
+        "grid, well-powered, vulnerable, low-powered, powerless (no label: grid)"
+    )
 
 
 def grid_table(slopes_w: dict[str, float]) -> CurveTable:

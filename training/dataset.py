@@ -542,13 +542,44 @@ def clean_metrics(
 
 
 def nothing_left_error(tally: CleaningTally) -> MetricsInputError:
-    """The error for an input whose every row was dropped: counts by reason, first example."""
-    summary = ", ".join(f"{reason} {count}" for reason, count in tally.dropped.items())
-    first = next(iter(tally.examples.values()), "")
-    return MetricsInputError(
-        f"no rows left after cleaning {', '.join(tally.sources)}: {tally.rows_read} read, "
-        f"dropped {summary}; first problem: {first}"
+    """The error for an input whose every row was dropped, for a person: the counts by reason
+    first (largest first), then the input, then the first row of the largest reason."""
+    ranked = sorted(tally.dropped.items(), key=lambda item: (-item[1], item[0]))
+    counts = ", ".join(f"{count:,} {drop_reason_words(reason)}" for reason, count in ranked)
+    message = (
+        f"all {tally.rows_read:,} rows dropped, none left to fit: {counts or 'no reason'} "
+        f"(input: {_sources_text(tally.sources)})"
     )
+    if ranked and ranked[0][0] in tally.examples:
+        top = ranked[0][0]
+        message += f"; first row {drop_reason_words(top)}: {tally.examples[top]}"
+    return MetricsInputError(message)
+
+
+# Drop reasons are `<column>_<problem>` or a bare problem; how each problem reads in a sentence.
+_PROBLEM_WORDS: tuple[tuple[str, str], ...] = (
+    ("_non_numeric", "not a number"),
+    ("_out_of_range", "out of range"),
+    ("_unparseable", "unparseable"),
+    ("_missing", "missing"),
+    ("_negative", "negative"),
+    ("_zero", "zero"),
+    ("_absurd", "over 20 kW"),
+)
+
+
+def drop_reason_words(reason: str) -> str:
+    """`power_w_negative` -> `power_w negative`: the column as named, the problem in words."""
+    for suffix, words in _PROBLEM_WORDS:
+        if reason.endswith(suffix) and len(reason) > len(suffix):
+            return f"{reason[: -len(suffix)]} {words}"
+    return reason.replace("_", " ")
+
+
+def _sources_text(sources: Sequence[str], shown: int = 3) -> str:
+    if len(sources) <= shown:
+        return ", ".join(sources)
+    return f"{', '.join(sources[:shown])} and {len(sources) - shown} more"
 
 
 def _refuse_mostly_bad_column(

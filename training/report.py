@@ -6,8 +6,8 @@ line from idle to maximum power (what many schedulers assume). Written as
 
 * `report.json`: everything, for tools;
 * `report.txt`: a readable table (also logged);
-* `predicted_vs_measured.png`: predicted and measured power over held-out time for the best,
-  median and worst nodes.
+* `predicted_vs_measured.png`: predicted and measured power over held-out time, and the
+  residual below it, for the best, median and worst nodes by held-out error in watts.
 
 Held-out series are kept on disk while nodes are fitted (`HeldoutSeriesStore`), so a 1000-node
 run does not hold every node's predictions in memory just to plot three of them.
@@ -116,9 +116,9 @@ class HeldoutSeriesStore:
         self.close()
 
 
-def best_median_worst(mape_by_node: Mapping[str, float]) -> list[tuple[str, str]]:
-    """(label, node) for the lowest, median and highest held-out MAPE (fewer if few nodes)."""
-    ranked = sorted(mape_by_node, key=lambda node: (mape_by_node[node], node))
+def best_median_worst(error_by_node: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(label, node) for the lowest, median and highest error (fewer if few nodes)."""
+    ranked = sorted(error_by_node, key=lambda node: (error_by_node[node], node))
     if not ranked:
         return []
     picks = [("best", ranked[0]), ("median", ranked[len(ranked) // 2]), ("worst", ranked[-1])]
@@ -131,10 +131,51 @@ def best_median_worst(mape_by_node: Mapping[str, float]) -> list[tuple[str, str]
     return unique
 
 
+def plot_picks(node_entries: Sequence[Mapping]) -> list[tuple[str, Mapping]]:
+    """(label, report entry) of the nodes the plot shows: best, median and worst own model by
+    held-out mean absolute error in watts.
+
+    Watts, not MAPE: a placement is priced in watts, and a percentage flatters big nodes and
+    blames small ones (a 20-50 W node 5 % off is 2 W off; a 400 W node 2 % off is 8 W off).
+    """
+    entries = {
+        entry["node"]: entry
+        for entry in node_entries
+        if entry["model"] == "own" and entry["metrics"].get("mae_w") is not None
+    }
+    mae_w = {node: entry["metrics"]["mae_w"] for node, entry in entries.items()}
+    return [(label, entries[node]) for label, node in best_median_worst(mae_w)]
+
+
+def plot_heldout_nodes(
+    path: Path, node_entries: Sequence[Mapping], store: HeldoutSeriesStore
+) -> list[str]:
+    """The predicted-vs-measured plot of `plot_picks`'s nodes, from their held-out series."""
+    series = [
+        (label, entry["node"], store.get(entry["node"]), entry["metrics"])
+        for label, entry in plot_picks(node_entries)
+    ]
+    return plot_predicted_vs_measured(path, [s for s in series if s[2] is not None])
+
+
+def _figure_text(metrics: Mapping) -> str:
+    figures = []
+    for key, text in (("mae_w", "MAE {:.1f} W"), ("p95_abs_err_w", "p95 {:.1f} W")):
+        if metrics.get(key) is not None:
+            figures.append(text.format(metrics[key]))
+    if metrics.get("mape_pct") is not None:
+        figures.append(f"MAPE {metrics['mape_pct']:.2f} %")
+    return ", ".join(figures)
+
+
 def plot_predicted_vs_measured(
-    path: Path, series: Sequence[tuple[str, str, dict[str, np.ndarray], float]]
-) -> None:
-    """One panel per (label, node, arrays, mape_pct): measured and predicted watts over time."""
+    path: Path, series: Sequence[tuple[str, str, dict[str, np.ndarray], Mapping]]
+) -> list[str]:
+    """Two panels per (label, node, arrays, held-out metrics): measured and predicted watts over
+    held-out time, and below it the residual (predicted - measured, W) with the p95 band.
+
+    Returns the panel titles, top to bottom.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,21 +183,45 @@ def plot_predicted_vs_measured(
     import matplotlib.pyplot as plt
 
     panels = max(1, len(series))
-    fig, axes = plt.subplots(panels, 1, figsize=(11, 3.2 * panels), squeeze=False)
-    for axis, (label, node, arrays, mape_pct) in zip(axes[:, 0], series, strict=False):
+    fig, axes = plt.subplots(
+        2 * panels,
+        1,
+        figsize=(11, 4.6 * panels),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [2.2, 1.0] * panels},
+    )
+    titles: list[str] = []
+    for index, (label, node, arrays, metrics) in enumerate(series):
+        power_axis, residual_axis = axes[2 * index, 0], axes[2 * index + 1, 0]
         times = [datetime.fromtimestamp(float(t), tz=UTC) for t in arrays["time_s"]]
-        axis.plot(times, arrays["measured_w"], lw=0.8, color="0.35", label="measured")
-        axis.plot(times, arrays["predicted_w"], lw=0.9, color="tab:orange", label="predicted")
-        axis.set_title(f"{label}: {node} (held-out MAPE {mape_pct:.2f} %)", fontsize=10)
-        axis.set_ylabel("power (W)")
-        axis.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-        axis.legend(loc="upper right", fontsize=8)
+        residual_w = arrays["predicted_w"] - arrays["measured_w"]
+        power_axis.plot(times, arrays["measured_w"], lw=0.8, color="0.35", label="measured")
+        power_axis.plot(times, arrays["predicted_w"], lw=0.9, color="tab:orange", label="predicted")
+        title = f"{label} by held-out error in watts: {node} ({_figure_text(metrics)})"
+        power_axis.set_title(title, fontsize=10)
+        power_axis.set_ylabel("power (W)")
+        power_axis.legend(loc="upper right", fontsize=8)
+        residual_axis.plot(times, residual_w, lw=0.7, color="tab:blue")
+        residual_axis.axhline(0.0, color="0.2", lw=0.8)
+        p95_w = metrics.get("p95_abs_err_w")
+        if p95_w is not None:
+            residual_axis.axhspan(-p95_w, p95_w, color="tab:blue", alpha=0.12, label="p95 band")
+            residual_axis.legend(loc="upper right", fontsize=8)
+        residual_title = f"{node}: residual, predicted - measured"
+        residual_axis.set_title(residual_title, fontsize=9)
+        residual_axis.set_ylabel("error (W)")
+        residual_axis.sharex(power_axis)
+        for axis in (power_axis, residual_axis):
+            axis.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+        titles += [title, residual_title]
     if not series:
         axes[0, 0].text(0.5, 0.5, "no node has its own model", ha="center", va="center")
+        axes[1, 0].set_visible(False)
     axes[-1, 0].set_xlabel("time (UTC)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return titles
 
 
 # --- the readable table --------------------------------------------------------------------

@@ -10,6 +10,8 @@ binary raises `PrometheusMissingError`; tests turn that into a skip, see
 - `start_prometheus(tmp_path, openmetrics_text=..., scrape_targets=...)` backfills that text
   and/or scrapes exporters the caller serves on 127.0.0.1, starts the server on a free port and
   waits until it is ready (bounded; the error carries the server's log tail);
+- `set_scrape_targets(server, targets)` points a running server (started with
+  `extra_args=RELOADABLE`) at targets that exist only after it, such as a service reading it;
 - for data too large to hold as text (a 1,000-node fleet), write the file series by series
   with `openmetrics_series`, load it with `backfill(file, tmp_path / "prometheus" / "data")`
   and start the server on it with `start_prometheus(tmp_path)`.
@@ -230,6 +232,22 @@ def _write_config(path: Path, scrape_targets: Sequence[str], scrape_interval_s: 
             }
         ]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+RELOADABLE = ("--web.enable-lifecycle",)  # start_prometheus extra_args for `set_scrape_targets`
+
+
+def set_scrape_targets(
+    server: PrometheusServer, scrape_targets: Sequence[str], scrape_interval_s: float = 1.0
+) -> None:
+    """Make a running server scrape `scrape_targets` from now on (for targets that exist only
+    after the server started, such as a service that reads this Prometheus). The server must
+    have been started with `extra_args=RELOADABLE`."""
+    _write_config(server.data_dir.parent / "prometheus.yml", scrape_targets, scrape_interval_s)
+    request = urllib.request.Request(f"{server.url}/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        if response.status != 200:
+            raise RuntimeError(f"Prometheus at {server.url} refused the reload: {response.status}")
 
 
 def backfill(

@@ -27,21 +27,26 @@ plugin that needs one returns it from `background(context)` (built from its own 
 its configuration stays in one place), the runtime starts and stops it, and the source
 publishes immutable snapshots with `state.set_signal(name, snapshot)` that the plugin reads
 per request with `cycle.view.signal(name)`. `status()` adds the plugin's own lines to
-`/status` (for example how fresh its data is).
+`/status` (for example how fresh its data is), and `node_metrics(view)` the metric families it
+reports per node at scrape time on `/metrics` (for the Grafana dashboard: one series per node
+at most, prefix `power_aware_extender_node_`), computed from the state, never on the request
+path.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from extender.state import ClusterState, NodeAttribute
+from extender.state import ClusterState, ClusterView, NodeAttribute
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from extender.cycle import Cycle
 
 MAX_POINTS = 10.0
@@ -136,6 +141,10 @@ class Plugin:
     def status(self) -> Mapping[str, Any] | None:
         """The plugin's lines in `/status` (None: nothing to say)."""
         return None
+
+    def node_metrics(self, view: ClusterView) -> Iterable[Metric]:
+        """Metric families about the nodes in `view`, built when `/metrics` is scraped."""
+        return ()
 
 
 def clip_points(raw: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ writes it from a battery's charge:
 
     label            stored energy   points
     (no label)       grid power      10
+    grid             grid power      10  (the same, said explicitly; /explain's word for it)
     well-powered     75-100 %        10
     vulnerable       40-75 %          6
     low-powered      15-40 %          3
@@ -23,15 +24,24 @@ times). With (0.7, 0.3) the low-powered node's watts cost only 1.5 times as much
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from extender.plugins.base import PASS_ALL, FilterVerdict, Plugin
-from extender.state import Candidates, NodeAttribute, NodeInfo
-from livedata.labels import ENERGY_LABEL, LOW_POWERED, POWERLESS, VULNERABLE, WELL_POWERED
+from extender.state import Candidates, ClusterView, NodeAttribute, NodeInfo
+from livedata.labels import (
+    ENERGY_LABEL,
+    ENERGY_LABEL_VALUES,
+    GRID,
+    LOW_POWERED,
+    POWERLESS,
+    VULNERABLE,
+    WELL_POWERED,
+)
 
 if TYPE_CHECKING:
     from extender.cycle import Cycle
@@ -48,17 +58,17 @@ class EnergyLevel(IntEnum):
     UNKNOWN = 5
 
 
-ENERGY_LABEL_VALUES: Mapping[str, EnergyLevel] = {
+LEVEL_OF_LABEL: Mapping[str, EnergyLevel] = {
     POWERLESS: EnergyLevel.POWERLESS,
     LOW_POWERED: EnergyLevel.LOW_POWERED,
     VULNERABLE: EnergyLevel.VULNERABLE,
     WELL_POWERED: EnergyLevel.WELL_POWERED,
+    GRID: EnergyLevel.GRID,
 }
 
-# How /explain spells each level: the label values, "grid" (no label), "unknown".
+# How /explain spells each level: the label values (grid also for no label), "unknown".
 ENERGY_LEVEL_NAMES: Mapping[EnergyLevel, str] = {
-    **{level: label for label, level in ENERGY_LABEL_VALUES.items()},
-    EnergyLevel.GRID: "grid",
+    **{level: label for label, level in LEVEL_OF_LABEL.items()},
     EnergyLevel.UNKNOWN: "unknown",
 }
 _NAMES_BY_CODE = tuple(ENERGY_LEVEL_NAMES[EnergyLevel(code)] for code in range(len(EnergyLevel)))
@@ -75,14 +85,15 @@ def energy_level_of(labels: Mapping[str, str] | None) -> EnergyLevel:
     value = labels.get(ENERGY_LABEL)
     if value is None:
         return EnergyLevel.GRID
-    return ENERGY_LABEL_VALUES.get(value, EnergyLevel.UNKNOWN)
+    return LEVEL_OF_LABEL.get(value, EnergyLevel.UNKNOWN)
 
 
 def _unknown_label(node: NodeInfo) -> str | None:
     if energy_level_of(node.labels) != EnergyLevel.UNKNOWN:
         return None
     return (
-        f"unknown {ENERGY_LABEL} label {node.labels.get(ENERGY_LABEL)!r}, scored like 'vulnerable'"
+        f"unknown {ENERGY_LABEL} label {node.labels.get(ENERGY_LABEL)!r}, scored like "
+        f"'vulnerable'; valid values: {', '.join(ENERGY_LABEL_VALUES)} (no label: grid)"
     )
 
 
@@ -131,3 +142,17 @@ class EnergyLevelPlugin(Plugin):
         return {
             "energy_level": [_NAMES_BY_CODE[c] for c in cycle.node_values(ENERGY_LEVEL).tolist()]
         }
+
+    def node_metrics(self, view: ClusterView) -> Iterable[Metric]:
+        """`power_aware_extender_node_energy_level{node, level} 1` per node the extender knows
+        (kube-state-metrics' convention for a state: the level is a label, the value 1)."""
+        family = GaugeMetricFamily(
+            "power_aware_extender_node_energy_level",
+            f"The node's energy level from its {ENERGY_LABEL} label (grid: none), as scored; "
+            "value 1",
+            labels=["node", "level"],
+        )
+        codes = view.node_values(ENERGY_LEVEL)[view.has_node_info].tolist()
+        for name, code in zip(view.names, codes, strict=False):
+            family.add_metric([name, _NAMES_BY_CODE[code]], 1.0)
+        return (family,)

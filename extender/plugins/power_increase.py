@@ -15,7 +15,9 @@ differences of 50 % in watts. In `bench.energy_sim` (16 nodes, 45 % of the CPU r
 seeds 1, 3, 7) the extender saved 6.8-8.3 % of the default placement's energy with min-max
 and 8.1-9.5 % with the ratio, as much as always taking the cheapest node does. Increases below
 `minIncreaseW` count as that much. A node without telemetry (none, stale, or no allocatable
-CPU) or without a curve scores 0, so a missing metric never looks best.
+CPU) or without a curve scores 0, so a missing metric never looks best. `/explain` also says
+which model predicts each node (its own or the bundle's fleet fallback) and that model's
+held-out error, so a node scored by a rough fallback is visible where its score is.
 """
 
 from __future__ import annotations
@@ -67,4 +69,19 @@ class PowerIncrease(Plugin):
             "power_before_w": finite_or_none(nodes.power_before),
             "power_after_w": finite_or_none(cycle.power_after_w),
             "increase_w": finite_or_none(cycle.increase_w),
+            **model_columns(cycle),
         }
+
+
+def model_columns(cycle: Cycle) -> dict[str, list[object]]:
+    """Which model predicts each candidate: `model` is "own" (the node's), "fallback" (the
+    bundle's fleet model, for nodes without one) or None (no curve), `model_mape_pct` that
+    model's held-out MAPE from the bundle's manifest (None when it has none)."""
+    rows = cycle.nodes.curve_idx
+    curves = cycle.curves
+    if curves is None or len(curves) == 0:
+        return {"model": [None] * len(rows), "model_mape_pct": [None] * len(rows)}
+    has_row = rows >= 0
+    kinds = [curves.model_kind[row] if row >= 0 else None for row in rows.tolist()]
+    mape_pct = np.where(has_row, curves.model_mape_pct[np.where(has_row, rows, 0)], np.nan)
+    return {"model": kinds, "model_mape_pct": finite_or_none(mape_pct)}

@@ -1,4 +1,4 @@
-"""Cluster snapshot files (contract 3) and the built-in demo cluster.
+"""Cluster snapshot files (contract 3): read and checked at start-up, written from your data.
 
 A snapshot replaces live Kubernetes + Prometheus with a file: nodes (allocatable CPU, labels,
 optional annotations) and fixed telemetry. Its telemetry never goes stale, so a service
@@ -12,26 +12,53 @@ The file is JSON, or YAML (``.yaml``/``.yml``) with the same structure::
                 "labels": {"energy-status": "well-powered"},
                 "annotations": {"power-aware-scheduler/max-power-w": "450"},
                 "telemetry": {"cpu_util": 0.35, "ambient_temp_c": 23.0,
-                              "cpu1_temp_c": 51.0, "cpu2_temp_c": 49.5}}]}
+                              "cpu1_temp_c": 51.0, "cpu2_temp_c": 49.5, "power_w": 210.0}}]}
 
-``allocatable_cpu`` is cores (a number) or a Kubernetes quantity string (``"7500m"``).
-Telemetry values are numbers; ``null`` or a missing key is a missing reading (the bundle's
-feature fill or "no telemetry" applies). Every error names the file, the node and the field.
+``name`` and ``allocatable_cpu`` (cores, a number or a Kubernetes quantity string such as
+``"7500m"``) are required; ``labels`` and ``annotations`` are string maps as on the Node
+(``energy-status``: grid, well-powered, vulnerable, low-powered, powerless; the annotation
+``power-aware-scheduler/max-power-w``: a power cap in watts). ``telemetry`` holds the bundle's
+features (``cpu_util`` a fraction 0..1, temperatures in degrees C); ``null`` or a missing key is a
+missing reading (the bundle's feature fill or "no telemetry" applies), no ``telemetry`` at all
+means the node has none. Other numbers are kept: ``power_w`` (measured watts) is reported next to
+the prediction on ``/metrics``. Every error names the file, the node and the field.
+
+Writing one (``python -m extender.sources.snapshot --help``): from a contract-1 metrics table,
+each node's newest complete reading (``--from-metrics FILE``), or from a live cluster, its Nodes
+from the Kubernetes API and each node's telemetry read from Prometheus now with the collect
+settings training used (``--prometheus URL --kubeconfig FILE``). Reading a table needs pandas,
+imported only by that command: the service itself never loads it.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import yaml
 
 from extender.state import ClusterState, NodeInfo
-from livedata.metrics_table import CPU_UTIL
+from livedata.metrics_table import (
+    AMBIENT_TEMP_C,
+    CONTRACT_COLUMNS,
+    CPU1_TEMP_C,
+    CPU_UTIL,
+    NODE,
+    TIMESTAMP,
+    VALUE_COLUMNS,
+)
 from livedata.pod_resources import parse_cpu_quantity
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from livedata.collect_config import CollectConfig
 
 DEMO_CLUSTER_FILE = Path(__file__).resolve().parent / "demo_cluster.json"
 UTIL_FIELD = CPU_UTIL  # the telemetry value checked to be a fraction 0..1
@@ -160,3 +187,277 @@ def _telemetry(raw: object, where: str) -> dict[str, float]:
 
 def _kind(path: Path) -> str:
     return "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing snapshots (the command line; never run by the service)
+
+SNAPSHOT_TELEMETRY: tuple[str, ...] = VALUE_COLUMNS  # the features and the measured power
+DEFAULT_ALLOCATABLE_CPU = 32.0
+KEPT_ANNOTATION_PREFIX = "power-aware-scheduler/"
+REQUIRED_READINGS: tuple[str, ...] = (CPU_UTIL, AMBIENT_TEMP_C, CPU1_TEMP_C)
+
+
+def snapshot_document(nodes: Sequence[SnapshotNode]) -> dict[str, list[dict[str, object]]]:
+    """The contract-3 document for `nodes`, sorted by name (what `parse_snapshot` reads back)."""
+    document = []
+    for node in sorted(nodes, key=lambda n: n.info.name):
+        entry: dict[str, object] = {
+            "name": node.info.name,
+            "allocatable_cpu": node.info.allocatable_cpu,
+            "labels": dict(node.info.labels),
+        }
+        if node.info.annotations:
+            entry["annotations"] = dict(node.info.annotations)
+        if node.telemetry:
+            entry["telemetry"] = dict(node.telemetry)
+        document.append(entry)
+    return {"nodes": document}
+
+
+def write_snapshot_file(path: Path, nodes: Sequence[SnapshotNode]) -> None:
+    """Write `nodes` as a snapshot file: JSON (one node per line), or YAML by the suffix."""
+    document = snapshot_document(nodes)
+    parse_snapshot(document, str(path))  # never write what --cluster would refuse
+    if path.suffix.lower() in (".yaml", ".yml"):
+        text = yaml.safe_dump(document, sort_keys=False)
+    else:
+        lines = [orjson.dumps(node).decode() for node in document["nodes"]]
+        text = '{"nodes": [\n  ' + ",\n  ".join(lines) + "\n]}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def nodes_from_metrics(
+    path: Path, *, allocatable_cpu: float, cpu_util_percent: bool = False
+) -> list[SnapshotNode]:
+    """Each node's newest usable reading in a contract-1 table (a CSV/Parquet file or a
+    directory of them): the newest row with a cpu_util in 0..1 and the ambient and CPU 1
+    temperatures (sensor dropouts leave rows without them). Every node gets
+    `allocatable_cpu` cores and no labels (grid power): edit the file to say otherwise."""
+    import pandas as pd  # the command's only pandas use: the service never imports it
+
+    files = _metrics_files(Path(path))
+    frames = []
+    for file in files:
+        try:
+            if file.suffix.lower() == ".csv":
+                frames.append(pd.read_csv(file, dtype={NODE: str}))
+            else:
+                frames.append(pd.read_parquet(file))
+        except Exception as exc:  # pandas and pyarrow raise many types for a bad file
+            raise SnapshotError(f"{file}: not readable as {file.suffix[1:]}: {exc}") from None
+        missing = [c for c in (NODE, TIMESTAMP, UTIL_FIELD) if c not in frames[-1].columns]
+        if missing:
+            raise SnapshotError(
+                f"{file}: missing column(s) {', '.join(missing)}; a contract-1 metrics table "
+                f"has {', '.join(CONTRACT_COLUMNS)}"
+            )
+    table = pd.concat(frames, ignore_index=True)
+    table["_time"] = _parse_times(table[TIMESTAMP])
+    for column in SNAPSHOT_TELEMETRY:
+        if column in table.columns:
+            table[column] = pd.to_numeric(table[column], errors="coerce")
+    if cpu_util_percent:
+        table[UTIL_FIELD] = table[UTIL_FIELD] / 100.0
+    elif (table[UTIL_FIELD] > 1.5).mean() > 0.5:
+        raise SnapshotError(
+            f"{path}: cpu_util looks like a percentage (most values above 1.5): pass "
+            "--cpu-util-percent, or give fractions 0..1"
+        )
+    # A reading the bundle can use: utilisation and the temperatures a one-socket node has
+    # (cpu2_temp_c is filled from cpu1_temp_c by the bundle when missing).
+    complete = table[UTIL_FIELD].between(0.0, 1.0) & table["_time"].notna()
+    for column in REQUIRED_READINGS:
+        if column in table.columns:
+            complete &= table[column].notna()
+    usable = table[complete]
+    usable = usable[usable[NODE].notna() & (usable[NODE].astype(str).str.strip() != "")]
+    if usable.empty:
+        raise SnapshotError(
+            f"{path}: no row has a node, a time, a cpu_util in 0..1 and the temperatures "
+            f"{', '.join(REQUIRED_READINGS[1:])}"
+        )
+    newest = usable.sort_values("_time", kind="stable").groupby(NODE, sort=True).tail(1)
+    nodes = []
+    for row in newest.to_dict("records"):
+        telemetry = {
+            column: float(row[column])
+            for column in SNAPSHOT_TELEMETRY
+            if column in row and pd.notna(row[column])
+        }
+        info = NodeInfo(str(row[NODE]).strip(), float(allocatable_cpu), {}, {})
+        nodes.append(SnapshotNode(info=info, telemetry=telemetry))
+    return nodes
+
+
+def nodes_from_cluster(collect: CollectConfig, api: object) -> list[SnapshotNode]:
+    """The cluster now: its Nodes (allocatable CPU, labels, our annotations) from the
+    Kubernetes API (`api`: a `kubernetes` CoreV1Api) and each node's telemetry from one instant
+    read of Prometheus, with the collect settings training used."""
+    from livedata.instant import read_instant
+
+    readings = {reading.node: reading for reading in read_instant(collect)}
+    nodes = []
+    for item in api.list_node().items:  # type: ignore[attr-defined]
+        metadata, status = item.metadata, item.status
+        allocatable = (status.allocatable or {}) if status is not None else {}
+        if "cpu" not in allocatable:
+            continue  # a node that has not reported yet
+        annotations = {
+            key: value
+            for key, value in (metadata.annotations or {}).items()
+            if key.startswith(KEPT_ANNOTATION_PREFIX)
+        }
+        reading = readings.get(metadata.name)
+        telemetry = {}
+        if reading is not None:
+            telemetry = {
+                column: value
+                for column, value in reading.values.items()
+                if column in SNAPSHOT_TELEMETRY and math.isfinite(value)
+            }
+        info = NodeInfo(
+            metadata.name,
+            parse_cpu_quantity(allocatable["cpu"]),
+            dict(metadata.labels or {}),
+            annotations,
+        )
+        nodes.append(SnapshotNode(info=info, telemetry=telemetry))
+    return nodes
+
+
+def _metrics_files(path: Path) -> list[Path]:
+    suffixes = (".csv", ".parquet")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in suffixes)
+        if not files:
+            raise SnapshotError(f"{path}: directory has no .csv or .parquet files")
+        return files
+    if not path.is_file():
+        raise SnapshotError(f"{path}: no such file or directory")
+    if path.suffix.lower() not in suffixes:
+        raise SnapshotError(f"{path}: give a .csv or .parquet metrics table")
+    return [path]
+
+
+def _parse_times(column: pd.Series) -> pd.Series:
+    """Unix seconds or RFC 3339 -> UTC datetimes (NaT where unreadable)."""
+    import pandas as pd
+
+    if pd.api.types.is_datetime64_any_dtype(column):  # Parquet keeps real timestamps
+        return pd.to_datetime(column, utc=True)
+    seconds = pd.to_numeric(column, errors="coerce")  # each row may be either form
+    times = pd.to_datetime(seconds, unit="s", utc=True, errors="coerce")
+    text = seconds.isna() & column.notna()
+    if text.any():
+        times[text] = pd.to_datetime(
+            column[text].astype(str), utc=True, format="ISO8601", errors="coerce"
+        )
+    return times
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m extender.sources.snapshot",
+        description=(
+            "Write a cluster snapshot file for `python -m extender --cluster FILE`: nodes with "
+            "fixed telemetry, to try a bundle on your own fleet without Kubernetes or "
+            "Prometheus. The format is in `python -m extender --help` and the README."
+        ),
+        epilog=(
+            "examples: python -m extender.sources.snapshot --from-metrics fleet.parquet "
+            "--out cluster.json; python -m extender.sources.snapshot --prometheus "
+            "http://prometheus:9090 --kubeconfig ~/.kube/config --out cluster.json"
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--from-metrics",
+        metavar="FILE",
+        type=Path,
+        help="a contract-1 metrics table (CSV/Parquet file or directory, what training.collect "
+        "and training.synth write): each node's newest reading with a cpu_util in 0..1 and its "
+        "temperatures",
+    )
+    source.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a live cluster: Nodes from the Kubernetes API (--kubeconfig or --in-cluster), "
+        "telemetry read from this Prometheus now",
+    )
+    parser.add_argument("--out", metavar="FILE", type=Path, required=True, help=".json or .yaml")
+    parser.add_argument(
+        "--allocatable-cpu",
+        metavar="CORES",
+        type=float,
+        default=DEFAULT_ALLOCATABLE_CPU,
+        help="with --from-metrics: every node's allocatable CPU, which a metrics table does not "
+        "hold (default %(default)g; edit the file for nodes of other sizes)",
+    )
+    parser.add_argument(
+        "--cpu-util-percent",
+        action="store_true",
+        help="with --from-metrics: the table's cpu_util is in percent (0..100)",
+    )
+    parser.add_argument(
+        "--collect-config",
+        metavar="FILE",
+        type=Path,
+        help="with --prometheus: the collect settings training used (queries, sensor names, "
+        "instance-to-node mapping)",
+    )
+    parser.add_argument("--kubeconfig", metavar="FILE", type=Path, help="with --prometheus")
+    parser.add_argument(
+        "--in-cluster", action="store_true", help="with --prometheus: the pod's service account"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.prometheus is None and (args.kubeconfig or args.in_cluster or args.collect_config):
+        parser.error("--kubeconfig, --in-cluster and --collect-config need --prometheus")
+    if not args.allocatable_cpu > 0:
+        parser.error(f"--allocatable-cpu must be > 0 cores, got {args.allocatable_cpu:g}")
+    try:
+        if args.from_metrics is not None:
+            nodes = nodes_from_metrics(
+                args.from_metrics,
+                allocatable_cpu=args.allocatable_cpu,
+                cpu_util_percent=args.cpu_util_percent,
+            )
+            source = str(args.from_metrics)
+        else:
+            nodes = _read_cluster(args)
+            source = f"{args.prometheus} and the Kubernetes API"
+        write_snapshot_file(args.out, nodes)
+    except (SnapshotError, ValueError, OSError, RuntimeError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    with_telemetry = sum(1 for node in nodes if node.telemetry)
+    print(
+        f"wrote {args.out}: {len(nodes)} nodes ({with_telemetry} with telemetry) from {source}; "
+        f"serve it with: python -m extender --bundle DIR --cluster {args.out}"
+    )
+    return 0
+
+
+def _read_cluster(args: argparse.Namespace) -> list[SnapshotNode]:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from livedata.collect_config import load_collect_config
+    from livedata.kube_client import describe_api_error, kube_api_client
+
+    collect = load_collect_config(args.collect_config, url=args.prometheus)
+    api = client.CoreV1Api(kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
+    try:
+        return nodes_from_cluster(collect, api)
+    except ApiException as exc:
+        raise RuntimeError(describe_api_error(exc, "listing nodes")) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

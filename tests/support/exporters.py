@@ -1,9 +1,10 @@
 """Tiny exporters for tests: what node_exporter and ipmi_exporter serve for one host.
 
 A `FakeHost` exposes CPU counters that advance at a settable utilisation, `node_uname_info`,
-BMC temperatures and DCMI power; `serve` puts it on 127.0.0.1 for a real Prometheus to scrape.
-`two_nodes` starts the pair the live-telemetry and fault tests share: node-a (found through
-`node_uname_info`, two sockets) and node-b (found by instance, one socket).
+BMC temperatures and DCMI power, and optionally a battery (`node_power_supply_capacity`);
+`serve` puts it on 127.0.0.1 for a real Prometheus to scrape. `two_nodes` starts the pair the
+live-telemetry and fault tests share: node-a (found through `node_uname_info`, two sockets) and
+node-b (found by instance, one socket).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class FakeHost(Collector):
     temperatures_c: dict[str, float]
     power_w: float
     nodename: str | None = None
+    battery_pct: float | None = None  # stored energy, as node_exporter's powersupplyclass
     _idle_s: float = 0.0
     _busy_s: float = 0.0
     _last_s: float = field(default_factory=time.time)
@@ -74,6 +76,14 @@ class FakeHost(Collector):
             "Current power consumption in Watts.",
             value=self.power_w,
         )
+        if self.battery_pct is not None:
+            battery = GaugeMetricFamily(
+                "node_power_supply_capacity",
+                "capacity value of /sys/class/power_supply/<power_supply>.",
+                labels=["power_supply"],
+            )
+            battery.add_metric(["BAT0"], self.battery_pct)
+            yield battery
 
 
 @dataclass

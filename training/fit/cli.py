@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 progress=not args.quiet,
             )
     except (MetricsInputError, FitError, ExportError, ValueError, OSError) as exc:
-        log.error("%s", exc)
-        print(f"error: {exc}", file=sys.stderr)
+        # Said once, where argparse says its errors; not also as a log line.
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     summary = run.report["summary"]
     log.info(

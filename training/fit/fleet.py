@@ -48,9 +48,8 @@ from training.fit.settings import DEFAULT_SETTINGS, FEATURE_FILL, FitError, FitS
 from training.report import (
     PLOT_PNG,
     HeldoutSeriesStore,
-    best_median_worst,
     error_metrics,
-    plot_predicted_vs_measured,
+    plot_heldout_nodes,
     summarise,
     write_report,
 )
@@ -417,11 +416,5 @@ def _build_report(
 
 
 def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> None:
-    mape = {
-        e["node"]: e["metrics"]["mape_pct"]
-        for e in node_entries
-        if e["model"] == "own" and e["metrics"].get("mape_pct") is not None
-    }
-    series = [(label, node, store.get(node), mape[node]) for label, node in best_median_worst(mape)]
-    plot_predicted_vs_measured(path, series)
+    plot_heldout_nodes(path, node_entries, store)  # which nodes, which panels: training.report
     log.info("plot of predicted vs measured power: %s", path)
