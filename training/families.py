@@ -1,8 +1,12 @@
 """Candidate model families: the shapes a node's power curve may take.
 
 `training.fit` fits every family on a node's older rows and keeps the one with the lowest error on
-the newest rows. Two kinds compete:
+the newest rows. Three kinds compete:
 
+* `monoshape` (`training.monoshape`): ten non-negative ramps in utilisation plus non-negative
+  temperature terms, fitted against a shape prior learned from real servers (SPECpower). It
+  cannot fall with utilisation at any temperatures, by construction, and where a node's data
+  leave gaps (load held at a few levels, never above half) the prior fills in the shape;
 * smooth, low-parameter curves: sqrt(u) plus a polynomial in utilisation u, plus straight-line
   (or quadratic) temperature terms, fitted by ridge regression. Real servers' power curves
   (SPECpower, Kepler's model database) are well described this way; the sqrt(u) term follows
@@ -40,6 +44,9 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
+from training.monoshape import MonoShapeRegressor
+from training.shape_prior import ShapePrior
+
 UTIL_COLUMN = 0  # utilisation is the first feature in every manifest this project writes
 
 # Ridge penalty on standardised features: large enough to keep the collinear temperature columns
@@ -53,7 +60,7 @@ class Family:
     """One candidate family: a name for reports and manifests and a factory for a fresh model."""
 
     name: str
-    kind: str  # "smooth" or "flexible"
+    kind: str  # "monotone" (by construction), "smooth" or "flexible"
     make: Callable[[int], RegressorMixin]  # seed -> unfitted estimator
     description: str
 
@@ -175,9 +182,19 @@ def _monotone_forest(seed: int) -> RegressorMixin:
     )
 
 
+MONOSHAPE_FAMILY = "monoshape"
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
+        Family(
+            MONOSHAPE_FAMILY,
+            "monotone",
+            lambda _seed: MonoShapeRegressor(),
+            "ten non-negative ramps in utilisation (never falls, by construction) + non-negative "
+            "CPU-temperature and ambient terms, with a shape prior learned from 116 real servers "
+            "(SPECpower) filling loads the node has not shown",
+        ),
         Family(
             "poly3",
             "smooth",
@@ -262,9 +279,21 @@ def resolve_families(names: Sequence[str]) -> list[Family]:
     return [FAMILIES[name] for name in names]
 
 
-def fit_family(family: Family, features: np.ndarray, power_w: np.ndarray, seed: int):
-    """Fit a fresh model of `family` on float32 features (what ONNX will see) and watts."""
+def fit_family(
+    family: Family,
+    features: np.ndarray,
+    power_w: np.ndarray,
+    seed: int,
+    shape_prior: ShapePrior | None = None,
+):
+    """Fit a fresh model of `family` on float32 features (what ONNX will see) and watts.
+
+    `shape_prior` goes to families that use one (`monoshape`); None means the prior shipped
+    with the package.
+    """
     model = family.make(seed)
+    if shape_prior is not None and "prior" in model.get_params(deep=False):
+        model.set_params(prior=shape_prior)
     model.fit(np.asarray(features, dtype=np.float32), np.asarray(power_w, dtype=np.float64))
     return model
 
