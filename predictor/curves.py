@@ -13,6 +13,11 @@ Two rules keep the scores honest:
 - Beyond u = 1 the curve keeps rising with its last slope (never less steep than its average
   slope over 0..1), so an overcommitted node never looks free. Below u = 0 it is clamped.
 Everything stays float64: rounding is what tied small pods at 0 W in earlier systems.
+
+Each row also carries the highest load its node's model was trained on (the manifest's
+`max_util_measured`, NaN when unknown or for the fleet fallback), read once when the row is
+built, so `/explain` can name the predictions above it as extrapolated without touching the
+bundle on the request path.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class CurveTable:
     skipped: Mapping[str, str] = field(default_factory=dict)  # node -> why it has no row
     reused_rows: int = 0  # rows copied from the previous table in the build
     computed_rows: int = 0  # rows computed by model inference in the build
+    # [rows] highest load the row's model was trained on (NaN: unknown); None: all unknown
+    max_util_measured: np.ndarray | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -63,6 +70,10 @@ class CurveTable:
             )
         if len(self.model_kind) != rows or len(self.feature_rows) != rows:
             raise ValueError(f"curve table of {rows} nodes: model_kind/feature_rows lengths differ")
+        if self.max_util_measured is None:
+            object.__setattr__(self, "max_util_measured", np.full(rows, np.nan))
+        elif self.max_util_measured.shape != (rows,):
+            raise ValueError(f"curve table of {rows} nodes: max_util_measured length differs")
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
         object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
         # Beyond u = 1: the last segment's slope, never less than the average slope over 0..1,
@@ -70,7 +81,13 @@ class CurveTable:
         last_slope = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
         chord_slope = grid[:, _LAST] - grid[:, 0]
         object.__setattr__(self, "_slope_beyond_w", np.maximum(last_slope, chord_slope))
-        for array in (grid, self.util_now, self.feature_rows, self._slope_beyond_w):
+        for array in (
+            grid,
+            self.util_now,
+            self.feature_rows,
+            self._slope_beyond_w,
+            self.max_util_measured,
+        ):
             array.flags.writeable = False
 
     @classmethod
@@ -170,6 +187,7 @@ class CurveBuilder:
         skipped: dict[str, str] = {}
         names: list[str] = []
         kinds: list[str] = []
+        measured: list[float] = []
         rows: list[np.ndarray] = []
         reuse_from: list[int] = []  # previous row per node, -1 = compute
         to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
@@ -189,6 +207,7 @@ class CurveBuilder:
             position = len(names)
             names.append(node)
             kinds.append(predictor.model_kind(node) or "")
+            measured.append(max_util_measured(predictor, node))
             rows.append(row)
             reuse_from.append(old)
             if old < 0:
@@ -220,6 +239,7 @@ class CurveBuilder:
             util_now=feature_rows[keep, util_col].astype(np.float64),
             model_kind=tuple(k for k, ok in zip(kinds, keep, strict=True) if ok),
             feature_rows=feature_rows[keep],
+            max_util_measured=np.array(measured, dtype=np.float64).reshape(len(names))[keep],
             skipped=skipped,
             reused_rows=len(names) - computed,
             computed_rows=computed,
@@ -242,6 +262,15 @@ class CurveBuilder:
             batch = grid_rows(predictor, [names[p] for p in chunk], feature_rows[chunk], util_col)
             watts = predictor.run_model_w(key, batch.reshape(-1, batch.shape[-1]))
             grid_out[chunk] = watts.reshape(len(chunk), GRID_POINTS)
+
+
+def max_util_measured(predictor: Predictor, node: str) -> float:
+    """The highest load a node's own model was trained on (NaN: the fallback, or not recorded)."""
+    entry = predictor.entry(node) if predictor.model_kind(node) == "own" else None
+    value = None if entry is None else entry.info.get("max_util_measured")
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else np.nan
+    )
 
 
 def grid_rows(
