@@ -37,10 +37,11 @@ def result_id(disclosure_url: str) -> str:
 
 
 def processor_model(processor: str) -> str:
-    """`Intel(R) Xeon(R) CPU E5472` and `Intel Xeon E5472 3.0 GHz (Turbo ...)` -> `intel e5472`."""
+    """`Intel(R) Xeon(R) CPU E5472`, `Intel Xeon E5472 3.0 GHz (Turbo ...)` -> `intel e5472`;
+    `2.6 GHz AMD Opteron 2435` -> `amd opteron 2435`."""
     name = processor.lower().replace("(r)", "").replace("(tm)", "")
     name = name.split("(")[0]
-    name = re.sub(r"[\d.]+\s*ghz.*", "", name)
+    name = re.sub(r"[\d.]+\s*ghz", "", name)
     words = [w for w in name.split() if w not in ("xeon", "cpu", "processor")]
     return " ".join(words)
 
