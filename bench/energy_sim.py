@@ -104,7 +104,7 @@ POLICIES = (
 )
 REFERENCE_POLICIES = ("oracle", "cheapest", "rescheduling")  # priced on the true curves
 DEFAULT_POLICIES = POLICIES[:5]
-BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
+BUNDLE_RECIPE = "synth-fit-v2"  # change when the history or fit recipe changes (v2: monoshape)
 HISTORY_STEP_S = 60.0
 DEFAULT_OUT_DIR = Path("out/energy_sim")
 
