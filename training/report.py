@@ -209,7 +209,7 @@ def format_table(report: Mapping) -> str:
     for entry in report["nodes"]:
         metrics = entry["metrics"]
         baseline = entry.get("baseline") or {}
-        model = entry["family"] if entry["model"] == "own" else f"fallback:{entry['family']}"
+        model = entry["family"]  # fallbacks: fleet-scaled (scaled to its power) or fleet
         lines.append(
             f"{entry['node'][:24]:<24} {model[:13]:<13} {entry['rows_train']:>6} "
             f"{entry['rows_test']:>5} {_fmt(metrics['mae_w']):>7} {_fmt(metrics['mape_pct']):>7} "
