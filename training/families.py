@@ -253,17 +253,18 @@ FAMILIES[UTIL_ONLY_FAMILY] = Family(
     _polynomial_in_util_only(3),
     "cubic in utilisation only, temperatures ignored (ridge)",
 )
-# `monoshape` only, by default. Measured (README, Results; bench.accuracy_specpower on 39
-# held-out SPECpower servers and bench.fit_export on the synthetic fleet), it is as accurate as
-# the sqrt families where a node's data cover every load (held-out MAPE 1.14 % against 1.41 %
-# on the synthetic fleet) and far better where they do not: between load levels held for hours
-# (0.7 % against 1.9 % at the loads never seen), on mostly idle nodes, and above the highest
-# load a node has shown (3.6 % against 11 % from 50 % to 100 %). Adding the sqrt families and
-# choosing by held-out error made it worse: the newest rows a node has cannot show how a curve
-# behaves between or above the loads they hold, so held-out error picks a polynomial that fits
-# them a little better and extrapolates badly. They stay available through `--families`, as do
-# trees (`rfmono`, `gbr`: step functions of u, so small pods would add exactly 0 W inside a
-# step and tie, the mistake DESIGN.md warns about).
+# `monoshape` only, by default. Measured (README, Results: bench.accuracy_specpower on 39
+# held-out SPECpower servers, bench.fit_export on the synthetic fleet), it is more accurate
+# than the sqrt families where a node's data cover every load (held-out MAPE 1.14 % against
+# 1.41 % on the synthetic fleet) and far more where they do not: between load levels held for
+# hours (median 0.8 % against 1.9 % at the loads never seen; the sqrt families' p90 is lower,
+# 2.6 % against 3.2 %), on mostly idle nodes (0.5 % against 1.5 %), and above the highest load
+# a node has shown (3.5 % against 11 % from 60 to 100 %). Adding the sqrt families and choosing
+# by held-out error made it worse: the newest rows a node has cannot show how a curve behaves
+# between or above the loads they hold, so held-out error picks a polynomial that fits them a
+# little better and extrapolates badly. They stay available through `--families`, as do trees
+# (`rfmono`, `gbr`: step functions of u, so small pods would add exactly 0 W inside a step and
+# tie, the mistake DESIGN.md warns about).
 DEFAULT_FAMILIES: tuple[str, ...] = (MONOSHAPE_FAMILY,)
 # Tried only for a node where none of the chosen families passes the checks (a family given with
 # `--families` that dips along utilisation): `monoshape` cannot fall with utilisation, so a node
