@@ -173,7 +173,7 @@ def scale_fallback(outcome: FitOutcome, shape: FleetShape) -> bool:
     model = _fixed(shape_curve(idle_w, dynamic_w, shape.shape))
     if extender_probe_verdict(model, outcome.thermal, outcome.node) != "pass":
         return False
-    evaluated = outcome.eval_rows if outcome.eval_rows is not None else rows
+    evaluated = outcome.eval_rows if outcome.eval_rows is not None else rows  # the newest rows
     outcome.family = SCALED_FAMILY
     outcome.onnx = model_to_onnx(model, len(FEATURES))
     outcome.parity = check_parity(outcome.node, model, outcome.onnx, evaluated.features)

@@ -93,7 +93,7 @@ class FitOutcome:
     test_window: list[str] = field(default_factory=list)
     heldout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # time_s, measured, predicted
     eval_rows: NodeRows | None = None  # rows the fallback is judged on, for fallback nodes
-    rows: NodeRows | None = None  # every row of a fallback node: its fallback is scaled to them
+    rows: NodeRows | None = None  # a fallback node's older rows: its fallback is scaled to them
     # Highest load measured (`MEASURED_LOAD_PERCENTILE` of the training utilisation; None
     # without rows): above it the model extrapolates, and the extender says so in /explain.
     max_util_measured: float | None = None
@@ -410,15 +410,20 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
     power_range_w = [round(float(rows.power_w.min()), 2), round(float(rows.power_w.max()), 2)]
     util = rows.features[:, FEATURES.index(CPU_UTIL)]
     if n_rows < max(settings.min_rows, 2):
+        # Too few rows for a model of its own; the fallback is scaled to the older rows and
+        # judged on the newest, like every model (a single row is both).
+        start = heldout_start_index(n_rows, settings.test_fraction) if n_rows > 1 else 1
+        older = rows.take(slice(0, start))
+        newest = rows.take(slice(start, None)) if n_rows > 1 else rows
         return FitOutcome(
             node=rows.node,
-            rows_train=0,
-            rows_test=n_rows,
+            rows_train=len(older) if n_rows > 1 else 0,
+            rows_test=len(newest),
             fallback_reason=f"{n_rows} clean rows < --min-rows {settings.min_rows}",
             thermal=node_thermal(rows),
             power_range_w=power_range_w,
-            eval_rows=rows,
-            rows=rows,
+            eval_rows=newest,
+            rows=older,
             max_util_measured=max_util_measured(util),
         )
     start = heldout_start_index(n_rows, settings.test_fraction)
@@ -446,14 +451,14 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
             f"training rows (a span under {settings.min_util_span}): how its power grows with "
             "load cannot be seen from that"
         )
-        outcome.eval_rows, outcome.rows = test, rows
+        outcome.eval_rows, outcome.rows = test, train
         return outcome
     model, choice, outcome.candidates, outcome.monotonic = choose_model_or_last_resort(
         train, test, settings, thermal=outcome.thermal
     )
     if model is None:
         outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
-        outcome.eval_rows, outcome.rows = test, rows
+        outcome.eval_rows, outcome.rows = test, train
         return outcome
     outcome.family = choice["family"]
     outcome.metrics = choice["metrics"]
