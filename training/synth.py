@@ -31,8 +31,6 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
-from io import StringIO
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +47,10 @@ from livedata.metrics_table import (
     TIMESTAMP,
 )
 from training.dataset import write_metrics
+from training.shape_prior import SHARE_COLUMNS, load_shapes_table
 
 log = logging.getLogger("training.synth")
 
-SHAPES_FILE = "specpower_shapes.csv"
-SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
 START = pd.Timestamp("2026-01-05T00:00:00Z")  # a Monday; fixed so output depends on the seed only
 
 AMBIENT_MEAN_C = 22.5
@@ -73,8 +70,7 @@ ABSURD_STEP_COUNT = 50_000_000  # refuse sizes that would not fit in memory anyw
 
 def load_shapes() -> pd.DataFrame:
     """The embedded SPECpower curve shapes (one row per real server)."""
-    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
-    return pd.read_csv(StringIO(text), comment="#")
+    return load_shapes_table()
 
 
 @dataclass(frozen=True)
