@@ -1,18 +1,34 @@
-"""Benchmark accuracy on real server power curves (SPECpower_ssj2008), between measured loads.
+"""Benchmark accuracy on real servers' power curves (SPECpower_ssj2008), sampled as fleets are.
 
-Each server of `../shared/data/specpower/ssj2008-sample.csv` becomes a node with contract-1 rows
-sampled *around* 0, 20, 40, 60, 80 and 100 % load only: utilisation jittered around the level,
-power following the measured curve between those even levels, plus meter noise and whole-watt
-readings, at constant temperatures (SPECpower runs at a controlled ambient). The levels are
-visited in a shuffled order over time, so the chronological held-out split sees every level.
+Each held-out server of `../shared/data/specpower/ssj2008-sample.csv` (the committed split,
+`bench.specpower_split`: the shape prior is learned from the other servers, never from these)
+becomes a node with a week of contract-1 telemetry from `training.synth`: load spread over time
+by `--sampling`, CPU temperatures following it by `--temperature`, fans, ambient swings, BMC
+noise, whole-watt or 5 W readings, missing samples and sensor dropouts. Its power at
+steady-state temperatures is the measured SPECpower curve: for `levels` the straight lines
+between the measured levels it was held at (0, 20, ..., 100 %), so the rows say nothing about
+the loads between; otherwise a smooth monotone interpolation (PCHIP) through all 11 points.
 
 The whole fleet goes through the real pipeline (`training.fit.fit_fleet`: family choice, ONNX,
-parity, bundle), then each node's ONNX model predicts power at 10, 30, 50, 70 and 90 % load:
-loads it never saw, measured by SPECpower. Printed: median and p90 MAPE over servers for our
-models and for the idle-to-max straight line fitted on the same training rows (the baseline),
-and which families were chosen.
+parity, bundle), then each node's model in the bundle (its own, or the fleet fallback it was
+given) predicts power at the scored loads, at steady-state temperatures, and is compared with
+SPECpower's measurement there:
 
-    python3 -m bench.accuracy_specpower [--csv ../shared/data/specpower/ssj2008-sample.csv]
+| sampling | trained on | scored at |
+| --- | --- | --- |
+| levels | held around 0, 20, ..., 100 % | 10, 30, 50, 70, 90 % (never seen) |
+| even | the whole range | 10, 30, 50, 70, 90 % |
+| mostly-idle | idle for hours, short peaks | 10, 30, 50, 70, 90 % |
+| lowload | never above 50 % | 60, 70, 80, 90, 100 % (extrapolated) |
+
+Printed per case, over *every* scored server, fallback included: median and p90 MAPE of our
+models, the same for the idle-to-max straight line through the node's least and most loaded
+training rows (for `lowload` that is the line through idle and the 50 % point, extended), on
+how many servers ours beats it, the servers where ours is worse, and which families were
+chosen. For `levels` also linear interpolation between the held levels' mean power.
+
+    python3 -m bench.accuracy_specpower [--sampling levels|even|mostly-idle|lowload|all]
+        [--temperature tight|loose|tight,loose] [--hours 168] [--seed 7]
 """
 
 from __future__ import annotations
@@ -22,69 +38,286 @@ import logging
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.interpolate import PchipInterpolator
 
-from livedata.metrics_table import FEATURES
+from bench.specpower_split import SPLIT_CSV, read_split, result_id
+from livedata.metrics_table import CPU_UTIL, NODE, POWER_W
 from predictor.bundle import read_bundle
 from training.dataset import clean_metrics
 from training.export import onnx_predict_w
+from training.families import DEFAULT_FAMILIES
 from training.fit import FitSettings, fit_fleet, heldout_start_index
 from training.fit.cli import setup_logging
 from training.report import IdleToMaxLine
+from training.shape_prior import GRID_UTIL, SHARE_COLUMNS, ShapePrior
+from training.synth import (
+    AMBIENT_MEAN_C,
+    HELD_LEVELS,
+    SAMPLINGS,
+    TEMPERATURE_MODES,
+    FleetSpec,
+    fleet_telemetry,
+    servers_spec,
+    steady_state_cpu_temps_c,
+)
 
 log = logging.getLogger("bench.accuracy_specpower")
 
 DEFAULT_CSV = Path("../shared/data/specpower/ssj2008-sample.csv")
-TRAIN_LOADS_PCT = (0, 20, 40, 60, 80, 100)
-PREDICT_LOADS_PCT = (10, 30, 50, 70, 90)
-CONSTANT_TEMPS_C = {"ambient_temp_c": 23.0, "cpu1_temp_c": 55.0, "cpu2_temp_c": 53.0}
-START = pd.Timestamp("2026-01-05T00:00:00Z")
+LOAD_COLUMNS = ["watts_idle"] + [f"watts_{pct}" for pct in range(10, 101, 10)]
+SCORED_LOADS_PCT = {
+    "levels": (10, 30, 50, 70, 90),
+    "even": (10, 30, 50, 70, 90),
+    "mostly-idle": (10, 30, 50, 70, 90),
+    "lowload": (60, 70, 80, 90, 100),
+}
 
 
-def watts_column(load_pct: int) -> str:
-    return "watts_idle" if load_pct == 0 else f"watts_{load_pct}"
+@dataclass
+class Servers:
+    """The held-out servers as nodes, and the prior learned from the others."""
+
+    names: list[str]
+    curves_w: np.ndarray  # [n, 11] measured watts at 0, 10, ..., 100 %
+    table: pd.DataFrame  # the shipped shapes table's columns, one row per held-out server
+    prior: ShapePrior
+    n_prior: int
 
 
-def server_rows(
-    node: str,
-    measured_w: dict[int, float],
-    rng: np.random.Generator,
-    *,
-    blocks_per_level: int,
-    rows_per_block: int,
-    util_jitter: float,
-    noise_pct: float,
-    step_s: float,
-) -> pd.DataFrame:
-    """Contract-1 rows for one server, sampled around the even load levels only."""
-    levels = np.repeat(np.array(TRAIN_LOADS_PCT, dtype=float) / 100, blocks_per_level)
-    rng.shuffle(levels)
-    util = np.repeat(levels, rows_per_block) + rng.normal(
-        0, util_jitter, len(levels) * rows_per_block
-    )
-    util = np.clip(util, 0.0, 1.0)
-    curve_u = np.array(TRAIN_LOADS_PCT, dtype=float) / 100
-    curve_w = np.array([measured_w[pct] for pct in TRAIN_LOADS_PCT])
-    power_w = np.interp(util, curve_u, curve_w)
-    power_w = np.round(power_w * (1 + rng.normal(0, noise_pct / 100, len(util))))
-    n = len(util)
-    return pd.DataFrame(
+def load_servers(csv: Path, split_csv: Path) -> Servers:
+    """Read the sample, check it against the committed split, learn the prior on its side."""
+    sample = pd.read_csv(csv)
+    sample["result"] = sample["disclosure_url"].map(result_id)
+    split = read_split(split_csv).set_index("result")["split"]
+    unknown = sorted(set(sample["result"]) - set(split.index))
+    if unknown or len(split) != len(sample):
+        raise SystemExit(
+            f"error: {csv} does not match the committed split {split_csv} "
+            f"({len(sample)} servers vs {len(split)}; not in the split: {unknown[:3]}); "
+            "regenerate it with python3 -m bench.specpower_split"
+        )
+    curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
+    side = sample["result"].map(split).to_numpy()
+    held_out = side == "eval"
+    table = pd.DataFrame(
         {
-            "node": node,
-            "timestamp": START + pd.to_timedelta(np.arange(n) * step_s, unit="s"),
-            "cpu_util": np.round(util, 4),
-            **{name: np.full(n, value) for name, value in CONSTANT_TEMPS_C.items()},
-            "power_w": power_w,
+            "result": sample["result"][held_out].to_numpy(),
+            "chips": sample["chips"][held_out].to_numpy(),
+            "watts_max": curves_w[held_out, -1],
+            **{
+                column: curves_w[held_out, i] / curves_w[held_out, -1]
+                for i, column in enumerate(SHARE_COLUMNS)
+            },
         }
     )
+    return Servers(
+        names=[f"spec-{i:03d}" for i in np.flatnonzero(held_out)],
+        curves_w=curves_w[held_out],
+        table=table,
+        prior=ShapePrior.from_curves(curves_w[side == "prior"]),
+        n_prior=int(np.sum(side == "prior")),
+    )
+
+
+def steady_power(curves_w: np.ndarray, sampling: str):
+    """Utilisation [n, T] -> each server's power at steady state, from its measured curve."""
+    if sampling == "levels":
+        levels = np.rint(HELD_LEVELS * 10).astype(int)  # grid indices 0, 2, ..., 10
+
+        def between_levels(util: np.ndarray) -> np.ndarray:
+            return np.vstack(
+                [
+                    np.interp(u, GRID_UTIL[levels], c[levels])
+                    for u, c in zip(util, curves_w, strict=True)
+                ]
+            )
+
+        return between_levels
+    curves = [PchipInterpolator(GRID_UTIL, c) for c in curves_w]
+
+    def smooth(util: np.ndarray) -> np.ndarray:
+        return np.vstack([f(np.clip(u, 0.0, 1.0)) for u, f in zip(util, curves, strict=True)])
+
+    return smooth
+
+
+def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
+    """[nodes, loads, features] model inputs at steady state: each node's mean ambient, its CPU
+    temperatures settled at each load (CPU1's on one-socket nodes, the manifest's fill)."""
+    n_nodes = len(spec.names)
+    util = np.tile(loads_u, (n_nodes, 1))
+    ambient_c = AMBIENT_MEAN_C + spec.ambient_offset_c[:, None]
+    cpu1_c, cpu2_c = steady_state_cpu_temps_c(spec, util, ambient_c)
+    cpu2_c = np.where(spec.sockets[:, None] == 1, cpu1_c, cpu2_c)
+    return np.stack([util, np.broadcast_to(ambient_c, util.shape), cpu1_c, cpu2_c], axis=-1).astype(
+        np.float32
+    )
+
+
+@dataclass
+class CaseResult:
+    sampling: str
+    temperature: str
+    ours_pct: np.ndarray
+    line_pct: np.ndarray
+    interp_pct: np.ndarray | None
+    families: dict[str, int]
+    fallback: list[dict]
+    names: list[str]
+    fit_s: float
+    rows_per_node: float
+
+
+def run_case(
+    servers: Servers,
+    sampling: str,
+    temperature: str,
+    args: argparse.Namespace,
+) -> CaseResult:
+    spec = servers_spec(servers.table, args.seed, names=servers.names)
+    telemetry = fleet_telemetry(
+        spec,
+        args.hours,
+        args.step,
+        args.seed,
+        sampling=sampling,
+        temperature=temperature,
+        steady_power_w=steady_power(servers.curves_w, sampling),
+    )
+    cleaned = clean_metrics(telemetry, source=f"SPECpower held-out servers, {sampling} load")
+    settings = FitSettings(
+        families=tuple(args.families.split(",")), seed=args.seed, shape_prior=servers.prior
+    )
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="specpower-") as work:
+        out = Path(work) / "bundle"
+        run = fit_fleet(
+            cleaned, out, settings=settings, jobs=args.jobs or None, progress=not args.quiet
+        )
+        fit_s = time.perf_counter() - started
+        bundle = read_bundle(out)
+        loads_pct = SCORED_LOADS_PCT[sampling]
+        loads_u = np.array(loads_pct, dtype=float) / 100
+        truth_index = np.rint(loads_u * 10).astype(int)
+        frame = cleaned.frame
+        steady_rows = steady_feature_rows(spec, loads_u)
+        ours, line, interp = [], [], []
+        for i, name in enumerate(servers.names):
+            truth_w = servers.curves_w[i, truth_index]
+            entry = bundle.entry_for(name)
+            predicted_w = onnx_predict_w(bundle.model_path(entry).read_bytes(), steady_rows[i])
+            ours.append(_mape_pct(predicted_w, truth_w))
+            node_rows = frame[frame[NODE] == name]
+            train = node_rows.iloc[: heldout_start_index(len(node_rows), settings.test_fraction)]
+            util, power_w = train[CPU_UTIL].to_numpy(), train[POWER_W].to_numpy()
+            baseline = IdleToMaxLine.from_train(util, power_w)
+            line.append(_mape_pct(baseline.predict_w(loads_u), truth_w))
+            if sampling == "levels":
+                interp.append(_mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
+    summary = run.report["summary"]
+    return CaseResult(
+        sampling=sampling,
+        temperature=temperature,
+        ours_pct=np.array(ours),
+        line_pct=np.array(line),
+        interp_pct=np.array(interp) if interp else None,
+        families=summary["families_chosen"],
+        fallback=summary["nodes_fallback"],
+        names=servers.names,
+        fit_s=fit_s,
+        rows_per_node=len(frame) / len(servers.names),
+    )
+
+
+def _mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.asarray(predicted_w) - truth_w) / truth_w) * 100)
+
+
+def _level_interpolation(util: np.ndarray, power_w: np.ndarray, loads_u: np.ndarray) -> np.ndarray:
+    """Straight lines between the mean power at each held level (the simplest reading)."""
+    level_u, level_w = [], []
+    for level in HELD_LEVELS:
+        near = np.abs(util - level) <= 0.05
+        if near.sum() >= 10:
+            level_u.append(util[near].mean())
+            level_w.append(power_w[near].mean())
+    return np.interp(loads_u, level_u, level_w)
+
+
+def _stats(values: np.ndarray) -> str:
+    return f"{np.median(values):5.2f} / {np.percentile(values, 90):5.2f} %"
+
+
+def print_case(result: CaseResult) -> None:
+    loads = ", ".join(map(str, SCORED_LOADS_PCT[result.sampling]))
+    line_name = (
+        "line through idle and 50 %, extended"
+        if result.sampling == "lowload"
+        else "idle-to-max line"
+    )
+    worse = [
+        f"{name} ({ours:.2f} vs {line:.2f} %)"
+        for name, ours, line in zip(result.names, result.ours_pct, result.line_pct, strict=True)
+        if ours >= line
+    ]
+    print(
+        f"\n== sampling {result.sampling}, temperature {result.temperature}: "
+        f"{len(result.names)} servers x {result.rows_per_node:.0f} rows, scored at {loads} %"
+    )
+    print(
+        f"fit + export {result.fit_s:.1f} s; families chosen {result.families}; "
+        f"on the fleet fallback: {len(result.fallback)}"
+        + "".join(f"\n  {f['node']}: {f['reason']}" for f in result.fallback)
+    )
+    print(f"  MAPE median / p90, all {len(result.names)} servers:")
+    print(f"  our models:                             {_stats(result.ours_pct)}")
+    print(f"  {line_name + ':':<40} {_stats(result.line_pct)}")
+    if result.interp_pct is not None:
+        print(f"  {'linear interpolation between levels:':<40} {_stats(result.interp_pct)}")
+    better = int(np.sum(result.ours_pct < result.line_pct))
+    print(
+        f"  ours better than the {line_name} on {better} of {len(result.names)} servers "
+        f"({better / len(result.names) * 100:.0f} %); worse on {len(worse)}"
+        + (": " + ", ".join(worse) if worse else "")
+    )
+
+
+def print_table(results: list[CaseResult]) -> None:
+    print(
+        "\n| sampling | temperature | ours: median / p90 MAPE | straight line: median / p90 | "
+        "ours better than the line | on the fallback |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        better = int(np.sum(r.ours_pct < r.line_pct))
+        print(
+            f"| {r.sampling} | {r.temperature} | {np.median(r.ours_pct):.2f} / "
+            f"{np.percentile(r.ours_pct, 90):.2f} % | {np.median(r.line_pct):.2f} / "
+            f"{np.percentile(r.line_pct, 90):.2f} % | {better} of {len(r.names)} | "
+            f"{len(r.fallback)} |"
+        )
+
+
+def _choices(value: str, known: tuple[str, ...], flag: str) -> list[str]:
+    names = list(known) if value == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{flag}: unknown {', '.join(unknown) or 'empty'}; known: {', '.join(known)}, all"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m bench.accuracy_specpower", description=__doc__
+        prog="python3 -m bench.accuracy_specpower",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--csv",
@@ -92,27 +325,43 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_CSV,
         help=f"SPECpower CSV, relative to the repo root (default {DEFAULT_CSV})",
     )
-    parser.add_argument("--seed", type=int, default=7, help="sampling seed (default 7)")
     parser.add_argument(
-        "--blocks-per-level", type=int, default=8, help="visits to each load level (default 8)"
+        "--split",
+        type=Path,
+        default=SPLIT_CSV,
+        help="which servers the prior learns from and which are scored (default the committed "
+        "bench/data/specpower_split.csv)",
     )
     parser.add_argument(
-        "--rows-per-block", type=int, default=15, help="samples per visit (default 15)"
+        "--sampling",
+        default="levels",
+        help=f"comma-separated load patterns, or all: {', '.join(SAMPLINGS)} (default levels)",
     )
     parser.add_argument(
-        "--util-jitter",
-        type=float,
-        default=0.02,
-        help="std-dev of utilisation around the level, fraction (default 0.02)",
+        "--temperature",
+        default="tight",
+        help="comma-separated: tight (CPU temperature follows load closely) or loose "
+        "(default tight)",
     )
+    parser.add_argument("--hours", type=float, default=168, help="hours of data (default 168)")
+    parser.add_argument("--step", type=float, default=60, help="seconds per sample (default 60)")
+    parser.add_argument("--seed", type=int, default=7, help="telemetry seed (default 7)")
     parser.add_argument(
-        "--noise-pct", type=float, default=1.0, help="meter noise, %% of power (default 1.0)"
+        "--families",
+        default=",".join(DEFAULT_FAMILIES),
+        help="model families to choose from (default %(default)s)",
     )
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0 = all cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or logs")
     args = parser.parse_args(argv)
+    try:
+        samplings = _choices(args.sampling, SAMPLINGS, "--sampling")
+        temperatures = _choices(args.temperature, TEMPERATURE_MODES, "--temperature")
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     setup_logging(args.quiet)
     logging.getLogger("training.report").setLevel(logging.WARNING)
+    logging.getLogger("training.synth").setLevel(logging.WARNING)
     if not args.csv.is_file():
         print(
             f"error: {args.csv}: no such file (run from the repo root or pass --csv)",
@@ -120,80 +369,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    servers = pd.read_csv(args.csv)
-    rng = np.random.default_rng(args.seed)
-    names = [f"spec-{i:03d}" for i in range(len(servers))]
-    measured = {
-        name: {pct: float(row[watts_column(pct)]) for pct in range(0, 101, 10)}
-        for name, (_, row) in zip(names, servers.iterrows(), strict=True)
-    }
-    table = pd.concat(
-        [
-            server_rows(
-                name,
-                measured[name],
-                rng,
-                blocks_per_level=args.blocks_per_level,
-                rows_per_block=args.rows_per_block,
-                util_jitter=args.util_jitter,
-                noise_pct=args.noise_pct,
-                step_s=60.0,
-            )
-            for name in names
-        ],
-        ignore_index=True,
-    )
-    rows_per_server = len(table) // len(names)
-    settings = FitSettings(min_rows=min(500, rows_per_server), seed=args.seed)
-
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="specpower-") as work:
-        out = Path(work) / "bundle"
-        cleaned = clean_metrics(table, source=str(args.csv))
-        run = fit_fleet(
-            cleaned, out, settings=settings, jobs=args.jobs or None, progress=not args.quiet
-        )
-        bundle = read_bundle(out)
-        fit_s = time.perf_counter() - started
-
-        loads_u = np.array(PREDICT_LOADS_PCT, dtype=float) / 100
-        grid = np.column_stack(
-            [loads_u] + [np.full(len(loads_u), CONSTANT_TEMPS_C[f]) for f in FEATURES[1:]]
-        ).astype(np.float32)
-        ours_pct, line_pct = [], []
-        for name in names:
-            truth_w = np.array([measured[name][pct] for pct in PREDICT_LOADS_PCT])
-            entry = bundle.entry_for(name)
-            predicted_w = onnx_predict_w((out / entry.file).read_bytes(), grid)
-            ours_pct.append(np.mean(np.abs(predicted_w - truth_w) / truth_w) * 100)
-            node_rows = table[table["node"] == name]
-            train = node_rows.iloc[: heldout_start_index(len(node_rows), settings.test_fraction)]
-            line = IdleToMaxLine.from_train(
-                train["cpu_util"].to_numpy(), train["power_w"].to_numpy()
-            )
-            line_pct.append(np.mean(np.abs(line.predict_w(loads_u) - truth_w) / truth_w) * 100)
-
-    summary = run.report["summary"]
-    ours, line = np.array(ours_pct), np.array(line_pct)
+    servers = load_servers(args.csv, args.split)
     print(
-        f"servers: {len(names)} from {args.csv}; {rows_per_server} rows each around loads "
-        f"{', '.join(map(str, TRAIN_LOADS_PCT))} %"
+        f"servers: {len(servers.names)} scored, held out of {args.csv}; the shape prior is "
+        f"learned from the other {servers.n_prior} ({args.split.name}, split by processor model)"
     )
-    print(
-        f"fit + export: {fit_s:.1f} s; families chosen: {summary['families_chosen']}; "
-        f"on the fleet fallback: {len(summary['nodes_fallback'])}"
-    )
-    print(f"MAPE at unseen loads {', '.join(map(str, PREDICT_LOADS_PCT))} %:")
-    print(
-        f"  our models:        median {np.median(ours):.2f} %, p90 {np.percentile(ours, 90):.2f} %"
-    )
-    print(
-        f"  idle-to-max line:  median {np.median(line):.2f} %, p90 {np.percentile(line, 90):.2f} %"
-    )
-    print(
-        f"  line / ours (median): {np.median(line) / np.median(ours):.1f}x; "
-        f"servers where ours beats the line: {int(np.sum(ours < line))} of {len(names)}"
-    )
+    results = []
+    for sampling in samplings:
+        for temperature in temperatures:
+            result = run_case(servers, sampling, temperature, args)
+            print_case(result)
+            results.append(result)
+    if len(results) > 1:
+        print_table(results)
     return 0
 
 

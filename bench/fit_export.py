@@ -95,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{fit_s * jobs / args.nodes * 1000:.0f} ms core time"
     )
     print(f"families chosen: {summary['families_chosen']}")
-    print(f"nodes on the fleet fallback: {len(summary['nodes_fallback'])}")
     print(
-        f"held-out MAPE, our models:       median {summary['median_mape_pct']:.2f} %, "
+        f"nodes on a fallback: {len(summary['nodes_fallback'])} "
+        f"({summary['nodes_scaled_fallback']} scaled to their own power)"
+    )
+    print(
+        f"held-out MAPE, all nodes:        median {summary['median_mape_pct']:.2f} %, "
         f"p90 {summary['p90_mape_pct']:.2f} %"
     )
     print(
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ONNX parity passed: {summary['parity_pass']} of {summary['parity_checked']} "
         f"({parity_share * 100:.0f} %); monotonic: {summary['monotonic_pass']} of "
-        f"{summary['nodes_own_model']}"
+        f"{summary['nodes_own_model']}; worse than the idle-to-max line: "
+        f"{len(summary['nodes_worse_than_line'])}"
     )
     peak_parent_mib = status_mib("VmHWM")
     peak_worker_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

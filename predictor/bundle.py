@@ -224,7 +224,19 @@ def _check_entry(
         raise sha256_mismatch(path, node, actual, expected)
     info = {key: value for key, value in raw.items() if key not in _RESERVED_ENTRY}
     _check_thermal(info.get("thermal"), features, where, node)
+    _check_max_util(info.get("max_util_measured"), where, node)
     return ModelEntry(file=file, sha256=expected, info=info)
+
+
+def _check_max_util(raw: object, where: str, node: str) -> None:
+    """``max_util_measured`` (optional): the highest load the model was trained on, 0..1."""
+    if raw is None:
+        return
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0.0 <= raw <= 1.0:
+        raise BundleError(
+            f"{where}: node {node!r} field 'max_util_measured' must be a utilisation between "
+            f"0 and 1, got {raw!r}"
+        )
 
 
 def _check_thermal(raw: object, features: tuple[str, ...], where: str, node: str) -> None:

@@ -13,6 +13,11 @@ Two rules keep the scores honest:
 - Beyond u = 1 the curve keeps rising with its last slope (never less steep than its average
   slope over 0..1), so an overcommitted node never looks free. Below u = 0 it is clamped.
 Everything stays float64: rounding is what tied small pods at 0 W in earlier systems.
+
+Each row also carries the highest load its node's model was trained on (the manifest's
+`max_util_measured`, NaN when unknown or for the fleet fallback), read once when the row is
+built, so `/explain` can name the predictions above it as extrapolated without touching the
+bundle on the request path.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class CurveTable:
     # [rows] held-out MAPE (%) of the model serving each row, from the manifest (NaN: unknown).
     # Read by /explain, /status and /metrics, so it is looked up once here, not per request.
     model_mape_pct: np.ndarray | None = None
+    # [rows] highest load the row's model was trained on (NaN: unknown); None: all unknown
+    max_util_measured: np.ndarray | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
     _fallback_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -69,6 +76,10 @@ class CurveTable:
             )
         if len(self.model_kind) != rows or len(self.feature_rows) != rows:
             raise ValueError(f"curve table of {rows} nodes: model_kind/feature_rows lengths differ")
+        if self.max_util_measured is None:
+            object.__setattr__(self, "max_util_measured", np.full(rows, np.nan))
+        elif self.max_util_measured.shape != (rows,):
+            raise ValueError(f"curve table of {rows} nodes: max_util_measured length differs")
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
         object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
         mape_pct = self.model_mape_pct
@@ -87,7 +98,14 @@ class CurveTable:
         last_slope = (grid[:, _LAST] - grid[:, _LAST - 1]) * _LAST  # watts per unit u
         chord_slope = grid[:, _LAST] - grid[:, 0]
         object.__setattr__(self, "_slope_beyond_w", np.maximum(last_slope, chord_slope))
-        for array in (grid, self.util_now, self.feature_rows, self._slope_beyond_w, mape_pct):
+        for array in (
+            grid,
+            self.util_now,
+            self.feature_rows,
+            self._slope_beyond_w,
+            mape_pct,
+            self.max_util_measured,
+        ):
             array.flags.writeable = False
 
     @classmethod
@@ -197,6 +215,7 @@ class CurveBuilder:
         names: list[str] = []
         kinds: list[str] = []
         mape_pct: list[float] = []
+        measured: list[float] = []
         rows: list[np.ndarray] = []
         reuse_from: list[int] = []  # previous row per node, -1 = compute
         to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
@@ -217,6 +236,7 @@ class CurveBuilder:
             names.append(node)
             kinds.append(predictor.model_kind(node) or "")
             mape_pct.append(heldout_mape_pct(predictor.entry(node)))
+            measured.append(max_util_measured(predictor, node))
             rows.append(row)
             reuse_from.append(old)
             if old < 0:
@@ -248,6 +268,7 @@ class CurveBuilder:
             util_now=feature_rows[keep, util_col].astype(np.float64),
             model_kind=tuple(k for k, ok in zip(kinds, keep, strict=True) if ok),
             feature_rows=feature_rows[keep],
+            max_util_measured=np.array(measured, dtype=np.float64).reshape(len(names))[keep],
             skipped=skipped,
             reused_rows=len(names) - computed,
             computed_rows=computed,
@@ -280,6 +301,13 @@ def heldout_mape_pct(entry: ModelEntry | None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
     return float(value) if math.isfinite(value) else math.nan
+def max_util_measured(predictor: Predictor, node: str) -> float:
+    """The highest load a node's own model was trained on (NaN: the fallback, or not recorded)."""
+    entry = predictor.entry(node) if predictor.model_kind(node) == "own" else None
+    value = None if entry is None else entry.info.get("max_util_measured")
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else np.nan
+    )
 
 
 def grid_rows(

@@ -104,12 +104,15 @@ def _node_frame(fitted: dict, node: str) -> pd.DataFrame:
 
 def test_bundle_is_readable_and_onnx_reproduces_the_reported_error(fitted) -> None:
     bundle = read_bundle(fitted["out"])
-    assert set(bundle.nodes) == {"node-01", "node-02", "node-03"}
+    # the one-row node has no model of its own, but the fleet's shape scaled to its power
+    assert set(bundle.nodes) == {"node-01", "node-02", "node-03", LONELY}
     assert bundle.features == FEATURES
     assert bundle.feature_fill == {"cpu2_temp_c": "cpu1_temp_c"}
     assert bundle.fallback is not None
     assert bundle.manifest["training_window"]["start"] < bundle.manifest["training_window"]["end"]
     for node, entry in bundle.nodes.items():
+        if node == LONELY:
+            continue
         frame = _node_frame(fitted, node)
         held_out = frame.iloc[heldout_start_index(len(frame), 0.2) :]
         assert len(held_out) == entry.info["rows_test"]
@@ -124,6 +127,10 @@ def test_bundle_is_readable_and_onnx_reproduces_the_reported_error(fitted) -> No
         assert entry.info["thermal"]["cpu1_temp_c_per_util"] > 5
         low, high = entry.info["power_range_w"]
         assert low == frame["power_w"].min() and high == frame["power_w"].max()
+        train = frame.iloc[: heldout_start_index(len(frame), 0.2)]
+        assert entry.info["max_util_measured"] == pytest.approx(
+            np.percentile(train["cpu_util"], 99.5), abs=1e-4
+        )
 
 
 def test_held_out_rows_are_the_newest(fitted) -> None:
@@ -142,23 +149,31 @@ def test_held_out_rows_are_the_newest(fitted) -> None:
         assert entry["train_window"][1] < entry["test_window"][0]
 
 
-def test_single_row_node_uses_the_fallback_and_the_report_says_so(fitted) -> None:
+def test_single_row_node_gets_the_fleet_shape_scaled_to_its_power(fitted) -> None:
     report = fitted["report"]
     assert report["fallback"]["min_rows"] == MIN_ROWS
-    assert report["fallback"]["nodes"] == [LONELY]
+    assert report["fallback"]["nodes"] == []  # nobody is left on the unscaled fleet curve
+    assert report["fallback"]["scaled_nodes"] == [LONELY]
     assert report["summary"]["nodes_fallback"] == [
         {"node": LONELY, "reason": f"1 clean rows < --min-rows {MIN_ROWS}"}
     ]
+    assert report["summary"]["nodes_scaled_fallback"] == 1
     lonely = next(e for e in report["nodes"] if e["node"] == LONELY)
     assert lonely["model"] == "fallback" and lonely["rows_test"] == 1
-    assert lonely["monotonic"]["verdict"] in {"pass", "fail"}
+    assert lonely["family"] == "fleet-scaled"
+    assert lonely["monotonic"]["verdict"] == "pass"
+    # its one reading is at (near) the scaled curve: that is what it was scaled to
+    assert lonely["metrics"]["mape_pct"] < 1.0
     bundle = read_bundle(fitted["out"])
-    assert LONELY not in bundle.nodes
+    entry = bundle.nodes[LONELY]
+    assert entry.info["family"] == "fleet-scaled"
+    assert entry.info["scaled_fallback"]["reason"] == f"1 clean rows < --min-rows {MIN_ROWS}"
     assert bundle.fallback.info["min_rows"] == MIN_ROWS
-    assert bundle.fallback.info["nodes"] == [LONELY]
+    assert bundle.fallback.info["nodes"] == []
     table = (fitted["report_dir"] / "report.txt").read_text()
     assert f"threshold {MIN_ROWS} rows" in table
-    assert f"{LONELY}" in table and "fallback: 1 clean rows" in table
+    assert f"{LONELY}" in table and "fallback scaled to its power" in table
+    assert "1 clean rows < --min-rows" in table
 
 
 def test_report_table_json_and_plot_with_the_baseline_line(fitted) -> None:
@@ -181,8 +196,13 @@ def test_report_table_json_and_plot_with_the_baseline_line(fitted) -> None:
     assert summary["baseline_median_mape_pct"] > summary["median_mape_pct"]
     assert summary["parity_pass"] == summary["parity_checked"] == 3
     assert "node_missing" in report["input"]["dropped"] or report["input"]["dropped"]
-    # The bundle stays small: the report lives beside it, not inside it.
-    assert sorted(p.suffix for p in fitted["out"].iterdir()) == [".json"] + [".onnx"] * 4
+    # The headline counts every node, the scaled fallback too; nobody did worse than the line.
+    assert summary["nodes"] == 4 and summary["own_median_mape_pct"] is not None
+    assert summary["nodes_worse_than_line"] == []
+    assert "all 4 nodes (fallbacks included)" in table
+    # The bundle stays small: the report lives beside it, not inside it (3 own models, the
+    # scaled fallback of the lonely node, the fleet fallback).
+    assert sorted(p.suffix for p in fitted["out"].iterdir()) == [".json"] + [".onnx"] * 5
 
 
 def _falling_rows(n: int = 600) -> NodeRows:
@@ -535,16 +555,28 @@ def test_report_gives_model_bytes_by_family_as_written_in_the_bundle(fitted) -> 
         for family, s in sorted(sizes.items())
     }
     for entry in fitted["report"]["nodes"]:
-        assert (entry["onnx_bytes"] is None) == (entry["model"] != "own")
+        assert entry["onnx_bytes"] is not None  # own models and the scaled fallback
 
 
-def test_a_fleet_whose_pooled_curve_dips_still_gets_a_fallback(tmp_path) -> None:
+def test_a_fleet_whose_pooled_curve_dips_still_gets_a_rising_fallback(tmp_path) -> None:
     # Seed 2's 16 nodes: big servers idling and small ones busy, so pooled power falls with
-    # utilisation and every smooth family dips; fitting once failed here as a whole.
+    # utilisation; a fallback fitted on pooled rows dipped. The fleet's shape cannot.
     cleaned = clean_metrics(synth_fleet(16, 72, 60, seed=2), source="synth seed 2")
     run = fit_fleet(cleaned, tmp_path / "bundle", progress=False, jobs=1)
     fallback = run.report["fallback"]
-    verdicts = {c["family"]: c.get("monotonic") for c in fallback["candidates"]}
-    assert {verdicts[f] for f in FitSettings().families} == {"fail"}
-    assert fallback["family"] == "rfmono" and verdicts["rfmono"] == "pass"
-    assert read_bundle(tmp_path / "bundle").fallback is not None
+    assert fallback["family"] == "fleet-shape"
+    assert fallback["monotonic"]["verdict"] == "pass"
+    own_curves = np.array([e["steady_curve_w"] for e in run.report["nodes"]])
+    assert len(own_curves) == 16
+    curve = np.array(fallback["steady_curve_w"])
+    assert np.all(np.diff(curve) > 0)
+    # the fleet's typical node: median idle power, median range
+    assert curve[0] == pytest.approx(np.median(own_curves[:, 0]), abs=0.01)
+    assert curve[-1] - curve[0] == pytest.approx(
+        np.median(own_curves[:, -1] - own_curves[:, 0]), abs=0.01
+    )
+    bundle = read_bundle(tmp_path / "bundle")
+    grid = np.zeros((11, len(FEATURES)), dtype=np.float32)
+    grid[:, 0] = np.linspace(0, 1, 11)
+    served_w = onnx_predict_w(bundle.model_path(bundle.fallback).read_bytes(), grid)
+    assert served_w == pytest.approx(curve, abs=0.01)

@@ -22,6 +22,7 @@ from extender.profile import DEFAULT_PROFILE, ProfileError
 from extender.protocol import encode, prioritize_result
 from extender.scoring import assess
 from extender.state import ClusterState, NodeInfo
+from predictor.bundle import BundleError
 from predictor.curves import UTIL_GRID, CurveBuilder, CurveTable
 from predictor.model import Predictor
 from tests.support.bundles import PowerCurveSpec, make_bundle
@@ -435,6 +436,48 @@ def test_explain_records_carry_the_inputs(predictor: Predictor) -> None:
     assert record["score"] == 10
     assert record["energy_level"] == "grid"
     assert orjson.loads(orjson.dumps(record)) == record
+
+
+def test_explain_names_predictions_above_the_highest_measured_load(tmp_path: Path) -> None:
+    # The bundle says how far each node's data went; /explain flags a placement that takes the
+    # node above it (the model's shape there is the population prior's, not the node's).
+    curves = {
+        "half-seen": PowerCurveSpec(100.0, 300.0, info={"max_util_measured": 0.5}),
+        "all-seen": PowerCurveSpec(100.0, 300.0, info={"max_util_measured": 0.98}),
+        "unrecorded": PowerCurveSpec(100.0, 300.0),
+    }
+    make_bundle(tmp_path / "bundle", curves, fallback=PowerCurveSpec(90.0, 250.0))
+    predictor = Predictor.load(tmp_path / "bundle")
+    state = make_state({name: {} for name in (*curves, "new-node")}, util=0.3)
+    table = curves_for(predictor, state)
+    assert table.max_util_measured[table.row_of("half-seen")] == 0.5
+    assert np.isnan(table.max_util_measured[table.row_of("new-node")])  # the fleet fallback
+    names = [*curves, "new-node", "not-in-cluster"]
+
+    def flags(demand_cores: float) -> dict[str, object]:
+        records = run(predictor, state, names, demand_cores=demand_cores).explain()
+        return {r["node"]: (r["max_util_measured"], r["extrapolated"]) for r in records}
+
+    # 1 core of 8 at u = 0.3: 0.425, inside what every node has shown
+    assert flags(1.0) == {
+        "half-seen": (0.5, False),
+        "all-seen": (0.98, False),
+        "unrecorded": (None, None),
+        "new-node": (None, None),
+        "not-in-cluster": (None, None),
+    }
+    # 2 cores: 0.55, above the half-seen node's data only
+    assert flags(2.0)["half-seen"] == (0.5, True)
+    assert flags(2.0)["all-seen"] == (0.98, False)
+
+
+def test_a_bundle_with_an_impossible_highest_load_is_refused(tmp_path: Path) -> None:
+    # write_bundle reads what it wrote back through read_bundle, as the extender would
+    with pytest.raises(BundleError, match="'max_util_measured' must be a utilisation"):
+        make_bundle(
+            tmp_path / "bundle",
+            {"n": PowerCurveSpec(100.0, 300.0, info={"max_util_measured": 1.7})},
+        )
 
 
 def test_bad_weights_and_demand_are_refused() -> None:

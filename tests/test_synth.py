@@ -189,3 +189,51 @@ def test_fleet_files_hold_every_node_once_and_stream_one_file_at_a_time(tmp_path
     again = write_fleet_files(tmp_path / "again", 5, hours=2, step_s=60, seed=3, nodes_per_file=2)
     for first, second in zip(files, again, strict=True):
         pd.testing.assert_frame_equal(pd.read_parquet(first), pd.read_parquet(second))
+
+
+def test_held_levels_visit_every_level_and_nothing_between() -> None:
+    fleet = synth_fleet(4, 72, 60, seed=2, sampling="levels")
+    for node, rows in fleet.groupby("node"):
+        util = rows["cpu_util"].to_numpy()
+        nearest = np.round(util * 5) / 5
+        assert np.mean(np.abs(util - nearest) < 0.08) > 0.999, node  # +-2 % jitter only
+        assert set(np.unique(nearest)) == {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}, node
+        # held for hours: the level changes at most every 2 h
+        changes = np.count_nonzero(np.diff(nearest))
+        assert changes <= 72 / 2, node
+
+
+def test_mostly_idle_nodes_idle_for_hours_and_peak_briefly() -> None:
+    fleet = synth_fleet(4, 72, 60, seed=2, sampling="mostly-idle")
+    for node, rows in fleet.groupby("node"):
+        util = rows["cpu_util"]
+        assert (util < 0.08).mean() > 0.75, node
+        assert util.max() > 0.5, node
+
+
+def test_lowload_never_goes_above_half() -> None:
+    fleet = synth_fleet(4, 72, 60, seed=2, sampling="lowload")
+    assert fleet["cpu_util"].max() <= 0.5
+    assert (fleet.groupby("node")["cpu_util"].max() > 0.4).all()
+
+
+def test_loose_temperatures_follow_load_less_closely_than_tight_ones() -> None:
+    def correlation(temperature: str) -> pd.Series:
+        fleet = synth_fleet(4, 72, 60, seed=2, temperature=temperature).dropna()
+        return fleet.groupby("node").apply(lambda r: r["cpu_util"].corr(r["cpu1_temp_c"]))
+
+    tight, loose = correlation("tight"), correlation("loose")
+    assert (tight > 0.9).all()
+    assert (loose < tight - 0.05).all()
+
+
+def test_an_unknown_sampling_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown sampling 'weekly'; known: even, levels"):
+        synth_fleet(2, 2, 60, seed=1, sampling="weekly")
+    result = subprocess.run(
+        [sys.executable, "-m", "training.synth", "--sampling", "levels", "--temperature",
+         "loose", "--nodes", "2", "--hours", "6", "--out", str(tmp_path / "f.parquet")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert pd.read_parquet(tmp_path / "f.parquet")["node"].nunique() == 2

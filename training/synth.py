@@ -9,11 +9,14 @@ What makes it look real, and why each part is there:
 - Power curves are real server curves: every node draws one of the SPECpower_ssj2008 results
   condensed in `training/data/specpower_shapes.csv`, then a scale and small perturbations of
   its idle share and curvature, so the fleet is heterogeneous the way data centres are.
-- Utilisation has a daily pattern, slow drift, bursts and idle periods, so the whole 0..1 range
-  is visited (a model is only as good as the loads it has seen).
+- Utilisation, by default (`--sampling even`), has a daily pattern, slow drift, bursts and idle
+  periods, so the whole 0..1 range is visited. Real fleets are often less kind, and models must
+  cope: `levels` holds load at 0, 20, ..., 100 % for hours with nothing between, `mostly-idle`
+  idles for hours with short peaks, `lowload` never goes above 50 % (`SAMPLINGS`).
 - CPU temperatures follow load and a daily ambient cycle through a first-order thermal lag, and
-  fans and leakage add a fraction of a watt per degree above ~50 C, so temperatures carry
-  information about power beyond utilisation.
+  fans and leakage add a fraction of a watt per degree above ~50 C. With `--temperature tight`
+  (default) CPU temperature follows load closely, as on most servers, so it is nearly collinear
+  with utilisation; `loose` has slower heat sinks and a slow wander that load does not explain.
 - BMC artefacts: ~1-2 W measurement noise, readings quantised to whole watts or 5 W steps,
   ~1-2 % of samples missing, short sensor dropouts (empty temperatures), and one-socket nodes
   whose `cpu2_temp_c` is always empty.
@@ -26,9 +29,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
-from io import StringIO
 from pathlib import Path
 
 import numpy as np
@@ -45,24 +47,30 @@ from livedata.metrics_table import (
     TIMESTAMP,
 )
 from training.dataset import write_metrics
+from training.shape_prior import SHARE_COLUMNS, load_shapes_table
 
 log = logging.getLogger("training.synth")
 
-SHAPES_FILE = "specpower_shapes.csv"
-SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
 START = pd.Timestamp("2026-01-05T00:00:00Z")  # a Monday; fixed so output depends on the seed only
 
 AMBIENT_MEAN_C = 22.5
 AMBIENT_DAILY_SWING_C = 4.5  # mean +- swing: 18..27 C before the per-node offset
 AMBIENT_PEAK_HOUR = 15.0
 FAN_THRESHOLD_C = 50.0  # fans and leakage start adding power above this CPU temperature
+# How load spreads over time (`--sampling`): `even` visits the whole range (a daily pattern,
+# drift, bursts, idle periods); `levels` holds 0, 20, ..., 100 % for hours at a time;
+# `mostly-idle` idles for hours with short peaks; `lowload` never goes above 50 %.
+SAMPLINGS = ("even", "levels", "mostly-idle", "lowload")
+HELD_LEVELS = np.linspace(0.0, 1.0, 6)
+# How closely CPU temperature follows load (`--temperature`): `tight` (heat sinks settle in
+# 1-4 min) or `loose` (5-15 min, plus a slow wander of a few degrees that load does not explain).
+TEMPERATURE_MODES = ("tight", "loose")
 ABSURD_STEP_COUNT = 50_000_000  # refuse sizes that would not fit in memory anyway
 
 
 def load_shapes() -> pd.DataFrame:
     """The embedded SPECpower curve shapes (one row per real server)."""
-    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
-    return pd.read_csv(StringIO(text), comment="#")
+    return load_shapes_table()
 
 
 @dataclass(frozen=True)
@@ -115,8 +123,7 @@ def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> F
     curve = new_idle + (base - old_idle) * (1.0 - new_idle) / (1.0 - old_idle)
 
     max_power_w = shapes["watts_max"].to_numpy(dtype=float)[pick] * rng.uniform(0.85, 1.15, n_nodes)
-    # Small servers read in whole watts: 5 W steps on a 60 W box would swamp the signal.
-    five_watt_steps = (rng.random(n_nodes) < 0.4) & (max_power_w > 200.0)
+    five_watt_steps = _five_watt_steps(rng, max_power_w)
     return FleetSpec(
         names=node_names(n_nodes),
         shape_result=shapes["result"].to_numpy()[pick],
@@ -124,16 +131,50 @@ def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> F
         curvature_exp=rng.uniform(0.85, 1.15, n_nodes),
         max_power_w=max_power_w,
         sockets=shapes["chips"].to_numpy(dtype=int)[pick],
-        ambient_offset_c=rng.normal(0.0, 1.5, n_nodes),
-        idle_rise_c=rng.uniform(10.0, 20.0, n_nodes),
-        load_rise_c=rng.uniform(28.0, 45.0, n_nodes),
-        cpu2_offset_c=rng.uniform(-3.0, 3.0, n_nodes),
-        thermal_tau_s=rng.uniform(60.0, 240.0, n_nodes),
-        fan_w_per_c=rng.uniform(0.2, 0.6, n_nodes),
-        noise_w=rng.uniform(1.0, 2.0, n_nodes),
-        quantum_w=np.where(five_watt_steps, 5.0, 1.0),
-        missing_share=rng.uniform(0.01, 0.02, n_nodes),
+        **_node_physics(rng, n_nodes, five_watt_steps),
     )
+
+
+def servers_spec(shapes: pd.DataFrame, seed: int, names: list[str] | None = None) -> FleetSpec:
+    """One node per row of `shapes` (the shipped table's columns), its curve exactly as measured.
+
+    No warping or rescaling of the curves, unlike `fleet_spec`: benchmarks that judge a model
+    against the measured points use this. Thermal and BMC parameters are drawn as for a fleet.
+    """
+    rng = np.random.default_rng([seed, 0])
+    n_nodes = len(shapes)
+    max_power_w = shapes["watts_max"].to_numpy(dtype=float)
+    return FleetSpec(
+        names=list(names) if names is not None else node_names(n_nodes),
+        shape_result=shapes["result"].to_numpy(),
+        curve_share=shapes[list(SHARE_COLUMNS)].to_numpy(dtype=float),
+        curvature_exp=np.ones(n_nodes),
+        max_power_w=max_power_w,
+        sockets=shapes["chips"].to_numpy(dtype=int),
+        **_node_physics(rng, n_nodes, _five_watt_steps(rng, max_power_w)),
+    )
+
+
+def _five_watt_steps(rng: np.random.Generator, max_power_w: np.ndarray) -> np.ndarray:
+    # Small servers read in whole watts: 5 W steps on a 60 W box would swamp the signal.
+    return (rng.random(len(max_power_w)) < 0.4) & (max_power_w > 200.0)
+
+
+def _node_physics(
+    rng: np.random.Generator, n_nodes: int, five_watt_steps: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Thermal, fan and BMC parameters per node (drawn in a fixed order: seeds stay stable)."""
+    return {
+        "ambient_offset_c": rng.normal(0.0, 1.5, n_nodes),
+        "idle_rise_c": rng.uniform(10.0, 20.0, n_nodes),
+        "load_rise_c": rng.uniform(28.0, 45.0, n_nodes),
+        "cpu2_offset_c": rng.uniform(-3.0, 3.0, n_nodes),
+        "thermal_tau_s": rng.uniform(60.0, 240.0, n_nodes),
+        "fan_w_per_c": rng.uniform(0.2, 0.6, n_nodes),
+        "noise_w": rng.uniform(1.0, 2.0, n_nodes),
+        "quantum_w": np.where(five_watt_steps, 5.0, 1.0),
+        "missing_share": rng.uniform(0.01, 0.02, n_nodes),
+    }
 
 
 def first_order_lag(
@@ -227,6 +268,65 @@ def _utilisation(
     return np.where(idle > 0, idle_load, util)
 
 
+def sampled_utilisation(
+    sampling: str,
+    rng: np.random.Generator,
+    n_nodes: int,
+    hour_of_day: np.ndarray,
+    step_s: float,
+) -> np.ndarray:
+    """[n_nodes, T] utilisation in one of the `SAMPLINGS` (see the module docstring)."""
+    n_steps = hour_of_day.size
+    if sampling == "even":
+        return _utilisation(rng, n_nodes, hour_of_day, step_s)
+    if sampling == "lowload":
+        # the same daily pattern, bursts and idle periods, on a fleet sized for twice its load
+        return 0.5 * _utilisation(rng, n_nodes, hour_of_day, step_s)
+    steps_per_hour = 3600.0 / step_s
+    util = np.empty((n_nodes, n_steps))
+    for node in range(n_nodes):
+        if sampling == "levels":
+            util[node] = _held_levels(rng, n_steps, steps_per_hour)
+        elif sampling == "mostly-idle":
+            util[node] = _idle_with_peaks(rng, n_steps, steps_per_hour)
+        else:
+            raise ValueError(f"unknown sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
+    jitter = 0.02 if sampling == "levels" else 0.01
+    return np.clip(util + rng.normal(0.0, jitter, util.shape), 0.0, 1.0)
+
+
+def _held_levels(rng: np.random.Generator, n_steps: int, steps_per_hour: float) -> np.ndarray:
+    """Load held for 2-6 h at a time at 0, 20, ..., 100 %, each round visiting every level once
+    in a new order (batch windows, load tests, a service's fixed replica counts)."""
+    out = np.empty(n_steps)
+    at = 0
+    while at < n_steps:
+        for level in rng.permutation(HELD_LEVELS):
+            hold = int(rng.integers(round(2 * steps_per_hour), round(6 * steps_per_hour) + 1))
+            out[at : at + max(1, hold)] = level
+            at += max(1, hold)
+            if at >= n_steps:
+                break
+    return out
+
+
+def _idle_with_peaks(rng: np.random.Generator, n_steps: int, steps_per_hour: float) -> np.ndarray:
+    """Idle (under 5 %) for 1-4 h, then a 5-30 min peak anywhere from 15 to 100 %, and again."""
+    out = np.empty(n_steps)
+    at, idle = 0, True
+    while at < n_steps:
+        if idle:
+            length = int(rng.integers(round(steps_per_hour), round(4 * steps_per_hour) + 1))
+            level = rng.uniform(0.0, 0.05)
+        else:
+            length = int(rng.integers(round(steps_per_hour / 12), round(steps_per_hour / 2) + 1))
+            level = rng.uniform(0.15, 1.0)
+        out[at : at + max(1, length)] = level
+        at += max(1, length)
+        idle = not idle
+    return out
+
+
 def _curve_power_w(spec: FleetSpec, util: np.ndarray) -> np.ndarray:
     """Piecewise-linear lookup of each node's curve at its (warped) utilisation."""
     position = util ** spec.curvature_exp[:, None] * 10.0
@@ -237,13 +337,30 @@ def _curve_power_w(spec: FleetSpec, util: np.ndarray) -> np.ndarray:
     return (low + (high - low) * frac) * spec.max_power_w[:, None]
 
 
-def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.DataFrame:
+def synth_fleet(
+    n_nodes: int,
+    hours: float,
+    step_s: float,
+    seed: int,
+    *,
+    sampling: str = "even",
+    temperature: str = "tight",
+) -> pd.DataFrame:
     """Contract-1 metrics for `n_nodes` heterogeneous nodes over `hours`, one sample per `step_s`.
 
     Columns: node, timestamp (tz-aware UTC), cpu_util, ambient_temp_c, cpu1_temp_c,
     cpu2_temp_c, power_w; sorted by node, then timestamp. Missing samples are absent rows;
-    sensor dropouts and one-socket nodes leave temperatures NaN.
+    sensor dropouts and one-socket nodes leave temperatures NaN. `sampling` is how load
+    spreads over time and `temperature` how closely CPU temperatures follow it
+    (`SAMPLINGS`, `TEMPERATURE_MODES`).
     """
+    _check_size(n_nodes, hours, step_s)
+    return fleet_telemetry(
+        fleet_spec(n_nodes, seed), hours, step_s, seed, sampling=sampling, temperature=temperature
+    )
+
+
+def _check_size(n_nodes: int, hours: float, step_s: float) -> int:
     if hours <= 0 or step_s <= 0:
         raise ValueError(f"hours and step_s must be positive, got {hours} and {step_s}")
     n_steps = int(hours * 3600.0 // step_s)
@@ -251,13 +368,46 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
         raise ValueError(f"{hours} h at {step_s} s steps holds no sample")
     if n_steps * n_nodes > ABSURD_STEP_COUNT:
         raise ValueError(f"{n_nodes} nodes x {n_steps} samples is more than this generator makes")
+    return n_steps
 
-    spec = fleet_spec(n_nodes, seed)
+
+def fleet_telemetry(
+    spec: FleetSpec,
+    hours: float,
+    step_s: float,
+    seed: int,
+    *,
+    sampling: str = "even",
+    temperature: str = "tight",
+    steady_power_w: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """Contract-1 metrics of the nodes of `spec` (see `synth_fleet`).
+
+    By default a node draws its curve (`spec.curve_share`) plus what fans and leakage add above
+    50 C. With `steady_power_w` (utilisation [n, T] -> watts [n, T]) that function is the
+    nodes' power at *steady-state* temperatures, fans included, as SPECpower measures servers;
+    fans then add or save only what the temperature's departure from its steady state at the
+    node's mean ambient (ambient swings, thermal lag, wander) makes them. Benchmarks that score
+    a model against measured curves use this, so the truth is the measured curve.
+    """
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"unknown sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
+    if temperature not in TEMPERATURE_MODES:
+        raise ValueError(
+            f"unknown temperature mode {temperature!r}; known: {', '.join(TEMPERATURE_MODES)}"
+        )
+    n_nodes = len(spec.names)
+    n_steps = _check_size(n_nodes, hours, step_s)
     rng = np.random.default_rng([seed, 1])
     elapsed_s = np.arange(n_steps) * step_s
     hour_of_day = (START.hour + elapsed_s / 3600.0) % 24.0
 
-    util = _utilisation(rng, n_nodes, hour_of_day, step_s)
+    if sampling == "even":  # the main generator, as before the other samplings existed
+        util = _utilisation(rng, n_nodes, hour_of_day, step_s)
+    else:
+        util = sampled_utilisation(
+            sampling, np.random.default_rng([seed, 3]), n_nodes, hour_of_day, step_s
+        )
 
     ambient_c = (
         AMBIENT_MEAN_C
@@ -266,17 +416,34 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
         + spec.ambient_offset_c[:, None]
         + rng.normal(0.0, 0.2, (n_nodes, n_steps))
     )
-    thermal_alpha = 1.0 - np.exp(-step_s / spec.thermal_tau_s)
-    target1_c = ambient_c + spec.idle_rise_c[:, None] + spec.load_rise_c[:, None] * util
-    cpu1_c = first_order_lag(target1_c, thermal_alpha, target1_c[:, 0])
-    # The second socket runs a little hotter or cooler and has a slightly different response.
-    target2_c = target1_c + spec.cpu2_offset_c[:, None] + 0.05 * spec.load_rise_c[:, None] * util
-    cpu2_c = first_order_lag(target2_c, thermal_alpha, target2_c[:, 0])
+    thermal_tau_s = spec.thermal_tau_s
+    wander_c = 0.0
+    if temperature == "loose":
+        # Slower heat sinks (300-900 s instead of 60-240 s) and a slow wander of a few degrees
+        # that load does not explain (neighbours, fan curves, dust): temperature then says
+        # something about power that utilisation does not.
+        thermal_tau_s = 300.0 + (spec.thermal_tau_s - 60.0) * (600.0 / 180.0)
+        wander_c = _slow_wander_c(np.random.default_rng([seed, 2]), n_nodes, n_steps, step_s)
+    thermal_alpha = 1.0 - np.exp(-step_s / thermal_tau_s)
+    target1_c, target2_c = steady_state_cpu_temps_c(spec, util, ambient_c)
+    cpu1_c = first_order_lag(target1_c + wander_c, thermal_alpha, target1_c[:, 0])
+    cpu2_c = first_order_lag(target2_c + wander_c, thermal_alpha, target2_c[:, 0])
     cpu2_c[spec.sockets == 1] = np.nan
 
     hottest_c = np.fmax(cpu1_c, cpu2_c)
     fan_w = spec.fan_w_per_c[:, None] * np.maximum(hottest_c - FAN_THRESHOLD_C, 0.0)
-    power_w = _curve_power_w(spec, util) + fan_w
+    if steady_power_w is None:
+        power_w = _curve_power_w(spec, util) + fan_w
+    else:
+        mean_ambient_c = AMBIENT_MEAN_C + spec.ambient_offset_c[:, None]
+        steady1_c, steady2_c = steady_state_cpu_temps_c(spec, util, mean_ambient_c)
+        steady_hottest_c = np.fmax(
+            steady1_c, np.where(spec.sockets[:, None] == 1, np.nan, steady2_c)
+        )
+        steady_fan_w = spec.fan_w_per_c[:, None] * np.maximum(
+            steady_hottest_c - FAN_THRESHOLD_C, 0.0
+        )
+        power_w = steady_power_w(util) + fan_w - steady_fan_w
     power_w += rng.normal(0.0, 1.0, (n_nodes, n_steps)) * spec.noise_w[:, None]
     quantum = spec.quantum_w[:, None]
     power_w = np.round(power_w / quantum) * quantum
@@ -308,17 +475,48 @@ def synth_fleet(n_nodes: int, hours: float, step_s: float, seed: int) -> pd.Data
         columns=list(CONTRACT_COLUMNS),
     )
     log.info(
-        "synthesised %d nodes x %d samples (%d rows after %.1f %% missing)",
+        "synthesised %d nodes x %d samples (%d rows after %.1f %% missing; %s load, %s "
+        "temperatures)",
         n_nodes,
         n_steps,
         len(frame),
         100.0 * (1.0 - len(frame) / (n_nodes * n_steps)),
+        sampling,
+        temperature,
     )
     return frame
 
 
+def steady_state_cpu_temps_c(
+    spec: FleetSpec, util: np.ndarray, ambient_c: np.ndarray | float
+) -> tuple[np.ndarray, np.ndarray]:
+    """CPU1 and CPU2 temperatures each node settles at under `util` ([n, T]) and ambient."""
+    target1_c = ambient_c + spec.idle_rise_c[:, None] + spec.load_rise_c[:, None] * util
+    # The second socket runs a little hotter or cooler and has a slightly different response.
+    target2_c = target1_c + spec.cpu2_offset_c[:, None] + 0.05 * spec.load_rise_c[:, None] * util
+    return target1_c, target2_c
+
+
+def _slow_wander_c(
+    rng: np.random.Generator, n_nodes: int, n_steps: int, step_s: float
+) -> np.ndarray:
+    """A slow random wander of CPU temperatures: standard deviation 3 C, time constant 2 h."""
+    alpha = 1.0 - np.exp(-step_s / 7200.0)
+    white = rng.normal(0.0, 1.0, (n_nodes, n_steps))
+    wander = first_order_lag(white, np.full(n_nodes, alpha), np.zeros(n_nodes))
+    return wander * 3.0 / np.sqrt(alpha / (2.0 - alpha))
+
+
 def write_fleet_files(
-    out_dir: Path, n_nodes: int, hours: float, step_s: float, seed: int, nodes_per_file: int
+    out_dir: Path,
+    n_nodes: int,
+    hours: float,
+    step_s: float,
+    seed: int,
+    nodes_per_file: int,
+    *,
+    sampling: str = "even",
+    temperature: str = "tight",
 ) -> list[Path]:
     """A fleet too large to hold in memory, written as one Parquet file per `nodes_per_file`.
 
@@ -334,7 +532,14 @@ def write_fleet_files(
     for index, first in enumerate(range(0, n_nodes, nodes_per_file)):
         batch_names = names[first : first + nodes_per_file]
         file_seed = int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
-        frame = synth_fleet(len(batch_names), hours, step_s, file_seed)
+        frame = synth_fleet(
+            len(batch_names),
+            hours,
+            step_s,
+            file_seed,
+            sampling=sampling,
+            temperature=temperature,
+        )
         local = dict(zip(node_names(len(batch_names)), batch_names, strict=True))
         frame[NODE] = frame[NODE].map(local)
         files.append(Path(out_dir) / f"nodes-{index:0{width}d}.parquet")
@@ -358,6 +563,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=7, help="random seed; same seed, same data (default: 7)"
     )
     parser.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        default="even",
+        help="how load spreads over time: even (daily pattern, bursts, idle periods: the whole "
+        "range), levels (held for hours at 0, 20, ..., 100 %%), mostly-idle (hours idle, short "
+        "peaks), lowload (never above 50 %%) (default: even)",
+    )
+    parser.add_argument(
+        "--temperature",
+        choices=TEMPERATURE_MODES,
+        default="tight",
+        help="how closely CPU temperature follows load: tight (settles in 1-4 min, as on most "
+        "servers) or loose (5-15 min plus a slow wander load does not explain) (default: tight)",
+    )
+    parser.add_argument(
         "--out", type=Path, required=True, help="output file, .parquet or .csv (required)"
     )
     parser.add_argument("--quiet", action="store_true", help="log warnings only")
@@ -374,7 +594,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
         return 2
     try:
-        frame = synth_fleet(args.nodes, args.hours, args.step, args.seed)
+        frame = synth_fleet(
+            args.nodes,
+            args.hours,
+            args.step,
+            args.seed,
+            sampling=args.sampling,
+            temperature=args.temperature,
+        )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from training.synth import synth_fleet
 
 log = logging.getLogger("bench.sim.scenario")
 
-BUNDLE_RECIPE = "synth-fit-v1"  # change when the history recipe changes, to refit cached bundles
+BUNDLE_RECIPE = "synth-fit-v2"  # change when the history or fit recipe changes (v2: monoshape)
 HISTORY_STEP_S = 60.0
 
 

@@ -18,6 +18,11 @@ and 8.1-9.5 % with the ratio, as much as always taking the cheapest node does. I
 CPU) or without a curve scores 0, so a missing metric never looks best. `/explain` also says
 which model predicts each node (its own or the bundle's fleet fallback) and that model's
 held-out error, so a node scored by a rough fallback is visible where its score is.
+
+It also gives, per node, the highest load its model was trained on
+(`max_util_measured`, from the bundle, read when curves are built) and whether the prediction
+after placement lies above it (`extrapolated`: the model's shape there comes from the
+population prior, not from the node's own data; None when unknown, e.g. the fleet fallback).
 """
 
 from __future__ import annotations
@@ -62,6 +67,16 @@ class PowerIncrease(Plugin):
 
     def explain(self, cycle: Cycle) -> Mapping[str, Sequence[object]]:
         nodes = cycle.nodes
+        measured = np.full(len(cycle), np.nan)
+        if cycle.curves is not None and nodes.has_curve.any():
+            rows = nodes.curve_idx[nodes.has_curve]
+            measured[nodes.has_curve] = cycle.curves.max_util_measured[rows]
+        util_after = nodes.util_from + cycle.d
+        known = np.isfinite(measured) & np.isfinite(util_after) & cycle.scorable
+        extrapolated = [
+            bool(above) if ok else None
+            for above, ok in zip(util_after > measured, known, strict=True)
+        ]
         return {
             "u": finite_or_none(nodes.u),
             "a": finite_or_none(nodes.a),
@@ -69,6 +84,8 @@ class PowerIncrease(Plugin):
             "power_before_w": finite_or_none(nodes.power_before),
             "power_after_w": finite_or_none(cycle.power_after_w),
             "increase_w": finite_or_none(cycle.increase_w),
+            "max_util_measured": finite_or_none(measured),
+            "extrapolated": extrapolated,
             **model_columns(cycle),
         }
 

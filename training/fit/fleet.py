@@ -1,12 +1,13 @@
-"""Fitting the fleet: every node in worker processes, the fleet fallback, the report, the bundle.
+"""Fitting the fleet: every node in worker processes, the fallbacks, the report, the bundle.
 
 `fit_fleet` streams cleaned node rows (one table, or a `MetricsStream` read one group of files
 at a time) into worker processes running `training.fit.node.fit_node`, at most a few nodes in
 flight; a finished node leaves behind only its `FitOutcome` (ONNX bytes and figures) and, on
 disk, its held-out predictions for the plot. Meanwhile a subsample of every eligible node's
-rows is pooled for the fleet fallback, fitted last the same way (with a utilisation-only family
-added to its candidates) into the same `FitOutcome`. Then the report is written, and only if
-every model is sound, the bundle.
+held-out rows is pooled to judge the fleet fallback on. Once every node is fitted, the fleet's
+shape (`training.fit.fallback`) gives the fleet fallback and, for each node left without a model
+that has power readings, the fallback scaled to its power. Then the report is written, and only
+if every model is sound, the bundle.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,19 +29,17 @@ from tqdm import tqdm
 
 from livedata.metrics_table import FEATURES, NODE, TIMESTAMP
 from training.dataset import CleanedMetrics, CleaningTally, MetricsStream
-from training.export import PARITY_TOLERANCE_W, check_parity, export_bundle, model_to_onnx
-from training.families import UTIL_ONLY_FAMILY, resolve_families
+from training.export import PARITY_TOLERANCE_W, export_bundle
+from training.families import resolve_families
+from training.fit.fallback import fleet_fallback, fleet_shape, scale_fallback
 from training.fit.node import (
     FALLBACK_NAME,
     FitOutcome,
     NodeRows,
-    choose_model_or_last_resort,
     fit_node,
     heldout_start_index,
     iter_node_rows,
     monotonic_verdict,
-    no_model_reason,
-    node_thermal,
     rfc3339,
     unfillable_rows,
 )
@@ -90,25 +89,21 @@ def _stream_outcomes(
 
 @dataclass
 class FallbackPool:
-    """Subsampled train/test rows of every node with a model of its own, for the fleet model."""
+    """Subsampled held-out rows of every node with enough rows: the fleet fallback's test."""
 
     rows_per_node: int
     seed: int
-    train: list[NodeRows] = field(default_factory=list)
     test: list[NodeRows] = field(default_factory=list)
 
     def add(self, rows: NodeRows, test_fraction: float) -> None:
-        start = heldout_start_index(len(rows), test_fraction)
-        rng = np.random.default_rng([self.seed, zlib.crc32(rows.node.encode())])
-        for part, target, cap in (
-            (rows.take(slice(0, start)), self.train, self.rows_per_node),
-            (rows.take(slice(start, None)), self.test, max(1, self.rows_per_node // 4)),
-        ):
-            if len(part) > cap:
-                part = part.take(np.sort(rng.choice(len(part), cap, replace=False)))
-            target.append(part)
+        part = rows.take(slice(heldout_start_index(len(rows), test_fraction), None))
+        if len(part) > self.rows_per_node:
+            rng = np.random.default_rng([self.seed, zlib.crc32(rows.node.encode())])
+            part = part.take(np.sort(rng.choice(len(part), self.rows_per_node, replace=False)))
+        self.test.append(part)
 
-    def merged(self, parts: list[NodeRows]) -> NodeRows:
+    def merged(self) -> NodeRows:
+        parts = self.test
         return NodeRows(
             FALLBACK_NAME,
             np.concatenate([p.time_s for p in parts]),
@@ -220,7 +215,7 @@ def fit_fleet(
     )
     account = _InputAccount()
     pool = FallbackPool(
-        max(20, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
+        max(5, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
     )
     outcomes: dict[str, FitOutcome] = {}
 
@@ -242,12 +237,12 @@ def fit_fleet(
         bar.close()
         if not outcomes:
             raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
-        if not pool.train:
+        if not pool.test:
             raise FitError(
                 f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
                 f"per-node models nor the fleet fallback can be trained; lower --min-rows"
             )
-        fallback, fallback_model = _fit_fallback(pool, settings)
+        fallback, fallback_model = _fallbacks(outcomes, pool, settings)
         node_entries = [
             _report_entry(outcomes[node], fallback_model, settings) for node in sorted(outcomes)
         ]
@@ -281,34 +276,34 @@ def fit_fleet(
     return FitRun(report=report, report_dir=report_dir, bundle_dir=Path(out_dir))
 
 
-def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[FitOutcome, object]:
-    """The fleet fallback, chosen like a node's model on the pooled rows: its outcome and its
-    scikit-learn model (the report judges fallback nodes with it). FitError when none passes."""
-    train, test = pool.merged(pool.train), pool.merged(pool.test)
-    log.info("fitting the fleet fallback on %d pooled rows", len(train))
-    thermal = node_thermal(train)
-    model, choice, candidates, check = choose_model_or_last_resort(
-        train, test, settings, extra_families=(UTIL_ONLY_FAMILY,), thermal=thermal
-    )
-    if model is None:
+def _fallbacks(
+    outcomes: Mapping[str, FitOutcome], pool: FallbackPool, settings: FitSettings
+) -> tuple[FitOutcome, object]:
+    """The fleet fallback (outcome and model: the report judges fallback nodes with it), and
+    each node without a model but with power readings scaled to them (in place)."""
+    own = [o.steady_curve_w for o in outcomes.values() if o.fallback_reason is None and o.onnx]
+    if not own:
+        reasons = sorted({o.fallback_reason for o in outcomes.values() if o.fallback_reason})
         raise FitError(
-            f"fleet fallback: {no_model_reason(candidates, settings)} (largest dip "
-            f"{check['max_drop_w']} W at the fleet's median temperatures)"
+            "no node got a model of its own, so there is no fleet to build a fallback from: "
+            + "; ".join(reasons[:3])
         )
-    onnx = choice.pop("onnx", None) or model_to_onnx(model, train.features.shape[1])
-    outcome = FitOutcome(
-        node=FALLBACK_NAME,
-        rows_train=len(train),
-        rows_test=len(test),
-        family=choice["family"],
-        onnx=onnx,
-        parity=check_parity(FALLBACK_NAME, model, onnx, test.features),
-        metrics=choice["metrics"],
-        candidates=candidates,
-        monotonic=check,
-        thermal=thermal,
+    shape = fleet_shape(own, settings.shape_prior)
+    fallback, model = fleet_fallback(shape, pool.merged(), settings)
+    scaled = 0
+    for outcome in outcomes.values():
+        if outcome.fallback_reason is not None:
+            scaled += scale_fallback(outcome, shape)
+            outcome.rows = None  # done with them
+    log.info(
+        "fleet fallback: idle %.0f W + %.0f W over the fleet's shape (%s); %d node(s) without "
+        "a model of their own scaled to their measured power",
+        shape.idle_w,
+        shape.dynamic_w,
+        shape.source,
+        scaled,
     )
-    return outcome, model
+    return fallback, model
 
 
 def _manifest_entry(outcome: FitOutcome) -> dict:
@@ -319,9 +314,13 @@ def _manifest_entry(outcome: FitOutcome) -> dict:
         "rows_test": outcome.rows_test,
         "metrics": outcome.metrics,
         "power_range_w": outcome.power_range_w,
+        # above this load the model extrapolates (the extender's /explain says so)
+        "max_util_measured": outcome.max_util_measured,
     }
     if outcome.thermal:
         entry["thermal"] = outcome.thermal
+    if outcome.scaled is not None:
+        entry["scaled_fallback"] = {"reason": outcome.fallback_reason, **outcome.scaled}
     return entry
 
 
@@ -332,7 +331,6 @@ def _fallback_manifest_entry(
     return {
         "family": fallback.family,
         "min_rows": settings.min_rows,
-        "rows_train": fallback.rows_train,
         "rows_test": fallback.rows_test,
         "metrics": fallback.metrics,
         "thermal": fallback.thermal,
@@ -343,7 +341,7 @@ def _fallback_manifest_entry(
 def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) -> dict:
     entry = {
         "node": outcome.node,
-        "model": "own" if outcome.onnx is not None else "fallback",
+        "model": "own" if outcome.fallback_reason is None else "fallback",
         "family": outcome.family,
         "fallback_reason": outcome.fallback_reason,
         "rows_train": outcome.rows_train,
@@ -358,9 +356,18 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
         "onnx_bytes": None if outcome.onnx is None else len(outcome.onnx),
         "thermal": outcome.thermal,
         "power_range_w": outcome.power_range_w,
+        "max_util_measured": outcome.max_util_measured,
+        "loads_shown_pct": outcome.loads_shown_pct,
+        "steady_curve_w": outcome.steady_curve_w,
         "note": "",
     }
-    if outcome.onnx is None:
+    if outcome.scaled is not None:
+        entry["scaled_fallback"] = outcome.scaled
+        entry["note"] = (
+            f"fallback scaled to its power (idle {outcome.scaled['idle_w']:.0f} W): "
+            f"{outcome.fallback_reason}"
+        )
+    elif outcome.fallback_reason is not None:
         rows = outcome.eval_rows
         predicted_w = fallback_model.predict(rows.features)
         entry["metrics"] = error_metrics(rows.power_w, predicted_w)
@@ -374,8 +381,8 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
         if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
             check["own_families"] = outcome.monotonic
         entry["monotonic"] = check
-        entry["note"] = f"fallback: {outcome.fallback_reason}"
-    elif outcome.parity is not None and not outcome.parity.passed:
+        entry["note"] = f"fleet fallback: {outcome.fallback_reason}"
+    if outcome.parity is not None and not outcome.parity.passed:
         entry["note"] = f"ONNX parity FAILED ({outcome.parity.max_abs_diff_w:.4g} W)"
     return entry
 
@@ -396,23 +403,38 @@ def _build_report(
             "dropped": account.dropped(),
             "training_window": window,
         },
-        "settings": {**asdict(settings), "families": list(settings.families)},
+        "settings": _settings_entry(settings),
         "parity_tolerance_w": PARITY_TOLERANCE_W,
         "summary": summarise(node_entries),
         "fallback": {
             "family": fallback.family,
             "min_rows": settings.min_rows,
-            "rows_train": fallback.rows_train,
             "rows_test": fallback.rows_test,
+            "steady_curve_w": fallback.steady_curve_w,
             "metrics": fallback.metrics,
             "candidates": fallback.candidates,
             "monotonic": fallback.monotonic,
             "parity_max_diff_w": fallback.parity.max_abs_diff_w,
             "thermal": fallback.thermal,
-            "nodes": [e["node"] for e in node_entries if e["model"] != "own"],
+            "nodes": [e["node"] for e in node_entries if e["onnx_bytes"] is None],
+            "scaled_nodes": [e["node"] for e in node_entries if e.get("scaled_fallback")],
         },
         "nodes": node_entries,
     }
+
+
+def _settings_entry(settings: FitSettings) -> dict:
+    """The settings as JSON: the shape prior by what it was learned from, not its matrices."""
+    entry = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "shape_prior"}
+    prior = settings.shape_prior
+    entry["families"] = list(settings.families)
+    entry["last_resort_families"] = list(settings.last_resort_families)
+    entry["shape_prior"] = (
+        "shipped: training/data/specpower_shapes.csv"
+        if prior is None
+        else f"given: {prior.n_servers} server curves"
+    )
+    return entry
 
 
 def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> None:

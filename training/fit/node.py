@@ -4,8 +4,13 @@ For a node's cleaned rows (`NodeRows`, oldest first): split them chronologically
 `test_fraction` held out), fit every candidate family on the older rows, rank by held-out MAE,
 keep the best one that passes the checks (never falling along utilisation; plausible on the
 extender's probe grid, `predictor.validation.probe_model`), convert it to ONNX and check it
-against scikit-learn. `fit_node` does all of it in a worker process and returns a `FitOutcome`;
-the fleet fallback (`training.fit.fleet`) is chosen the same way and has the same outcome type.
+against scikit-learn. `fit_node` does all of it in a worker process and returns a `FitOutcome`,
+which also records the highest load the node was measured at (above it, the model
+extrapolates) and its curve at steady state (the fleet fallback is built from those).
+
+A node with too few rows, or whose load never moved enough to show how its power grows, gets
+no model here; its outcome says why in words, and `training.fit.fleet` serves it with the
+fleet's shape scaled to the power it was measured at (`training.fit.fallback`).
 """
 
 from __future__ import annotations
@@ -37,11 +42,16 @@ from training.families import (
     resolve_families,
     thermal_slope_c_per_util,
 )
-from training.fit.settings import FLEXIBLE_MARGIN, FitError, FitSettings
+from training.fit.settings import FLEXIBLE_MARGIN, FitSettings
+from training.monoshape import CurveNotIdentifiable, MonoShapeRegressor
 from training.report import IdleToMaxLine, error_metrics
+from training.shape_prior import GRID_UTIL
 
 UTIL_CHECK_GRID = np.linspace(0.0, 1.0, 101)
 FALLBACK_NAME = "(fleet fallback)"  # the `node` of the fleet fallback's rows and outcome
+# The highest load a node was measured at: this percentile of its training utilisation, so a
+# few stray samples (a minute at 100 % in a week at 30 %) do not count as having seen it.
+MEASURED_LOAD_PERCENTILE = 99.5
 
 
 @dataclass
@@ -83,6 +93,15 @@ class FitOutcome:
     test_window: list[str] = field(default_factory=list)
     heldout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # time_s, measured, predicted
     eval_rows: NodeRows | None = None  # rows the fallback is judged on, for fallback nodes
+    rows: NodeRows | None = None  # a fallback node's older rows: its fallback is scaled to them
+    # Highest load measured (`MEASURED_LOAD_PERCENTILE` of the training utilisation; None
+    # without rows): above it the model extrapolates, and the extender says so in /explain.
+    max_util_measured: float | None = None
+    # The model's power at u = 0, 0.1, ..., 1 with the CPU temperatures following load from the
+    # node's typical temperatures (what the predictor tabulates): the fleet fallback's material.
+    steady_curve_w: list[float] = field(default_factory=list)
+    loads_shown_pct: list[int] | None = None  # monoshape: grid loads the data showed
+    scaled: dict | None = None  # a scaled fallback's idle and range (training.fit.fallback)
 
 
 # --- a node's rows --------------------------------------------------------------------------------
@@ -203,6 +222,35 @@ def node_thermal(rows: NodeRows) -> dict[str, float]:
     return thermal
 
 
+def max_util_measured(util: np.ndarray) -> float | None:
+    """The highest load a node was measured at (see `MEASURED_LOAD_PERCENTILE`)."""
+    util = np.asarray(util, dtype=np.float64)
+    if len(util) == 0:
+        return None
+    return round(float(np.percentile(util, MEASURED_LOAD_PERCENTILE)), 4)
+
+
+def steady_curve_w(
+    model, typical_features: np.ndarray, thermal: Mapping[str, float] | None
+) -> list[float]:
+    """The model's watts at u = 0, 0.1, ..., 1, CPU temperatures moving along the thermal slopes
+    from the node's typical temperatures (as `predictor.curves` tabulates P(u))."""
+    rows = np.tile(np.asarray(typical_features, dtype=np.float64), (len(GRID_UTIL), 1))
+    u_typical = rows[0, FEATURES.index(CPU_UTIL)]
+    rows[:, FEATURES.index(CPU_UTIL)] = GRID_UTIL
+    for key, slope in (thermal or {}).items():
+        column = FEATURES.index(key.removesuffix(THERMAL_SUFFIX))
+        rows[:, column] = rows[:, column] + slope * (GRID_UTIL - u_typical)
+    predicted_w = np.asarray(model.predict(rows.astype(np.float32)), dtype=np.float64).ravel()
+    return [round(float(w), 3) for w in predicted_w]
+
+
+def util_span(util: np.ndarray) -> tuple[float, float]:
+    """The range that holds 96 % of a node's utilisation (2nd to 98th percentile)."""
+    low, high = np.percentile(np.asarray(util, dtype=np.float64), [2, 98])
+    return float(low), float(high)
+
+
 def largest_util_gap(util: np.ndarray) -> float:
     """Widest utilisation interval (within the seen range) that holds no row."""
     seen = np.unique(np.asarray(util, dtype=np.float64))
@@ -213,10 +261,10 @@ def largest_util_gap(util: np.ndarray) -> float:
 
 
 def rank_candidates(candidates: Sequence[dict], families: Sequence[Family]) -> list[dict]:
-    """Order by held-out MAE; a flexible family must beat the best smooth one by the margin."""
+    """Order by held-out MAE; a flexible family must beat the best other one by the margin."""
     kind = {family.name: family.kind for family in families}
     smooth_best = min(
-        (c["metrics"]["mae_w"] for c in candidates if kind[c["family"]] == "smooth"),
+        (c["metrics"]["mae_w"] for c in candidates if kind[c["family"]] != "flexible"),
         default=math.inf,
     )
 
@@ -238,7 +286,8 @@ def choose_model(
 ) -> tuple[object | None, dict | None, list[dict], dict]:
     """Fit every family, pick the best monotonic one. Returns (model, choice, candidates, check).
 
-    `model` is None when no family passes the monotonicity check.
+    `model` is None when no family passes the checks; `candidates` then says why for each (a
+    family that could not be fitted at all is listed with `skipped` and the reason).
     """
     names = list(settings.families) + [n for n in extra_families if n not in settings.families]
     families = resolve_families(names)
@@ -262,7 +311,13 @@ def choose_model(
             rng = np.random.default_rng(settings.seed)
             pick = rng.choice(len(train), settings.flexible_max_rows, replace=False)
             fit_rows = train.take(np.sort(pick))
-        model = fit_family(family, fit_rows.features, fit_rows.power_w, settings.seed)
+        try:
+            model = fit_family(
+                family, fit_rows.features, fit_rows.power_w, settings.seed, settings.shape_prior
+            )
+        except (CurveNotIdentifiable, np.linalg.LinAlgError) as exc:
+            skipped.append({"family": family.name, "skipped": str(exc)})
+            continue
         predicted_w = model.predict(test.features)
         check = monotonic_verdict(model, typical, settings.monotonic_tolerance_w, thermal)
         check["extender_probe"] = extender_probe_verdict(model, thermal, train.node)
@@ -279,7 +334,7 @@ def choose_model(
             }
         )
     if not candidates:
-        raise FitError(f"{train.node}: no model family applies: {skipped[0]['skipped']}")
+        return None, None, skipped, {}
     ranked = rank_candidates(candidates, families)
     for candidate in ranked:
         if candidate["monotonic"] != "pass":
@@ -303,12 +358,19 @@ def _public(candidates: list[dict]) -> list[dict]:
 
 
 def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
-    """Why `choose_model` found no model: every family dips, or the ones that don't are large."""
+    """Why `choose_model` found no model, in words: what each family ran into."""
     if any(c.get("over_max_model_bytes") for c in candidates):
         return (
             "no family passed the monotonicity check with an ONNX within --max-model-bytes "
             f"{settings.max_model_bytes}"
         )
+    fitted = [c for c in candidates if "skipped" not in c]
+    if not fitted:
+        reasons = dict.fromkeys(c["skipped"] for c in candidates)  # unique, in order
+        return "no family could be fitted: " + "; ".join(reasons)
+    refused = [c for c in fitted if c.get("extender_probe", "pass") != "pass"]
+    if refused:
+        return f"the extender would refuse every family's model: {refused[0]['extender_probe']}"
     return "no family passed the monotonicity check"
 
 
@@ -319,7 +381,7 @@ def choose_model_or_last_resort(
     extra_families: Sequence[str] = (),
     thermal: Mapping[str, float] | None = None,
 ) -> tuple[object | None, dict | None, list[dict], dict]:
-    """`choose_model` over the smooth families, then over the last-resort ones if none passed.
+    """`choose_model` over the families, then over the last-resort ones if none passed.
 
     The candidates list holds both rounds; the check is the passing model's, else the first's.
     """
@@ -327,15 +389,11 @@ def choose_model_or_last_resort(
     last_resort = [f for f in settings.last_resort_families if f not in settings.families]
     if model is not None or not last_resort:
         return model, choice, candidates, check
-    try:
-        model, choice, more_candidates, last_check = choose_model(
-            train, test, replace(settings, families=tuple(last_resort)), thermal=thermal
-        )
-    except FitError as exc:  # e.g. trees ruled out by a gap in utilisation
-        more_candidates = [{"family": ",".join(last_resort), "skipped": str(exc)}]
-    else:
-        if model is not None:
-            check = last_check
+    model, choice, more_candidates, last_check = choose_model(
+        train, test, replace(settings, families=tuple(last_resort)), thermal=thermal
+    )
+    if model is not None or not check:
+        check = last_check
     return model, choice, candidates + more_candidates, check
 
 
@@ -343,18 +401,30 @@ def choose_model_or_last_resort(
 
 
 def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
-    """Everything one node needs: split, fit, choose, check, convert, parity. Runs in a worker."""
+    """Everything one node needs: split, fit, choose, check, convert, parity. Runs in a worker.
+
+    A node that gets no model of its own comes back with `fallback_reason` (in words) and its
+    rows, for the fleet stage to scale the fallback to.
+    """
     n_rows = len(rows)
     power_range_w = [round(float(rows.power_w.min()), 2), round(float(rows.power_w.max()), 2)]
+    util = rows.features[:, FEATURES.index(CPU_UTIL)]
     if n_rows < max(settings.min_rows, 2):
+        # Too few rows for a model of its own; the fallback is scaled to the older rows and
+        # judged on the newest, like every model (a single row is both).
+        start = heldout_start_index(n_rows, settings.test_fraction) if n_rows > 1 else 1
+        older = rows.take(slice(0, start))
+        newest = rows.take(slice(start, None)) if n_rows > 1 else rows
         return FitOutcome(
             node=rows.node,
-            rows_train=0,
-            rows_test=n_rows,
+            rows_train=len(older) if n_rows > 1 else 0,
+            rows_test=len(newest),
             fallback_reason=f"{n_rows} clean rows < --min-rows {settings.min_rows}",
             thermal=node_thermal(rows),
             power_range_w=power_range_w,
-            eval_rows=rows,
+            eval_rows=newest,
+            rows=older,
+            max_util_measured=max_util_measured(util),
         )
     start = heldout_start_index(n_rows, settings.test_fraction)
     train, test = rows.take(slice(0, start)), rows.take(slice(start, None))
@@ -366,6 +436,7 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
         power_range_w=power_range_w,
         train_window=[rfc3339(train.time_s[0]), rfc3339(train.time_s[-1])],
         test_window=[rfc3339(test.time_s[0]), rfc3339(test.time_s[-1])],
+        max_util_measured=max_util_measured(train.features[:, FEATURES.index(CPU_UTIL)]),
     )
     line = IdleToMaxLine.from_train(train.features[:, 0], train.power_w)
     outcome.baseline = {
@@ -373,16 +444,31 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
         "idle_w": round(line.idle_w, 2),
         "max_w": round(line.max_w, 2),
     }
+    low_u, high_u = util_span(train.features[:, FEATURES.index(CPU_UTIL)])
+    if high_u - low_u < settings.min_util_span:
+        outcome.fallback_reason = (
+            f"its utilisation stayed between {low_u:.2f} and {high_u:.2f} in 96 % of its "
+            f"training rows (a span under {settings.min_util_span}): how its power grows with "
+            "load cannot be seen from that"
+        )
+        outcome.eval_rows, outcome.rows = test, train
+        return outcome
     model, choice, outcome.candidates, outcome.monotonic = choose_model_or_last_resort(
         train, test, settings, thermal=outcome.thermal
     )
     if model is None:
         outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
-        outcome.eval_rows = test
+        outcome.eval_rows, outcome.rows = test, train
         return outcome
     outcome.family = choice["family"]
     outcome.metrics = choice["metrics"]
     outcome.onnx = choice.pop("onnx", None) or model_to_onnx(model, rows.features.shape[1])
     outcome.parity = check_parity(rows.node, model, outcome.onnx, test.features)
     outcome.heldout = (test.time_s, test.power_w, np.asarray(model.predict(test.features)))
+    outcome.steady_curve_w = steady_curve_w(
+        model, np.median(train.features, axis=0), outcome.thermal
+    )
+    if isinstance(model, MonoShapeRegressor) and model.details_ is not None:
+        shown = model.details_.observed_grid
+        outcome.loads_shown_pct = [10 * i for i, seen in enumerate(shown) if seen]
     return outcome

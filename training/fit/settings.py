@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from livedata.metrics_table import CPU1_TEMP_C, CPU2_TEMP_C
 from training.families import DEFAULT_FAMILIES, LAST_RESORT_FAMILIES
+from training.shape_prior import ShapePrior
 
 # A one-socket node's empty CPU2 temperature takes CPU1's, in training as in the predictor
 # (the manifest's `feature_fill`).
@@ -29,7 +30,11 @@ FLEXIBLE_MAX_ROWS = 8_000
 # Trees predict a constant across a stretch of utilisation with no rows (a node that is either
 # idle or busy), where a smooth curve interpolates; wider gaps than this rule trees out.
 FLEXIBLE_MAX_UTIL_GAP = 0.05
-FALLBACK_MAX_ROWS = 40_000  # pooled rows the fleet fallback trains on (subsampled per node)
+FALLBACK_MAX_ROWS = 40_000  # pooled held-out rows the fleet fallback is judged on (per node)
+# A node whose utilisation spans less than this (2nd to 98th percentile) has shown one load
+# only: no family can tell how its power grows from that (a smooth one would come out flat, and
+# pods would look free there). It gets the fleet's shape scaled to its power instead.
+MIN_UTIL_SPAN = 0.05
 
 
 class FitError(RuntimeError):
@@ -50,6 +55,11 @@ class FitSettings:
     fallback_max_rows: int = FALLBACK_MAX_ROWS
     flexible_max_rows: int = FLEXIBLE_MAX_ROWS
     flexible_max_util_gap: float = FLEXIBLE_MAX_UTIL_GAP
+    min_util_span: float = MIN_UTIL_SPAN
+    # The population shape prior of `monoshape` (None: the one shipped with the package,
+    # learned from every server in training/data/specpower_shapes.csv). Benchmarks pass one
+    # learned from part of the sample, to score on servers it has not seen.
+    shape_prior: ShapePrior | None = None
 
 
 DEFAULT_SETTINGS = FitSettings()

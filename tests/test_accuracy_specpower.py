@@ -1,0 +1,43 @@
+"""bench.accuracy_specpower's committed split and a short run of the bench itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import accuracy_specpower
+from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV, draw_split, read_split
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / DEFAULT_CSV
+
+
+def test_no_processor_model_is_on_both_sides_of_the_split() -> None:
+    split = read_split(SPLIT_CSV)
+    sides = split.groupby("processor_model")["split"].nunique()
+    assert (sides == 1).all()
+    counts = split["split"].value_counts()
+    assert counts["eval"] == round(len(split) / 3) and counts["prior"] == len(split) - 39
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
+def test_the_committed_split_is_what_the_rule_draws_from_the_sample() -> None:
+    drawn = draw_split(pd.read_csv(SAMPLE))
+    pd.testing.assert_frame_equal(drawn.reset_index(drop=True), read_split(SPLIT_CSV))
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
+def test_the_bench_scores_every_held_out_server(monkeypatch, capsys) -> None:
+    monkeypatch.chdir(REPO)
+    code = accuracy_specpower.main(
+        ["--sampling", "levels,lowload", "--hours", "48", "--jobs", "1", "--quiet"]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "39 scored" in out and "learned from the other 77" in out
+    assert "scored at 10, 30, 50, 70, 90 %" in out and "scored at 60, 70, 80, 90, 100 %" in out
+    assert "line through idle and 50 %, extended" in out
+    assert out.count("on the fleet fallback: 0") == 2
+    assert "| levels | tight |" in out and "| lowload | tight |" in out

@@ -1,0 +1,183 @@
+"""What real servers' power curves look like: a population shape prior learned from SPECpower.
+
+Server power curves share a few shapes (a steep first 10 % of load, then nearly straight, often a
+last turbo step), and a node's telemetry rarely shows all of its curve: load held at a few
+levels, mostly idle, never above half. `training.monoshape` fits each node's curve with this
+prior filling what its data does not show; the fleet fallback scales its mean shape to a node's
+power. Everything here works on curves tabulated at `GRID_UTIL` (0, 10 %, ..., 100 % load, as
+SPECpower_ssj2008 measures them), as *shapes*: a curve minus its idle power, divided by its
+dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative and sum to 1.
+
+- a Gaussian over the increments: their mean (`mean_increments`) and the leading principal
+  components of their spread plus an isotropic rest (`precision`). `shape_precision(mean)`
+  turns it into a penalty on the *shape* alone: its null space is the mean itself, so the
+  penalty never pulls a node's watts, only how they are shared between deciles;
+- the servers' own shapes (`bank_shapes`), for a local prior mean: the shapes of servers that
+  looked like this node where it has data, weighted by how alike they are
+  (`local_mean_increments`): above a node's highest load this is the extrapolation;
+- how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
+  fallback of a node with too few rows to fit: log D = a + b log idle.
+
+`default_shape_prior()` learns it from the curves shipped with the package
+(`training/data/specpower_shapes.csv`, 116 servers), once per process. Benchmarks learn one from
+a subset (`from_shapes_table`) to measure on servers the prior never saw.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from io import StringIO
+
+import numpy as np
+import pandas as pd
+
+SHAPES_FILE = "specpower_shapes.csv"
+SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
+GRID_UTIL = np.linspace(0.0, 1.0, 11)
+GRID_UTIL.flags.writeable = False
+N_DECILES = 10
+
+# Principal components kept for the shape Gaussian; the rest of the spread is isotropic. Chosen
+# by leave-one-out on SPECpower curves (research for issue 14): 3 explain most of the spread,
+# more chase individual servers.
+DEFAULT_COMPONENTS = 3
+# Kernel width of the local prior mean, in normalised-shape units over the compared points,
+# and the weight of a difference in log watts at the highest observed point (servers of a
+# similar size extrapolate alike). Chosen by leave-one-out on the prior servers only.
+LOCAL_BANDWIDTH = 0.02
+LOCAL_LOG_WATTS_WEIGHT = 0.002
+
+
+def load_shapes_table() -> pd.DataFrame:
+    """The SPECpower curve shapes shipped with the package (one row per real server)."""
+    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
+    return pd.read_csv(StringIO(text), comment="#")
+
+
+def normalised_shapes(curves_w: np.ndarray) -> np.ndarray:
+    """[m, 11] watts -> [m, 11] shapes running from 0 at idle to 1 at full load."""
+    curves_w = np.asarray(curves_w, dtype=np.float64)
+    dynamic_w = curves_w[:, -1:] - curves_w[:, :1]
+    return (curves_w - curves_w[:, :1]) / dynamic_w
+
+
+@dataclass(frozen=True, eq=False)
+class ShapePrior:
+    """A population of server power curves, condensed for fitting one node against it."""
+
+    mean_increments: np.ndarray  # [10] mean share of the dynamic range per decile (sums to 1)
+    precision: np.ndarray  # [10, 10] inverse covariance of the increments
+    bank_shapes: np.ndarray  # [m, 11] each server's normalised shape
+    bank_watts: np.ndarray  # [m, 11] each server's curve in watts
+    dynamic_from_idle: tuple[float, float]  # (a, b): log D = a + b log idle, least squares
+
+    @classmethod
+    def from_curves(cls, curves_w: np.ndarray, components: int = DEFAULT_COMPONENTS) -> ShapePrior:
+        """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3)."""
+        curves_w = np.asarray(curves_w, dtype=np.float64)
+        if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
+            raise ValueError(
+                f"a shape prior needs at least 3 curves of {len(GRID_UTIL)} points, "
+                f"got an array of shape {curves_w.shape}"
+            )
+        if not (np.diff(curves_w, axis=1) >= 0).all() or not (curves_w[:, 0] > 0).all():
+            raise ValueError("every curve of a shape prior must be positive and non-decreasing")
+        shapes = normalised_shapes(curves_w)
+        increments = np.diff(shapes, axis=1)
+        mean = increments.mean(axis=0)
+        spread = increments - mean
+        covariance = spread.T @ spread / max(1, len(increments) - 1)
+        eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+        eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
+        # Increments sum to 1, so the covariance has rank 9 at most: the rest of the spread
+        # is the mean of eigenvalues components..8, spread evenly over all directions.
+        kept = min(components, N_DECILES - 2)
+        rest = float(np.mean(np.maximum(eigenvalues[kept : N_DECILES - 1], 1e-12)))
+        model_covariance = (eigenvectors[:, :kept] * eigenvalues[:kept]) @ eigenvectors[
+            :, :kept
+        ].T + rest * np.eye(N_DECILES)
+        log_idle = np.log(curves_w[:, 0])
+        log_dynamic = np.log(curves_w[:, -1] - curves_w[:, 0])
+        slope, intercept = np.polyfit(log_idle, log_dynamic, 1)
+        return cls(
+            mean_increments=mean / mean.sum(),
+            precision=np.linalg.inv(model_covariance),
+            bank_shapes=shapes,
+            bank_watts=curves_w,
+            dynamic_from_idle=(float(intercept), float(slope)),
+        )
+
+    @classmethod
+    def from_shapes_table(
+        cls, table: pd.DataFrame, components: int = DEFAULT_COMPONENTS
+    ) -> ShapePrior:
+        """Learn the prior from rows of the shipped table's format (`watts_max`, `share_*`)."""
+        missing = [c for c in ("watts_max", *SHARE_COLUMNS) if c not in table.columns]
+        if missing:
+            raise ValueError(f"shape table lacks the columns {', '.join(missing)}")
+        curves_w = (
+            table[list(SHARE_COLUMNS)].to_numpy(np.float64)
+            * table["watts_max"].to_numpy(np.float64)[:, None]
+        )
+        return cls.from_curves(curves_w, components)
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.bank_shapes)
+
+    def mean_shape(self) -> np.ndarray:
+        """The mean normalised shape at `GRID_UTIL`: 0 at idle, 1 at full load."""
+        return np.concatenate([[0.0], np.cumsum(self.mean_increments)])
+
+    def shape_precision(self, mean_increments: np.ndarray) -> np.ndarray:
+        """Penalty matrix on normalised increments v around `mean_increments`, scale left free.
+
+        `Q - Q m m' Q / (m' Q m)`: the Gaussian's precision with the direction of the mean
+        projected out, so `v' Qs v` is the same for v and any multiple of it. Applied to a
+        node's increments divided by its dynamic range, it judges only the shape.
+        """
+        q = self.precision
+        qm = q @ mean_increments
+        shape_q = q - np.outer(qm, qm) / float(mean_increments @ qm)
+        return 0.5 * (shape_q + shape_q.T)
+
+    def local_mean_increments(
+        self, curve_w: np.ndarray, top: int, observed: np.ndarray
+    ) -> np.ndarray:
+        """Mean increments of the servers whose shape up to grid point `top` looks like this one.
+
+        `curve_w` is the node's fitted steady-state curve at grid points 0..top (watts),
+        `observed` marks the grid points its data showed. Both the node's curve and each
+        server's are normalised by their rise from idle to point `top`, compared at the observed
+        points between, and weighted by a Gaussian kernel (plus a little weight on how alike
+        their watts at `top` are). Above `top` the result is what such servers did next.
+        """
+        if top < 2:
+            return self.mean_increments
+        node = (curve_w[: top + 1] - curve_w[0]) / max(curve_w[top] - curve_w[0], 1e-6)
+        bank = self.bank_shapes[:, : top + 1]
+        bank = (bank - bank[:, :1]) / (bank[:, top : top + 1] - bank[:, :1])
+        inner = [j for j in range(1, top) if observed[j]] or list(range(1, top))
+        # mean squared distance scaled to ~4 compared points, so the bandwidth means the same
+        # whatever the number of points a node has shown
+        distance2 = ((bank[:, inner] - node[inner]) ** 2).sum(axis=1) / len(inner) * 4
+        distance2 += (
+            LOCAL_LOG_WATTS_WEIGHT
+            * (np.log(self.bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
+        )
+        weights = np.exp(-0.5 * (distance2 - distance2.min()) / LOCAL_BANDWIDTH**2)
+        increments = (weights / weights.sum()) @ np.diff(self.bank_shapes, axis=1)
+        return increments / increments.sum()
+
+    def dynamic_w_from_idle(self, idle_w: float) -> float:
+        """The typical dynamic range `P(1) - P(0)` of a server idling at `idle_w` watts."""
+        intercept, slope = self.dynamic_from_idle
+        return float(np.exp(intercept + slope * np.log(max(idle_w, 1.0))))
+
+
+@functools.cache
+def default_shape_prior() -> ShapePrior:
+    """The prior learned from every server shipped in `training/data/specpower_shapes.csv`."""
+    return ShapePrior.from_shapes_table(load_shapes_table())
