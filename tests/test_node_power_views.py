@@ -24,6 +24,7 @@ from controllers.node_power.views import (
     unmanaged_reason,
 )
 from livedata.collect_config import CollectConfig
+from livedata.instant import read_instant
 from livedata.labels import (
     POWER_MANAGEMENT_DISABLED_ANNOTATION,
     POWER_STATE_ANNOTATION,
@@ -32,7 +33,7 @@ from livedata.labels import (
     SCALE_DOWN_DISABLED_ANNOTATION,
 )
 from tests.support.bundles import PowerCurveSpec, make_bundle
-from tests.support.exporters import two_nodes
+from tests.support.exporters import two_nodes, wait_until
 from tests.support.power_cluster import budget, node, pod, stamp
 from tests.support.prometheus import require_prometheus, start_prometheus
 
@@ -260,17 +261,27 @@ def test_idle_watts_at_current_temperatures_from_prometheus(tmp_path: Path) -> N
         ),
     }
     make_bundle(tmp_path / "bundle", curves)
-    with two_nodes() as (node_a, node_b):
+    with two_nodes() as (node_a, _node_b):
         # Idle: the CPU reads exactly as hot as it is at u = 0 (a measured rate is never
         # exact, and the slope would carry its error into the expected watts).
         node_a.host.cpu_util = 0.0
-        prom = start_prometheus(tmp_path / "prom", scrape_targets=[node_a.target, node_b.target])
+        # node-a only: node-b has no uname and shares node-a's host, so without an
+        # instance mapping its series would be read as node-a's.
+        prom = start_prometheus(tmp_path / "prom", scrape_targets=[node_a.target])
         try:
             prom.wait_for(
                 f'count_over_time(node_cpu_seconds_total{{instance="{node_a.target}",'
                 f'mode="idle",cpu="0"}}[10s]) >= 8'
             )
             config = CollectConfig(url=prom.url, cpu_rate_window="5s")
+
+            def idle_rate_settled() -> bool:
+                # Scrapes that come late under load skew the first rate windows.
+                readings = {r.node: r for r in read_instant(config)}
+                reading = readings.get("node-a")
+                return reading is not None and reading.values.get("cpu_util", 1.0) < 0.01
+
+            wait_until(idle_rate_settled, "node-a's measured CPU rate to settle at idle")
             idle = IdlePower(tmp_path / "bundle", prometheus=config)
             idle.refresh()
             watts = idle.idle_w(["node-a", "node-c"])

@@ -173,9 +173,12 @@ def test_from_a_live_cluster_nodes_from_the_api_telemetry_from_prometheus(tmp_pa
             def settled() -> bool:  # the first rate windows still hold the exporters' start
                 nodes.clear()
                 nodes.update((n.info.name, n) for n in nodes_from_cluster(collect, api))
-                return abs(nodes["node-a"].telemetry.get("cpu_util", -1.0) - 0.25) < 0.02
+                return (
+                    abs(nodes["node-a"].telemetry.get("cpu_util", -1.0) - 0.25) < 0.02
+                    and abs(nodes["node-b"].telemetry.get("cpu_util", -1.0) - 0.6) < 0.02
+                )
 
-            wait_until(settled, "node-a's CPU rate to settle at the exporter's 25 %")
+            wait_until(settled, "the nodes' CPU rates to settle at the exporters' 25 % and 60 %")
     assert set(nodes) == {"node-a", "node-b", "node-c"}
     a = nodes["node-a"]
     assert a.info.allocatable_cpu == 7.5
