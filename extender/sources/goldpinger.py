@@ -200,12 +200,10 @@ def describe_unmapped(peer: PeerRtt, resolver: NodeResolver) -> str:
     """Why one series maps to no node, in words for a log line."""
     problems = []
     if resolver.caller(peer.instance) is None:
-        problems.append(
-            f"{INSTANCE_LABEL}={peer.instance!r} is neither a node nor a running pod's name"
-        )
+        problems.append("the instance is neither a node nor a running pod's name")
     if resolver.callee(peer.host_ip, peer.pod_ip) is None:
-        problems.append(
-            f"{HOST_IP_LABEL}={peer.host_ip!r} / {POD_IP_LABEL}={peer.pod_ip!r} match no node "
-            "address and no running pod"
-        )
-    return "; ".join(problems)
+        problems.append("its IPs match no node address and no running pod")
+    return (
+        f"{INSTANCE_LABEL}={peer.instance!r} -> {HOST_IP_LABEL}={peer.host_ip!r} "
+        f"{POD_IP_LABEL}={peer.pod_ip!r}: {' and '.join(problems)}"
+    )

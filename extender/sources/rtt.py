@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 METRIC_PREFIX = "power_aware_extender_delay"
 UNMAPPED_EXAMPLES = 3
+STARTUP_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,16 @@ class RttSource:
             thread.join(timeout=max(timeout_s, self.settings.timeout_s + 1.0))
 
     def _run(self) -> None:
-        interval_s = self.settings.refresh_interval_s
-        while not self._stop.wait(interval_s):
+        while not self._stop.wait(self._next_wait_s()):
             self.refresh()
+
+    def _next_wait_s(self) -> float:
+        # At start-up the Kubernetes watch may not have listed nodes and pods yet, so the first
+        # reads map nothing: retry sooner until Goldpinger's links map to nodes.
+        interval_s = self.settings.refresh_interval_s
+        if self._prometheus is not None and self.last_links == 0:
+            return min(interval_s, STARTUP_RETRY_S)
+        return interval_s
 
     # ---- one refresh ----------------------------------------------------------------------
 
@@ -210,7 +218,10 @@ class RttSource:
         )
 
     def _note_unmapped(self, unmapped: list, resolver: NodeResolver) -> None:
-        examples = [describe_unmapped(peer, resolver) for peer in unmapped[:UNMAPPED_EXAMPLES]]
+        # Examples from different callers first: one gone node explains many series.
+        by_caller = {peer.instance: peer for peer in reversed(unmapped)}
+        chosen = list(dict.fromkeys([*by_caller.values(), *unmapped]))[:UNMAPPED_EXAMPLES]
+        examples = [describe_unmapped(peer, resolver) for peer in chosen]
         if len(unmapped) != self.unmapped_series and unmapped:
             log.warning(
                 "%d Goldpinger series map to no node and are left out, e.g. %s",

@@ -72,7 +72,7 @@ def goldpinger_openmetrics(
     ping_interval_s: float = 30.0,
     jitter: float = 0.08,
     loss: Callable[[str, str], float] = lambda a, b: 0.0,
-    instance: str = "node",
+    instance: Callable[[GoldpingerPod], str] = lambda pod: pod.node,
     extra_calls: Sequence[tuple[str, str, str, float]] = (),
     seed: int = 0,
 ) -> str:
@@ -80,9 +80,9 @@ def goldpinger_openmetrics(
 
     `rtt_ms(caller_node, callee_node)` is the link's typical call time; each call takes that
     times a log-normal jitter, or the ping timeout with probability `loss(a, b)`. `instance`
-    says what `goldpinger_instance` holds: "node" (the chart's HOSTNAME) or "pod" (the pod's
-    own hostname). `extra_calls` are (caller pod, callee pod, call_type, seconds) series of
-    other call types (a user's `check` from the UI), one call per ping interval.
+    gives a caller's `goldpinger_instance`: by default its node (the chart's HOSTNAME), or its
+    pod name (HOSTNAME unset). `extra_calls` are (caller pod, callee pod, call_type, seconds)
+    series of other call types (a user's `check` from the UI), one call per ping interval.
     """
     rng = np.random.default_rng(seed)
     scrapes = np.arange(start_s, end_s + 1e-9, scrape_interval_s)
@@ -116,7 +116,7 @@ def goldpinger_openmetrics(
     lines = [f"# HELP {FAMILY} {HELP}\n", f"# TYPE {FAMILY} histogram\n"]
     for caller, callee, call_type, calls in series:
         labels = {
-            "goldpinger_instance": caller.node if instance == "node" else caller.name,
+            "goldpinger_instance": instance(caller),
             "call_type": call_type,
             "host_ip": callee.host_ip,
             "pod_ip": callee.pod_ip,
