@@ -7,6 +7,7 @@ fake API server, and `/explain` is read over HTTP from the whole service with an
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from extender.plugins.delay import DelayPlugin, delay_constraints
 from extender.pods import PODS_SIGNAL, PodIndex, PodPlacement
@@ -25,6 +27,7 @@ from extender.sources.kube_watch import ClusterWatcher
 from extender.sources.rtt_file import RttFileError
 from extender.state import ClusterState, NodeInfo
 from tests.support.fake_kube import FakeKube
+from tests.support.manifests import find_object
 from tests.support.server import REPO_ROOT, extender_service, write_snapshot
 
 NOW_S = 10_000.0
@@ -414,3 +417,22 @@ def test_without_any_rtt_source_the_service_says_what_to_configure(tmp_path: Pat
                          config_file=config),
     ):  # fmt: skip
         pass
+
+
+def test_the_shipped_profile_s_commented_delay_block_enables_when_uncommented() -> None:
+    configmap = find_object("ConfigMap", "power-extender-config", "power-aware-scheduler")
+    text = re.sub(r"^(\s*)# ", r"\1", configmap["data"]["profile.yaml"], flags=re.MULTILINE)
+    enabled = build_profile(yaml.safe_load(text))
+    assert [p.name for p in enabled.filters] == ["EnergyLevel", "PowerCap", "Delay"]
+    assert enabled.weights == {
+        "PowerIncrease": 0.6, "EnergyLevel": 0.4, "Delay": 0.0, "CloudPreference": 0.2,
+    }  # fmt: skip
+    delay = enabled.plugin("Delay")
+    assert delay.args.rtt_file == "/etc/power-aware-scheduler-rtt/rtt.yaml"
+    deployment = find_object("Deployment", "power-extender", "power-aware-scheduler")
+    mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "rtt",
+        "mountPath": "/etc/power-aware-scheduler-rtt",
+        "readOnly": True,
+    } in mounts
