@@ -258,11 +258,11 @@ class DelayPlugin(Plugin):
         failed: dict[int, str] = {}
         for check in checks:
             failing = ~check.passes
-            if not failing.any():
-                continue
-            for i in np.flatnonzero(failing).tolist():
-                if i not in failed:
-                    failed[i] = self._reason(check, i)
+            if failed:
+                failing[list(failed)] = False  # a node's reason is its first failed constraint
+            positions = np.flatnonzero(failing).tolist()
+            if positions:
+                failed.update(zip(positions, self._reasons(check, positions), strict=True))
         return FilterVerdict(failed, frozenset(failed))
 
     def score(self, cycle: Cycle) -> np.ndarray:
@@ -422,6 +422,24 @@ class DelayPlugin(Plugin):
                 problem=f"no node named {origin} and no running pod named {origin}* {where}",
             )
         return Origin(origin, nodes, pods=len(matching))
+
+    def _reasons(self, check: ConstraintCheck, positions: list[int]) -> list[str]:
+        """`_reason` for many candidates; the common case (a node origin whose RTT is known and
+        too long) is formatted in one pass, since a constrained pod can fail thousands of nodes.
+        """
+        constraint, origin = check.constraint, check.origin
+        if constraint.problem is not None or origin is None or origin.problem is not None:
+            return [self._reason(check, positions[0])] * len(positions)
+        index = np.asarray(positions, dtype=np.intp)
+        if origin.pods or check.unknown[index].any():
+            return [self._reason(check, i) for i in positions]
+        head, name = constraint.describe, origin.name
+        return [
+            f"{head}: RTT to {name} is {rtt:.1f} ms (measured {age:.0f} s ago)"
+            for rtt, age in zip(
+                check.rtt_ms[index].tolist(), check.age_s[index].tolist(), strict=True
+            )
+        ]
 
     def _reason(self, check: ConstraintCheck, i: int) -> str:
         """Why candidate `i` fails this constraint, in the words kube-scheduler will show."""
