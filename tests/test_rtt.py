@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from extender.rtt import RttLink, RttMatrix
+from extender.rtt import RTT_SIGNAL, RttLink, RttMatrix
 from extender.sources.goldpinger import histogram_quantile
+from extender.sources.rtt import RttSource, RttSourceSettings
 from extender.sources.rtt_file import RttFileError, read_rtt_file
+from extender.state import ClusterState
 
 
 def matrix(*links: RttLink, static: tuple[RttLink, ...] = (), at_s: float = 1000.0) -> RttMatrix:
@@ -174,3 +176,32 @@ def test_a_bad_file_is_refused_naming_the_place(tmp_path: Path, text: str, messa
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(RttFileError, match="cannot read the RTT file"):
         read_rtt_file(tmp_path / "nope.yaml")
+
+
+# ---- the background source with a file --------------------------------------------------------
+
+
+def test_the_file_is_read_again_when_it_changes_and_a_bad_change_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "rtt.yaml", "links:\n  - {from: a, to: b, rttMs: 4}\n")
+    os.utime(path, (1_000, 1_000))
+    state = ClusterState()
+    source = RttSource(RttSourceSettings(rtt_file=path), state, clock=lambda: 5_000.0)
+    first = source.refresh()
+    assert state.view(5_000.0).signal(RTT_SIGNAL) is first
+    assert rtt_between(first, "a", "b", 5_000.0) == (4.0, True)
+
+    write(path, "links:\n  - {from: a, to: b, rttMs: 9}\n")
+    os.utime(path, (2_000, 2_000))
+    assert rtt_between(source.refresh(), "a", "b", 5_000.0) == (9.0, True)
+
+    write(path, "links:\n  - {from: a, to: b, rttMs: nine}\n")
+    os.utime(path, (3_000, 3_000))
+    kept = source.refresh()
+    assert rtt_between(kept, "a", "b", 5_000.0) == (9.0, True)
+    status = source.status()["rtt_file"]
+    assert status["errors_total"] == 1 and "'nine' is not a number" in status["last_error"]
+    assert status["modified_at_s"] == 2_000  # still the file that was accepted
+    source.refresh()  # the same bad file again: refused once, not counted again
+    assert source.status()["rtt_file"]["errors_total"] == 1

@@ -104,6 +104,7 @@ class RttSource:
         self._measured: dict[tuple[str, str], RttLink] = {}
         self._static: list[RttLink] = []
         self._file_mtime_s: float | None = None
+        self._refused_mtime_s: float | None = None
         self.matrix: RttMatrix | None = None
         # Counters and health, for /status and /metrics.
         self.polls_total = 0
@@ -248,11 +249,12 @@ class RttSource:
         path = self.settings.rtt_file
         assert path is not None
         mtime_s = _mtime_s(path)
-        if mtime_s == self._file_mtime_s:
-            return
+        if mtime_s in (self._file_mtime_s, self._refused_mtime_s):
+            return  # unchanged, or the same bad file as last time
         try:
             links = read_rtt_file(path)
         except RttFileError as error:
+            self._refused_mtime_s = mtime_s
             self.file_errors_total += 1
             if self._file_errors_counter is not None:
                 self._file_errors_counter.inc()
