@@ -26,8 +26,12 @@ counts the pods placed in violation, for every policy. `kpis` add the constraine
 left unplaced, and the share of unconstrained pods that went to the cloud.
 
 Policies registered here: `delay-only` (kube-scheduler's default scoring plus our extender with
-the Delay filter alone: the seed's constraint without power awareness) and `power-aware+delay`
-(our default scoring plus the Delay filter, delay score weight 0 as shipped).
+the Delay filter alone: the seed's constraint without power awareness), `power-aware+delay`
+(our default scoring plus the Delay filter with its shipped settings, delay score weight 0),
+`power-aware+delay-p90` (the same judging links by their p90), and the reference
+`cheapest+delay` (the node whose true curve adds the fewest watts among those whose typical RTT
+meets the limit: what the constraints cost any placement). `--delay-share` sets the share of
+constrained pods.
 """
 
 from __future__ import annotations
