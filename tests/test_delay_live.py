@@ -1,12 +1,12 @@
 """RTTs from Goldpinger through a real Prometheus, nodes and pods from the fake Kubernetes API.
 
 The world: four nodes in two edge sites and a cloud, each running a Goldpinger pod, plus the
-series of a Goldpinger pod on a node that has left the cluster. Half an hour of Goldpinger's
+series of a Goldpinger pod on a node that has left the cluster. An hour of Goldpinger's
 histograms, shaped as a real deployment scraped by a ServiceMonitor leaves them
-(`tests.support.goldpinger`), are backfilled with promtool, ending moments before the test
-starts. The Node and Pod watch (`ClusterWatcher`) runs against the fake API server; the RTT
-source reads Prometheus over HTTP; the live service is wired as `python -m extender
---prometheus --kubeconfig --config` wires it.
+(`tests.support.goldpinger`), are backfilled with promtool, from half an hour before the tests
+start to half an hour after. The Node and Pod watch (`ClusterWatcher`) runs against the fake
+API server; the RTT source reads Prometheus over HTTP; the live service is wired as `python -m
+extender --prometheus --kubeconfig --config` wires it.
 """
 
 from __future__ import annotations
@@ -73,18 +73,21 @@ class World:
     prometheus: PrometheusServer
     kube: FakeKube
     kubeconfig: Path
-    end_s: float  # the last backfilled scrape
+    end_s: float  # the last backfilled scrape (in the future: see the fixture)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("delay-live")
-    end_s = float(int(time.time()) - 5)
+    # The series run from half an hour ago to half an hour ahead: the live service reads them
+    # at its own clock, however long the tests before it take (the others read at `end_s`).
+    now_s = float(int(time.time()))
+    end_s = now_s + 1800.0
     # edge-2a's Goldpinger runs without HOSTNAME: its instance label is its pod name.
     text = goldpinger_openmetrics(
         PODS,
         base_rtt_ms,
-        start_s=end_s - 1800.0,
+        start_s=now_s - 1800.0,
         end_s=end_s,
         scrape_interval_s=SCRAPE_S,
         loss=lambda a, b: 0.3 if frozenset({a, b}) == LOSSY else 0.0,
