@@ -68,7 +68,7 @@ from pathlib import Path
 from bench.sim import presets as _presets  # noqa: F401  (registers every preset)
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
-from bench.sim.runner import POLICIES, extender_policy, run_policy
+from bench.sim.runner import POLICIES, PolicyNotApplicable, extender_policy, run_policy
 from bench.sim.scenario import (
     PRESETS,
     BenchSettings,
@@ -320,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CSV pod trace instead of a generated one",
     )
+    workload.add_argument(
+        "--delay-share",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="edge preset: share of pods (0..1) carrying a delay_<node> limit "
+        f"(default {d.delay_share:g})",
+    )
     sim = parser.add_argument_group("simulation")
     sim.add_argument(
         "--tick",
@@ -422,6 +430,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "assumed_window": ("assumed_window_s", 1),
     "extender_weight": ("extender_weight", 1),
     "reschedule_every": ("reschedule_interval_s", 1),
+    "delay_share": ("delay_share", 1),
     "max_pending": ("max_pending_s", 1),
     "tail_hours": ("tail_s", 3600.0),
     "empty_node_power": ("empty_node_power_w", 1),
@@ -457,6 +466,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--nodes must be at least 1, got {settings.nodes}"
     if not 0 <= settings.battery_share <= 1:
         return f"--battery-share must be 0..1, got {settings.battery_share}"
+    if not 0 <= settings.delay_share <= 1:
+        return f"--delay-share must be 0..1, got {settings.delay_share}"
     if trace is None and not 0 < settings.load < 1:
         return f"--load must be between 0 and 1, got {settings.load}"
     for flag, value in (
@@ -523,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result, figures = run_policy(name, scenario, progress=progress)
         except BundleError as exc:
             return fail(f"{exc} (try another --seed or --history-hours)")
+        except PolicyNotApplicable as exc:
+            return fail(str(exc))
         figures["wall_s"] = round(time.perf_counter() - started, 1)
         results.append(result)
         extras[name] = figures
@@ -554,6 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_power(png, results, float(trace.end_s))
     rows = write_decisions(decisions_csv, results)
     print_table(results, report)
+    if preset.report is not None:
+        preset.report(scenario, results)
     cl = report["cluster"]
     print(
         f"cluster: {cl['nodes']} nodes, {cl['cores']:.0f} cores, idle {cl['idle_power_w']:.0f} W, "

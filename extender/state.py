@@ -45,12 +45,17 @@ MAX_DERIVED_PER_VIEW = 8
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One node as the scheduler sees it (allocatable CPU in cores, labels, annotations)."""
+    """One node as the scheduler sees it (allocatable CPU in cores, labels, annotations).
+
+    `addresses` are the node's `status.addresses` values (InternalIP, ExternalIP, Hostname),
+    for plugins that meet nodes by IP (the Delay plugin maps Goldpinger's `host_ip` through them).
+    """
 
     name: str
     allocatable_cpu: float
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    addresses: tuple[str, ...] = ()
 
 
 NodeValue = float | int | bool
@@ -508,6 +513,11 @@ class ClusterState:
     def node_names(self) -> list[str]:
         with self._lock:
             return list(self._nodes)
+
+    def node_infos(self) -> list[NodeInfo]:
+        """Every node's info (for background sources that need more than the view's arrays)."""
+        with self._lock:
+            return list(self._nodes.values())
 
     def assumed_pod_count(self) -> int:
         """Bindings currently held (live or not yet purged); for metrics and tests."""

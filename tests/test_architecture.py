@@ -17,15 +17,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 OURS = ("livedata", "training", "predictor", "extender", "controllers", "bench")
-EXTENDER_MODEL = {"state", "cycle", "protocol", "limits"}
+EXTENDER_MODEL = {"state", "cycle", "protocol", "limits", "pods", "rtt"}
 # Lower rooms first: an arrow may only point to a room listed before its importer.
 ORDER = (
     "livedata",
     "predictor",
     "training",
     "extender.model",
-    "extender.plugins",
     "extender.sources",
+    "extender.plugins",
     "extender.service",
     "controllers.energy_adapter",
     "controllers.node_power",

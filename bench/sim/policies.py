@@ -33,6 +33,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import numpy as np
@@ -306,12 +307,28 @@ class SimClock:
         return self.now_s
 
 
+class WorldFeed(Protocol):
+    """What a preset's world tells the extender beyond nodes and telemetry (`ExtenderPolicy`).
+
+    Pod labels go into each pod object sent (a constraint such as `delay_<from>`), node labels
+    into the Node watch's view, and `signals(now_s)` are published into the extender's state at
+    each telemetry round (what a plugin's background source would publish: RTTs, intensities).
+    """
+
+    def pod_labels(self, uid: str) -> Mapping[str, str]: ...
+
+    def node_labels(self, node: str) -> Mapping[str, str]: ...
+
+    def signals(self, now_s: float) -> Mapping[str, object]: ...
+
+
 class ExtenderPolicy(Policy):
     """kube-scheduler + our extender over HTTP; feeds the extender's state as the watches do.
 
     `clock` is the extender runtime's clock: it is moved to each decision's time, so assumed
     load expires in simulated time. With `hears_labels` False the Node watch's label changes
-    are not passed on (the extender sees every node as grid-powered).
+    are not passed on (the extender sees every node as grid-powered). A preset's `feed` adds
+    pod labels, node labels and state signals of its world.
     """
 
     def __init__(
@@ -329,8 +346,10 @@ class ExtenderPolicy(Policy):
         hears_labels: bool = True,
         explain: bool = True,
         timeout_s: float = 5.0,
+        feed: WorldFeed | None = None,
     ) -> None:
         self.name = name
+        self.feed = feed
         self.state = state
         self.clock = clock
         self.hears_labels = hears_labels
@@ -363,6 +382,8 @@ class ExtenderPolicy(Policy):
         if feasible.size == 0:
             return Decision(None, reason="NodeResourcesFit: no node has room")
         pod_json = pod_object(uid, pod)
+        if self.feed is not None:
+            pod_json["metadata"]["labels"].update(self.feed.pod_labels(uid))
         names = [self.node_names[i] for i in feasible]
         answer = self._post("/filter", {"Pod": pod_json, "Nodes": None, "NodeNames": names})
         if not isinstance(answer, dict) or answer.get("Error"):
@@ -412,6 +433,9 @@ class ExtenderPolicy(Policy):
     def telemetry(self, readings: Sequence[tuple[str, Mapping[str, float], float]]) -> None:
         self.clock.now_s = max(self.clock.now_s, *(observed_s for _, _, observed_s in readings))
         self.state.set_telemetry_many(readings)
+        if self.feed is not None:
+            for signal, value in self.feed.signals(self.clock.now_s).items():
+                self.state.set_signal(signal, value)
         # In the service the background refresher re-tabulates within curve_refresh_interval_s
         # (1 s); sim time stands still during a call, so it is done here, synchronously.
         self.refresh_curves()
@@ -420,4 +444,6 @@ class ExtenderPolicy(Policy):
         if not self.hears_labels:
             return
         name = self.node_names[node]
+        if self.feed is not None:
+            labels = {**self.feed.node_labels(name), **labels}
         self.state.upsert_node(NodeInfo(name, float(self.node_cores[node]), dict(labels)))

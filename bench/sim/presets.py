@@ -19,3 +19,6 @@ DEFAULT = register_preset(
         policies=("default", "random", "power-aware", "power-aware+battery", "oracle"),
     )
 )
+
+# Presets with a world of their own register themselves in their modules (one line each).
+from bench.sim import edge as _edge  # noqa: E402, F401  (edge: sites, RTTs, delay limits)

@@ -28,8 +28,9 @@ from bench.sim.policies import (
     RandomPolicy,
     ReschedulingPolicy,
     SimClock,
+    WorldFeed,
 )
-from bench.sim.scenario import BenchSettings, Scenario
+from bench.sim.scenario import PRESETS, BenchSettings, Scenario
 from bench.support.server import serve_app
 from extender.app import create_app
 from extender.config import ExtenderConfig
@@ -50,6 +51,10 @@ class PolicySpec:
 
 
 POLICIES: dict[str, PolicySpec] = {}
+
+
+class PolicyNotApplicable(ValueError):
+    """A policy that cannot run on the chosen preset (it needs that preset's world)."""
 
 
 def register_policy(spec: PolicySpec) -> PolicySpec:
@@ -73,6 +78,9 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
         result = simulate(
             scenario.cluster, scenario.trace, policy, scenario.sim_settings, progress=progress
         )
+        preset = PRESETS.get(scenario.settings.preset)
+        if preset is not None and preset.evaluate is not None:
+            preset.evaluate(scenario, result)  # the preset's own KPIs (delay violations...)
         figures = {}
         if isinstance(policy, ExtenderPolicy):
             figures = {
@@ -95,6 +103,7 @@ def extender_policy(
     hears_labels: bool = True,
     config_file: Path | None = None,
     rng: np.random.Generator | None = None,
+    feed: WorldFeed | None = None,
 ) -> Iterator[ExtenderPolicy]:
     """Serve the extender for one policy run; yields a policy talking to it over HTTP.
 
@@ -112,7 +121,7 @@ def extender_policy(
     runtime = Runtime(config, clock=clock)
     state: ClusterState = runtime.state
     state.replace_nodes(
-        NodeInfo(node, float(cores))
+        NodeInfo(node, float(cores), dict(feed.node_labels(node)) if feed is not None else {})
         for node, cores in zip(cluster.names, cluster.cores, strict=True)
     )
     if not runtime.load_bundle():
@@ -135,6 +144,7 @@ def extender_policy(
                 settings.extender_weight,
                 rng if rng is not None else np.random.default_rng([settings.seed, 5]),
                 hears_labels=hears_labels,
+                feed=feed,
             )
             try:
                 yield policy

@@ -18,12 +18,12 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from bench.sim.cluster import SimCluster, build_cluster
-from bench.sim.engine import SimSettings
+from bench.sim.engine import PolicyResult, SimSettings
 from bench.sim.workload import Trace, generate_trace, load_trace_csv
 from predictor.bundle import BundleError, read_bundle
 from training.dataset import clean_metrics
@@ -50,6 +50,7 @@ class BenchSettings:
     battery_share: float = 0.25
     assumed_window_s: float = 120.0
     reschedule_interval_s: float = 60.0
+    delay_share: float = 0.4  # edge preset: share of pods with a delay_<node> limit
 
 
 @dataclass
@@ -75,6 +76,10 @@ class Preset:
     # BenchSettings / SimSettings fields this preset sets (flags given explicitly still win).
     defaults: Mapping[str, object] = field(default_factory=dict)
     prepare: Callable[[Scenario], None] | None = None
+    # After each policy's run: fill its preset-specific figures (delay_violations, kpis...).
+    evaluate: Callable[[Scenario, PolicyResult], None] | None = None
+    # After the table: print what the preset's figures mean, policy by policy.
+    report: Callable[[Scenario, Sequence[PolicyResult]], None] | None = None
 
 
 PRESETS: dict[str, Preset] = {}

@@ -9,6 +9,9 @@ This is the edge where the extender learns what kube-scheduler knows and the met
   counts it, and the time it was bound), so a burst of pods does not all land on the node that
   looked idlest; the state drops the assumption after its window, or when the pod is gone
   (deleted, Succeeded or Failed).
+- **Where pods run**: every running pod's node and IPs, published as an `extender.pods.PodIndex`
+  (signal `PODS_SIGNAL`) whenever one changes, for plugins that place pods near other pods
+  (Delay's `delay_<pod-prefix>`) or meet nodes through pod IPs (Goldpinger).
 
 Each resource runs the reflector pattern of client-go in one daemon thread: list (replacing what
 the state holds), then watch from the list's resourceVersion with a server-side timeout, resume
@@ -32,6 +35,7 @@ import orjson
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from extender.pods import PODS_SIGNAL, PodIndexBuilder, PodPlacement
 from extender.state import ClusterState, NodeInfo
 from livedata.pod_resources import parse_cpu_quantity, pod_cpu_demand_cores
 
@@ -70,11 +74,17 @@ def node_info_from_object(node: Mapping[str, Any]) -> NodeInfo:
         allocatable_cpu = math.nan
     if allocatable is None:
         log.warning("node %s: no status.allocatable.cpu; treated as unknown", name)
+    addresses = tuple(
+        str(entry["address"])
+        for entry in (node.get("status") or {}).get("addresses") or []
+        if isinstance(entry, Mapping) and entry.get("address")
+    )
     return NodeInfo(
         name=name,
         allocatable_cpu=allocatable_cpu,
         labels=dict(metadata.get("labels") or {}),
         annotations=dict(metadata.get("annotations") or {}),
+        addresses=addresses,
     )
 
 
@@ -94,6 +104,22 @@ def pod_bound_at_s(pod: Mapping[str, Any], now_s: float) -> float:
                 except ValueError:
                     break
     return now_s
+
+
+def pod_placement_from_object(pod: Mapping[str, Any]) -> PodPlacement | None:
+    """Where a pod runs and its IPs; None when it is not bound to a node."""
+    metadata = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return None
+    status = pod.get("status") or {}
+    return PodPlacement(
+        namespace=metadata.get("namespace") or "",
+        name=metadata.get("name") or "",
+        node=node,
+        pod_ip=status.get("podIP") or None,
+        host_ip=status.get("hostIP") or None,
+    )
 
 
 def _pod_name(pod: Mapping[str, Any]) -> str:
@@ -298,6 +324,9 @@ class ClusterWatcher:
         # (bound_at without a PodScheduled condition is "now", which must not keep moving).
         self._bound: dict[str, str] = {}
         self._bound_lock = threading.Lock()
+        # Every running pod's node and IPs, published to the state when one changes. Written
+        # by the pods loop's thread only.
+        self._pod_index = PodIndexBuilder()
         self.invalid_pods_total = 0
         common = {
             "stop_event": self._stop,
@@ -380,12 +409,13 @@ class ClusterWatcher:
             uid = (pod.get("metadata") or {}).get("uid")
             if uid:
                 listed.add(uid)
-                self._pod_seen(uid, pod)
+                self._pod_seen(uid, pod, publish=False)
         # Pods that vanished while we were not watching.
         with self._bound_lock:
             vanished = [uid for uid in self._bound if uid not in listed]
         for uid in vanished:
-            self._pod_removed(uid)
+            self._pod_removed(uid, publish=False)
+        self._publish_pods()
 
     def _pod_event(self, event_type: str, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -396,13 +426,16 @@ class ClusterWatcher:
         elif event_type in ("ADDED", "MODIFIED"):
             self._pod_seen(uid, pod)
 
-    def _pod_seen(self, uid: str, pod: dict[str, Any]) -> None:
+    def _pod_seen(self, uid: str, pod: dict[str, Any], *, publish: bool = True) -> None:
         spec = pod.get("spec") or {}
         node = spec.get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         if not node or phase in TERMINAL_POD_PHASES:
-            self._pod_removed(uid)
+            self._pod_removed(uid, publish=publish)
             return
+        placement = pod_placement_from_object(pod)
+        if placement is not None and self._pod_index.put(uid, placement) and publish:
+            self._publish_pods()
         with self._bound_lock:
             if self._bound.get(uid) == node:
                 return  # already reported: later updates (status, labels) change nothing
@@ -422,8 +455,13 @@ class ClusterWatcher:
             return
         self._state.pod_bound(node, uid, cpu_cores, bound_at_s)
 
-    def _pod_removed(self, uid: str) -> None:
+    def _pod_removed(self, uid: str, *, publish: bool = True) -> None:
         with self._bound_lock:
             known = self._bound.pop(uid, None) is not None
         if known:
             self._state.pod_gone(uid)
+        if self._pod_index.remove(uid) and publish:
+            self._publish_pods()
+
+    def _publish_pods(self) -> None:
+        self._state.set_signal(PODS_SIGNAL, self._pod_index.snapshot())
