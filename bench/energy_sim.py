@@ -66,6 +66,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.sim import presets as _presets  # noqa: F401  (registers every preset)
+from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
 from bench.sim.runner import POLICIES, extender_policy, run_policy
@@ -392,6 +393,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="if set, a node running no pods sleeps at this power (instant wake-up, "
         "optimistic); by default every node stays on and pays its idle power",
     )
+    carbon = parser.add_argument_group("carbon (the multizone preset)")
+    carbon.add_argument(
+        "--zones",
+        metavar="N",
+        type=int,
+        default=None,
+        help=f"grid zones the nodes are dealt over (default {d.zones})",
+    )
+    carbon.add_argument(
+        "--zone-intensity",
+        metavar="LOW,HIGH",
+        type=_intensity_range,
+        default=None,
+        help="long-run mean carbon intensity of the cleanest and the dirtiest zone, g/kWh; the "
+        f"others are spread geometrically between (default {d.zone_low_g_per_kwh:g},"
+        f"{d.zone_high_g_per_kwh:g})",
+    )
+    carbon.add_argument(
+        "--carbon-csv",
+        metavar="CSV",
+        default=None,
+        help="real hourly series instead of generated ones: columns timestamp, zone, "
+        "carbon_intensity_g_per_kwh (bench.sim.carbon_series)",
+    )
+    carbon.add_argument(
+        "--deferrable-share",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="share of pods (0..1) annotated power-aware-scheduler/defer-until "
+        f"(default {d.deferrable_share:g})",
+    )
+    carbon.add_argument(
+        "--defer-hours",
+        metavar="HOURS",
+        type=float,
+        default=None,
+        help=f"how long after creation a deferrable pod may start (default {d.defer_hours:g})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -425,7 +465,22 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "max_pending": ("max_pending_s", 1),
     "tail_hours": ("tail_s", 3600.0),
     "empty_node_power": ("empty_node_power_w", 1),
+    "zones": ("zones", 1),
+    "carbon_csv": ("carbon_csv", 1),
+    "deferrable_share": ("deferrable_share", 1),
+    "defer_hours": ("defer_hours", 1),
 }
+
+
+def _intensity_range(text: str) -> tuple[float, float]:
+    """`LOW,HIGH` g/kWh for --zone-intensity."""
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH in g/kWh, got {text!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH, got {text!r}")
+    return low, high
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSettings]:
@@ -435,6 +490,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSett
         for flag, (field, scale) in FLAG_FIELDS.items()
         if (value := getattr(args, flag)) is not None
     }
+    if args.zone_intensity is not None:
+        given["zone_low_g_per_kwh"], given["zone_high_g_per_kwh"] = args.zone_intensity
     settings, sim_settings = apply_preset_defaults(
         PRESETS[args.preset], BenchSettings(preset=args.preset), SimSettings(), set(given)
     )
@@ -466,6 +523,12 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
     ):
         if not value > 0:
             return f"{flag} must be positive, got {value}"
+    if settings.zones < 1:
+        return f"--zones must be at least 1, got {settings.zones}"
+    if not 0 <= settings.deferrable_share <= 1:
+        return f"--deferrable-share must be 0..1, got {settings.deferrable_share}"
+    if not settings.defer_hours > 0:
+        return f"--defer-hours must be positive, got {settings.defer_hours}"
     if sim.tail_s < 0:
         return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
     return None
@@ -497,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = not args.quiet
     try:
         scenario = build_scenario(settings, sim_settings, trace_csv=args.trace)
-    except TraceError as exc:
+    except (TraceError, SeriesError) as exc:
         return fail(str(exc))
     cluster, trace = scenario.cluster, scenario.trace
     log.info(

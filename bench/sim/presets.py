@@ -19,3 +19,6 @@ DEFAULT = register_preset(
         policies=("default", "random", "power-aware", "power-aware+battery", "oracle"),
     )
 )
+
+# Presets with a world of their own register themselves on import.
+from bench.sim import carbon as _carbon  # noqa: E402, F401  (multizone, power-aware+carbon)
