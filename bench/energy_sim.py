@@ -224,6 +224,24 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
         print(f"  {header:<19} {meaning}")
 
 
+def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
+    """The preset's own figures (CO2 and each `PolicyResult.kpis`), when it has any."""
+    if not any(r.co2_kg > 0 or r.kpis for r in results):
+        return
+    baseline = report["policies"].get("default")
+    width = max(20, *(len(r.policy) for r in results))
+    keys = sorted({key for r in results for key in r.kpis})
+    print(f"{'policy':<{width}} {'co2 kg':>8} {'vs default':>10} " + " ".join(keys))
+    for result in results:
+        versus = (
+            f"{result.co2_kg / baseline['co2_kg']:.3f}"
+            if baseline and baseline["co2_kg"] > 0
+            else "-"
+        )
+        values = " ".join(f"{result.kpis.get(key, '-')!s:>{len(key)}}" for key in keys)
+        print(f"{result.policy:<{width}} {result.co2_kg:>8.3f} {versus:>10} {values}")
+
+
 # ---- CLI ------------------------------------------------------------------------------------
 
 
@@ -617,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_power(png, results, float(trace.end_s))
     rows = write_decisions(decisions_csv, results)
     print_table(results, report)
+    print_preset_figures(results, report)
     cl = report["cluster"]
     print(
         f"cluster: {cl['nodes']} nodes, {cl['cores']:.0f} cores, idle {cl['idle_power_w']:.0f} W, "

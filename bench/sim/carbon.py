@@ -34,6 +34,7 @@ the Carbon plugin ignore the annotation.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -60,6 +61,8 @@ from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
 from extender.state import NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
 from livedata.labels import CARBON_HOLD_REASON, DEFER_UNTIL_ANNOTATION, REGION_LABEL
+
+log = logging.getLogger("bench.sim.carbon")
 
 FORECAST_HOURS = 24
 FORECAST_ERROR = 0.10  # log-normal sd of the forecast at a day ahead; grows with sqrt(lead)
@@ -158,9 +161,22 @@ def carbon_world(scenario: Scenario) -> CarbonWorld:
 
 
 def prepare_multizone(scenario: Scenario) -> None:
-    """Zones, their series, each node's zone and the deferrable pods, into the scenario."""
+    """Zones, their series, each node's zone and the deferrable pods, into the scenario.
+
+    With deferrable pods the run's tail is stretched to at least `--defer-hours` + 1 h, so that a
+    pod deferred near the end of the trace runs before the simulation stops (compare runs with
+    and without deferral at the same `--tail-hours`).
+    """
     settings, sim_settings = scenario.settings, scenario.sim_settings
     trace = scenario.trace
+    defer_s = settings.defer_hours * HOUR_S
+    if settings.deferrable_share > 0 and sim_settings.tail_s < defer_s + HOUR_S:
+        log.info(
+            "deferrable pods: the run's tail grows from %.1f h to %.1f h",
+            sim_settings.tail_s / HOUR_S,
+            defer_s / HOUR_S + 1,
+        )
+        sim_settings = scenario.sim_settings = replace(sim_settings, tail_s=defer_s + HOUR_S)
     run_hours = math.ceil((trace.end_s + sim_settings.tail_s) / HOUR_S) + 1
     hours = run_hours + FORECAST_HOURS
     if settings.carbon_csv:
@@ -176,7 +192,6 @@ def prepare_multizone(scenario: Scenario) -> None:
     rng = np.random.default_rng([settings.seed, 23])
     node_zone = rng.permutation(len(scenario.cluster)) % len(series.zones)
     deferrable = rng.random(len(trace)) < settings.deferrable_share
-    defer_s = settings.defer_hours * HOUR_S
     arrival = {name: float(t) for name, t in zip(trace.names, trace.arrival_s, strict=True)}
     deadline = {
         name: arrival[name] + defer_s
