@@ -468,9 +468,13 @@ class Carbon(Plugin):
         best_now = float(now_values.min())
         snapshot = cycle.view.signal(CARBON_SIGNAL) or EMPTY_SNAPSHOT
         window_s = 60.0 * self.args.defer_window_minutes
-        from_zone = np.isin(intensities.origin[considered], (ORIGIN_ZONE, ORIGIN_FORECAST))
+        origin = intensities.origin[considered]
+        from_zone = (origin == ORIGIN_ZONE) | (origin == ORIGIN_FORECAST)
+        # The candidates' zones (codes are small integers: a bincount beats a sort).
+        codes = intensities.zone_codes[considered][from_zone]
+        zones = np.flatnonzero(np.bincount(codes, minlength=1)) if codes.size else codes
         best: tuple[float, str, float, float] | None = None
-        for code in np.unique(intensities.zone_codes[considered][from_zone]).tolist():
+        for code in zones.tolist():
             entry = intensities.table.entries[code]
             if entry is None or now_s > entry.forecast_valid_until_s:
                 self._decided("no_forecast")
