@@ -450,6 +450,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"how long after creation a deferrable pod may start (default {d.defer_hours:g})",
     )
+    carbon.add_argument(
+        "--carbon-weights",
+        metavar="POWER,CARBON",
+        type=_weights,
+        default=None,
+        help="PowerIncrease and Carbon weights in power-aware+carbon's profile, EnergyLevel "
+        f"keeping 0.4 (default {d.carbon_power_weight:g},{d.carbon_weight:g})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -490,6 +498,17 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
 }
 
 
+def _weights(text: str) -> tuple[float, float]:
+    """`POWER,CARBON` weights for --carbon-weights."""
+    try:
+        power, carbon = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected POWER,CARBON weights, got {text!r}") from None
+    if power < 0 or carbon < 0:
+        raise argparse.ArgumentTypeError(f"weights must be >= 0, got {text!r}")
+    return power, carbon
+
+
 def _intensity_range(text: str) -> tuple[float, float]:
     """`LOW,HIGH` g/kWh for --zone-intensity."""
     try:
@@ -510,6 +529,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSett
     }
     if args.zone_intensity is not None:
         given["zone_low_g_per_kwh"], given["zone_high_g_per_kwh"] = args.zone_intensity
+    if args.carbon_weights is not None:
+        given["carbon_power_weight"], given["carbon_weight"] = args.carbon_weights
     settings, sim_settings = apply_preset_defaults(
         PRESETS[args.preset], BenchSettings(preset=args.preset), SimSettings(), set(given)
     )

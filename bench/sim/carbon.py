@@ -70,22 +70,28 @@ HELD_RETRY_S = 300.0
 WORLD_KEY = "carbon"
 SOURCE_NAME = "simulated-grid"
 
-# The extender profile of power-aware+carbon: Carbon beside the default plugins, and filtering.
-CARBON_PROFILE: Mapping[str, object] = {
-    "apiVersion": "power-aware-scheduler/v1alpha1",
-    "kind": "ExtenderConfiguration",
-    "plugins": {
-        "filter": {"enabled": [{"name": "Carbon"}]},
-        "score": {
-            "enabled": [
-                {"name": "PowerIncrease", "weight": 0.2},
-                {"name": "EnergyLevel", "weight": 0.4},
-                {"name": "Carbon", "weight": 0.4},
-            ]
+
+def carbon_profile(power_weight: float, carbon_weight: float) -> dict[str, object]:
+    """The extender profile of power-aware+carbon: Carbon beside the defaults, and filtering.
+
+    PowerIncrease and Carbon at the weights given (`--carbon-weights`; 0.2 and 0.4 by default,
+    the operations guide's example), EnergyLevel at its default 0.4.
+    """
+    return {
+        "apiVersion": "power-aware-scheduler/v1alpha1",
+        "kind": "ExtenderConfiguration",
+        "plugins": {
+            "filter": {"enabled": [{"name": "Carbon"}]},
+            "score": {
+                "enabled": [
+                    {"name": "PowerIncrease", "weight": power_weight},
+                    {"name": "EnergyLevel", "weight": 0.4},
+                    {"name": "Carbon", "weight": carbon_weight},
+                ]
+            },
         },
-    },
-    "pluginConfig": [{"name": "Carbon", "args": {"signal": AVERAGE}}],
-}
+        "pluginConfig": [{"name": "Carbon", "args": {"signal": AVERAGE}}],
+    }
 
 
 @dataclass
@@ -360,7 +366,9 @@ def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[Car
     assert scenario.bundle_dir is not None
     with tempfile.TemporaryDirectory(prefix="carbon-profile-") as directory:
         config = Path(directory) / "profile.yaml"
-        config.write_text(yaml.safe_dump(dict(CARBON_PROFILE), sort_keys=False))
+        settings = scenario.settings
+        profile = carbon_profile(settings.carbon_power_weight, settings.carbon_weight)
+        config.write_text(yaml.safe_dump(profile, sort_keys=False))
         with extender_policy(
             "power-aware+carbon",
             scenario.cluster,
