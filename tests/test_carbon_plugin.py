@@ -273,6 +273,23 @@ def test_a_node_on_its_own_supply_overrides_its_zone(predictor: Predictor) -> No
     assert rows["a2"]["carbon_intensity_g_per_kwh"] == 400.0
     assert rows["b1"]["carbon_intensity_g_per_kwh"] == 300.0  # unreadable: ignored
 
+    # A node-local reading from a source (prometheus-node, file): below the annotation.
+    zone_b = IntensityReading("zone-b", AVERAGE, "grid", 300.0, NOW_S - 60)
+    own = [IntensityReading(n, AVERAGE, "site-meter", 15.0, NOW_S - 60) for n in ("a1", "b2")]
+    state.set_signal(
+        CARBON_SIGNAL,
+        build_snapshot(
+            [zone_b], own, published_at_s=NOW_S, max_age_s=HOUR, forecast_max_age_s=HOUR
+        ),
+    )
+    rows = explain_rows(run(predictor, state, prof, ["a1", "b1", "b2"]))
+    assert (rows["b2"]["carbon_intensity_g_per_kwh"], rows["b2"]["carbon_source"]) == (
+        15.0,
+        "site-meter",
+    )
+    assert rows["a1"]["carbon_source"] == "node annotation"
+    assert rows["b1"]["carbon_source"] == "grid"
+
 
 def test_an_explicit_carbon_zone_label_wins(predictor: Predictor) -> None:
     prof = profile()

@@ -384,23 +384,40 @@ class Carbon(Plugin):
             origin = np.where(usable, ORIGIN_ANNOTATION, origin)
         node_sources = None
         if snapshot.nodes:
-            signal = self.args.signal
-            node_sources = []
+            # Node-local readings (a prometheus-node or file source): the few candidates that
+            # have one, found once per candidate list and snapshot.
+            positions, entries = self._node_entries(cycle, snapshot)
             g_per_kwh, age_s, origin = g_per_kwh.copy(), age_s.copy(), origin.copy()
-            for i, name in enumerate(cycle.names):
-                entry = snapshot.nodes.get((name, signal))
-                value = entry.current_g_per_kwh(now_s) if entry is not None else math.nan
+            sources: list[str | None] = [None] * len(cycle)
+            for i, entry in zip(positions, entries, strict=True):
+                value = entry.current_g_per_kwh(now_s)
                 if math.isfinite(value) and origin[i] != ORIGIN_ANNOTATION:
                     g_per_kwh[i], origin[i] = value, ORIGIN_NODE
                     age_s[i] = now_s - entry.reading.observed_at_s
-                    node_sources.append(entry.reading.source)
-                else:
-                    node_sources.append(None)
-            node_sources = tuple(node_sources)
+                    sources[i] = entry.reading.source
+            node_sources = tuple(sources)
         age_s = np.where(np.isfinite(g_per_kwh), age_s, math.nan)
         result = Intensities(codes, g_per_kwh, age_s, origin, table, node_sources)
         self._last = (cycle, result)
         return result
+
+    def _node_entries(
+        self, cycle: Cycle, snapshot: CarbonSnapshot
+    ) -> tuple[list[int], list[Entry]]:
+        """(positions, entries) of the candidates with a node-local reading of the signal."""
+        key = ("carbon-node-entries", id(cycle.candidates), id(snapshot), self.args.signal)
+        cached = cycle.view.recall(key)
+        if cached is None:
+            signal, nodes = self.args.signal, snapshot.nodes
+            found = [
+                (i, entry)
+                for i, name in enumerate(cycle.names)
+                if (entry := nodes.get((name, signal))) is not None
+            ]
+            cached = ([i for i, _ in found], [entry for _, entry in found])
+            # The key holds ids: keep the objects alive with the entry.
+            cycle.view.remember(key, cached, cycle.candidates, snapshot)
+        return cached
 
     def _table(self, snapshot: CarbonSnapshot) -> ZoneTable:
         cached = self._tables
