@@ -58,8 +58,8 @@ class BenchSettings:
     deferrable_share: float = 0.0
     defer_hours: float = 6.0
     # power-aware+carbon's profile: PowerIncrease and Carbon weights (EnergyLevel keeps 0.4).
-    carbon_power_weight: float = 0.2
-    carbon_weight: float = 0.4
+    carbon_power_weight: float = 0.4
+    carbon_weight: float = 0.2
 
 
 @dataclass
