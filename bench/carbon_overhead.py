@@ -42,8 +42,8 @@ def carbon_profile() -> Profile:
                 "filter": {"enabled": [{"name": "Carbon"}]},
                 "score": {
                     "enabled": [
-                        {"name": "PowerIncrease", "weight": 0.2},
-                        {"name": "Carbon", "weight": 0.4},
+                        {"name": "PowerIncrease", "weight": 0.4},
+                        {"name": "Carbon", "weight": 0.2},
                     ]
                 },
             }
