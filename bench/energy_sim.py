@@ -37,7 +37,11 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    apply), plus more figures (below).
 
 Presets (--preset, `bench.sim.presets`) name the kind of cluster and workload and the policies
-run by default; policies are registered by name in `bench.sim.runner`.
+run by default; policies are registered by name in `bench.sim.runner`. `multizone`
+(`bench.sim.carbon`) deals the nodes over grid zones with hourly carbon intensity series and
+counts every policy's CO2 (`co2_kg`, and `mean_intensity_g_per_kwh`, `co2_above_idle_kg` and,
+with `--deferrable-share`, the deferrable pods' waits, printed under the table);
+`power-aware+carbon` runs the extender with the Carbon plugin there.
 
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
