@@ -156,46 +156,39 @@ def value_at(points: Sequence[IntensityPoint], at_s: float) -> float:
     return math.nan
 
 
-@dataclass(frozen=True, eq=False)
-class ForecastWindows:
-    """Every window of one length a forecast covers, one per forecast point it starts at.
+def _segments(points: Sequence[IntensityPoint]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each gap-free run of `points` as (edges, integral of intensity over time at the edges).
 
-    `mean_g_per_kwh[i]` is the time-weighted mean intensity over [start_s[i], end_s[i]); a
-    window that would run past the forecast's end, or across a gap in it, is left out.
+    Within a run the integral is piecewise linear in time, so any window's mean is two
+    interpolations.
     """
+    segments = []
+    run: list[IntensityPoint] = []
+    for point in (*points, None):
+        if point is not None and (not run or abs(point.start_s - run[-1].end_s) < 1e-6):
+            run.append(point)
+            continue
+        if run:
+            edges = np.array([p.start_s for p in run] + [run[-1].end_s], dtype=float)
+            values = np.array([p.g_per_kwh for p in run], dtype=float)
+            segments.append((edges, np.concatenate(([0.0], np.cumsum(values * np.diff(edges))))))
+        run = [point] if point is not None else []
+    return segments
 
-    start_s: np.ndarray
-    end_s: np.ndarray
-    mean_g_per_kwh: np.ndarray
 
-
-def forecast_windows(points: Sequence[IntensityPoint], window_s: float) -> ForecastWindows:
-    """The `window_s`-long windows of `points` (sorted, non-overlapping), as arrays."""
+def window_means(
+    points: Sequence[IntensityPoint], starts_s: np.ndarray, window_s: float
+) -> np.ndarray:
+    """The forecast's mean over [start, start + window_s) for each start; NaN where the
+    forecast does not cover the whole window (past its end, or across a gap)."""
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
-    starts, ends, means = [], [], []
-    segment: list[IntensityPoint] = []
-    for point in (*points, None):
-        if point is not None and (not segment or abs(point.start_s - segment[-1].end_s) < 1e-6):
-            segment.append(point)
-            continue
-        if segment:
-            # Within a gap-free segment the integral of intensity over time is piecewise linear.
-            edges = np.array([p.start_s for p in segment] + [segment[-1].end_s], dtype=float)
-            values = np.array([p.g_per_kwh for p in segment], dtype=float)
-            integral = np.concatenate(([0.0], np.cumsum(values * np.diff(edges))))
-            window_starts = edges[:-1]
-            window_ends = window_starts + window_s
-            inside = window_ends <= edges[-1] + 1e-6
-            window_starts, window_ends = window_starts[inside], window_ends[inside]
-            total = np.interp(window_ends, edges, integral) - np.interp(
-                window_starts, edges, integral
-            )
-            starts.append(window_starts)
-            ends.append(window_ends)
-            means.append(total / window_s)
-        segment = [point] if point is not None else []
-    if not starts:
-        empty = np.zeros(0)
-        return ForecastWindows(empty, empty, empty)
-    return ForecastWindows(np.concatenate(starts), np.concatenate(ends), np.concatenate(means))
+    starts_s = np.asarray(starts_s, dtype=float)
+    means = np.full(starts_s.shape, np.nan)
+    for edges, integral in _segments(points):
+        inside = (starts_s >= edges[0] - 1e-6) & (starts_s + window_s <= edges[-1] + 1e-6)
+        if inside.any():
+            begin, end = starts_s[inside], starts_s[inside] + window_s
+            total = np.interp(end, edges, integral) - np.interp(begin, edges, integral)
+            means[inside] = total / window_s
+    return means

@@ -315,10 +315,12 @@ def test_a_cleaner_window_before_the_deadline_holds_the_pod(predictor: Predictor
     reason = result.failed["a1"]
     assert reason == result.failed["b1"]  # one reason: kube-scheduler aggregates it
     assert is_carbon_hold(f"0/2 nodes are available: 2 {reason}.")
+    # The candidates' mean: (400 + 300) / 2 now, (90 + 300) / 2 at 12:00.
     assert reason == (
-        f"{CARBON_HOLD_REASON}: waiting for a cleaner window: zone zone-a 2024-05-01T12:00Z-"
-        "2024-05-01T13:00Z forecast 90 g/kWh against 300 now (70% cleaner); released by the "
-        "defer-until deadline 2024-05-01T15:59Z"
+        f"{CARBON_HOLD_REASON}: waiting for a cleaner window 2024-05-01T12:00Z-"
+        "2024-05-01T13:00Z: the candidates' mean forecast 195 g/kWh against 350 now (44% "
+        "cleaner; cleanest zone then zone-a at 90); released by the defer-until deadline "
+        "2024-05-01T15:59Z"
     )
     # No annotation: no hold. A pod whose deadline comes before the window: no hold.
     assert run(predictor, state, prof, names).failed == {}
@@ -395,7 +397,7 @@ def test_deferral_never_outlives_the_deadline_nor_trusts_a_stale_forecast(
     assert now_s < deadline_s  # never held at or past the deadline
     assert forecast_age_h <= 2.0  # never on a stale forecast
     reason = result.failed["a1"]
-    window_start = datetime.strptime(reason.split("zone zone-a ")[1][:17], "%Y-%m-%dT%H:%MZ")
+    window_start = datetime.strptime(reason.split("cleaner window ")[1][:17], "%Y-%m-%dT%H:%MZ")
     window_start_s = window_start.replace(tzinfo=UTC).timestamp()
     assert now_s < window_start_s + 60 and window_start_s <= deadline_s  # named window: ahead
 
@@ -515,7 +517,7 @@ def test_the_service_reads_the_carbon_aware_sdk_and_holds_a_deferrable_pod(tmp_p
     )
     assert answer["NodeNames"] == []
     assert set(answer["FailedAndUnresolvableNodes"]) == {"node-01", "node-02"}
-    assert "zone us-east" in answer["FailedNodes"]["node-01"]
+    assert "cleanest zone then us-east at 120" in answer["FailedNodes"]["node-01"]
     assert answer["FailedNodes"]["node-01"].startswith(CARBON_HOLD_REASON)
     carbon = status["plugins"]["Carbon"]
     assert carbon["zones"]["us-east"]["g_per_kwh"] == 450.0

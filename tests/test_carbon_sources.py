@@ -9,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -25,9 +26,9 @@ from livedata.carbon import (
     CarbonDataError,
     IntensityPoint,
     IntensityReading,
-    forecast_windows,
     lbs_per_mwh_to_g_per_kwh,
     parse_timestamp_s,
+    window_means,
 )
 from livedata.carbon_apis import (
     carbon_aware_emissions,
@@ -176,7 +177,7 @@ intensities:
         read_intensity_file(path)
 
 
-def test_forecast_windows_average_over_time_and_skip_gaps_and_the_end() -> None:
+def test_window_means_average_over_time_and_not_across_gaps_or_past_the_end() -> None:
     hour = 3600.0
     points = [
         IntensityPoint(0 * hour, 1 * hour, 100.0),
@@ -184,11 +185,12 @@ def test_forecast_windows_average_over_time_and_skip_gaps_and_the_end() -> None:
         IntensityPoint(2 * hour, 3 * hour, 50.0),
         IntensityPoint(5 * hour, 6 * hour, 10.0),  # after a gap
     ]
-    windows = forecast_windows(points, 1.5 * hour)
-    # Windows start at each point; one that runs past a segment's end is left out.
-    assert windows.start_s.tolist() == [0.0, hour]
-    expected = [(100 + 0.5 * 200) / 1.5, (200 + 0.5 * 50) / 1.5]
-    assert windows.mean_g_per_kwh == pytest.approx(expected)
+    starts = [0.0, 0.5 * hour, hour, 2 * hour, 5 * hour, -hour]
+    means = window_means(points, starts, 1.5 * hour)
+    expected = [(100 + 0.5 * 200) / 1.5, (50 + 200) / 1.5, (200 + 0.5 * 50) / 1.5]
+    assert means[:3] == pytest.approx(expected)
+    # Past a run's end (into the gap), past the last point, before the first: not covered.
+    assert np.isnan(means[3:]).all()
 
 
 # ---- the defer-until annotation ----------------------------------------------------------------

@@ -27,12 +27,14 @@ every candidate is scored by its watts. `/explain` says so per node (`carbon_not
 `power_aware_extender_carbon_nodes_scored_neutral_total` counts them.
 
 **Deferral (filter).** A pod annotated `power-aware-scheduler/defer-until` (RFC 3339, or a
-duration from its creationTimestamp; `livedata.deferral`) may wait for cleaner power. While a
-fresh forecast says that some candidate's zone will, in a window of `deferWindowMinutes`
-starting after now and no later than the deadline, be cleaner than the cleanest candidate now
-by more than `deferMargin` (a fraction) and more than `deferMinSavingGPerKwh`, every candidate
-fails with one reason, the same for all (so kube-scheduler's message aggregates it), naming
-the window: `power-aware-scheduler/carbon-hold: waiting for zone Z 13:00-14:00Z ...`. The
+duration from its creationTimestamp; `livedata.deferral`) may wait for cleaner power. While
+fresh forecasts say that the candidates' mean intensity over a window of `deferWindowMinutes`
+starting after now and no later than the deadline will be lower than their mean now by more
+than `deferMargin` (a fraction) and more than `deferMinSavingGPerKwh`, every candidate fails
+with one reason, the same for all (so kube-scheduler's message aggregates it), naming the
+window: `power-aware-scheduler/carbon-hold: waiting for a cleaner window 13:00-14:00Z ...`.
+The mean, not the cleanest candidate: where the pod lands is the scores' choice (see
+`hold_reason`). The
 failures are unresolvable (preempting pods does not make power cleaner). kube-scheduler
 keeps the pod pending and retries it (see docs/operations.md on backoff and on autoscalers);
 each retry asks again. The pod is never held at or past its deadline, and never when any
@@ -70,7 +72,13 @@ from extender.sources.carbon import (
 )
 from extender.sources.carbon_providers import provider_from_config
 from extender.state import NodeAttribute, NodeInfo
-from livedata.carbon import SIGNALS, CarbonDataError, format_timestamp, parse_timestamp_s
+from livedata.carbon import (
+    SIGNALS,
+    CarbonDataError,
+    format_timestamp,
+    parse_timestamp_s,
+    window_means,
+)
 from livedata.deferral import DeferralError, pod_deadline_s
 from livedata.labels import (
     CARBON_HOLD_REASON,
@@ -468,7 +476,16 @@ class Carbon(Plugin):
         return FilterVerdict(dict.fromkeys(everyone, hold), frozenset(everyone))
 
     def hold_reason(self, cycle: Cycle, deadline_s: float) -> str | None:
-        """The reason to hold the pod until a cleaner window; None (counted why) to let it pass."""
+        """The reason to hold the pod until a cleaner window; None (counted why) to let it pass.
+
+        "Cleaner" is measured over the candidates, each counted once: their mean intensity now
+        against their mean over a window of `deferWindowMinutes` (each zone's forecast there;
+        node-local supplies, which have none, as they are now). Where the pod lands among them
+        is the scores' business, not known here: the mean is what a wait buys wherever it
+        lands, where the cleanest candidate alone would promise what the scores may not deliver
+        (measured on bench.energy_sim's multizone preset: held on the cleanest zone's forecast,
+        deferred pods ran at a higher intensity than the others).
+        """
         now_s = cycle.now_s
         if now_s >= deadline_s:
             self._decided("deadline_passed")
@@ -482,44 +499,59 @@ class Carbon(Plugin):
         if not np.isfinite(now_values).all():
             self._decided("no_forecast")
             return None
-        best_now = float(now_values.min())
-        snapshot = cycle.view.signal(CARBON_SIGNAL) or EMPTY_SNAPSHOT
-        window_s = 60.0 * self.args.defer_window_minutes
+        mean_now = float(now_values.mean())
         origin = intensities.origin[considered]
         from_zone = (origin == ORIGIN_ZONE) | (origin == ORIGIN_FORECAST)
-        # The candidates' zones (codes are small integers: a bincount beats a sort).
-        codes = intensities.zone_codes[considered][from_zone]
-        zones = np.flatnonzero(np.bincount(codes, minlength=1)) if codes.size else codes
-        best: tuple[float, str, float, float] | None = None
-        for code in zones.tolist():
+        # Candidates per zone (codes are small integers: a bincount beats a sort); the others
+        # (node-local supplies) count at their value now.
+        counts = np.bincount(intensities.zone_codes[considered][from_zone], minlength=1)
+        flat_sum = float(now_values[~from_zone].sum())
+        forecasts = []
+        for code in np.flatnonzero(counts).tolist():
             entry = intensities.table.entries[code]
             if entry is None or now_s > entry.forecast_valid_until_s:
                 self._decided("no_forecast")
                 return None
-            windows = snapshot.windows(entry, window_s)
-            ahead = (windows.start_s > now_s) & (windows.start_s <= deadline_s)
-            if not ahead.any():
-                continue
-            index = np.flatnonzero(ahead)[int(np.argmin(windows.mean_g_per_kwh[ahead]))]
-            value = float(windows.mean_g_per_kwh[index])
-            if best is None or value < best[0]:
-                best = (value, self.zones.names[code], windows.start_s[index], windows.end_s[index])
-        if best is None:
+            forecasts.append((int(counts[code]), self.zones.names[code], entry.reading.forecast))
+        # Windows may start at any forecast point after now, up to the deadline.
+        starts = np.unique(
+            [p.start_s for _, _, points in forecasts for p in points if now_s < p.start_s]
+        )
+        starts = starts[starts <= deadline_s]
+        if starts.size == 0:
             self._decided("released")
             return None
-        value, zone, start_s, end_s = best
-        saving = best_now - value
-        if saving <= self.args.defer_min_saving_g_per_kwh or value >= best_now * (
+        window_s = 60.0 * self.args.defer_window_minutes
+        weighted = np.full(starts.size, flat_sum)
+        cleanest = np.full(starts.size, np.inf)
+        cleanest_zone = np.zeros(starts.size, dtype=np.intp)
+        for z, (count, _, points) in enumerate(forecasts):
+            means = window_means(points, starts, window_s)  # NaN where not covered
+            weighted += count * means
+            better = means < cleanest
+            cleanest[better], cleanest_zone[better] = means[better], z
+        window_mean = weighted / considered.size
+        if not np.isfinite(window_mean).any():
+            self._decided("released")
+            return None
+        best = int(np.nanargmin(window_mean))
+        value = float(window_mean[best])
+        saving = mean_now - value
+        if saving <= self.args.defer_min_saving_g_per_kwh or value >= mean_now * (
             1.0 - self.args.defer_margin
         ):
             self._decided("released")
             return None
         self._decided("held")
+        start_s = float(starts[best])
+        zone = forecasts[cleanest_zone[best]][1] if forecasts else None
+        cleanest_then = f"; cleanest zone then {zone} at {cleanest[best]:.0f}" if zone else ""
         return (
-            f"{CARBON_HOLD_REASON}: waiting for a cleaner window: zone {zone} "
-            f"{format_timestamp(start_s)}-{format_timestamp(end_s)} forecast {value:.0f} g/kWh "
-            f"against {best_now:.0f} now ({saving / best_now:.0%} cleaner); released by the "
-            f"defer-until deadline {format_timestamp(deadline_s)}"
+            f"{CARBON_HOLD_REASON}: waiting for a cleaner window "
+            f"{format_timestamp(start_s)}-{format_timestamp(start_s + window_s)}: the "
+            f"candidates' mean forecast {value:.0f} g/kWh against {mean_now:.0f} now "
+            f"({saving / mean_now:.0%} cleaner{cleanest_then}); released by the defer-until "
+            f"deadline {format_timestamp(deadline_s)}"
         )
 
     def _decided(self, decision: str) -> FilterVerdict:

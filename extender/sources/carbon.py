@@ -41,13 +41,12 @@ from prometheus_client.registry import Collector
 
 from extender.sources.carbon_providers import CarbonSourceError, Provider, Readings
 from extender.state import ClusterState
-from livedata.carbon import ForecastWindows, IntensityReading, forecast_windows, value_at
+from livedata.carbon import IntensityReading, value_at
 
 log = logging.getLogger(__name__)
 
 CARBON_SIGNAL = "carbon"  # the state signal the snapshot is published under
 PREFIX = "power_aware_extender_carbon"
-MAX_CACHED_WINDOWS = 4096  # (zone, signal, window) entries per snapshot; zones are few
 
 Clock = Callable[[], float]
 
@@ -73,25 +72,13 @@ class Entry:
 class CarbonSnapshot:
     """Every zone's and node-local intensity as the sources last read them; immutable.
 
-    `zones` and `nodes` map (zone or node name, signal) to an `Entry`. Forecast windows are
-    computed on first use per (zone, signal, window length) and kept with the snapshot.
+    `zones` and `nodes` map (zone or node name, signal) to an `Entry`.
     """
 
     zones: Mapping[tuple[str, str], Entry]
     nodes: Mapping[tuple[str, str], Entry]
     published_at_s: float
     sources: Mapping[str, str] = field(default_factory=dict)  # name -> description
-    _windows: dict = field(default_factory=dict, repr=False)
-
-    def windows(self, entry: Entry, window_s: float) -> ForecastWindows:
-        """The forecast's `window_s`-long windows (cached per snapshot)."""
-        key = (id(entry), window_s)
-        cached = self._windows.get(key)
-        if cached is None:
-            cached = forecast_windows(entry.reading.forecast, window_s)
-            if len(self._windows) < MAX_CACHED_WINDOWS:
-                self._windows[key] = cached
-        return cached
 
 
 EMPTY_SNAPSHOT = CarbonSnapshot(MappingProxyType({}), MappingProxyType({}), -math.inf)
