@@ -120,13 +120,17 @@ def sweep(
     # Carbon-blind placement: one run per policy, metered against every spread's zones.
     blind: dict[str, list[CarbonMeter]] = {}
     first = scenarios[0]
-    for name in BLIND:
-        meters = [CarbonMeter(carbon_world(s), s.cluster) for s in scenarios]
-        first.meters = [lambda meter=meter: meter for meter in meters]
-        started = time.perf_counter()
-        run_policy(name, first, progress=progress)
-        log.info("%s: %.0f s", name, time.perf_counter() - started)
-        blind[name] = meters
+    own_meters = first.meters  # its own spread's, for its power-aware+carbon run below
+    try:
+        for name in BLIND:
+            meters = [CarbonMeter(carbon_world(s), s.cluster) for s in scenarios]
+            first.meters = [lambda meter=meter: meter for meter in meters]
+            started = time.perf_counter()
+            run_policy(name, first, progress=progress)
+            log.info("%s: %.0f s", name, time.perf_counter() - started)
+            blind[name] = meters
+    finally:
+        first.meters = own_meters
 
     rows = []
     for i, ((low, high), scenario) in enumerate(zip(spreads, scenarios, strict=True)):
