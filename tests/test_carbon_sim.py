@@ -210,3 +210,33 @@ def test_prepare_gives_deferrable_pods_their_patience() -> None:
     for name in trace.names:
         expected = 3 * HOUR + 600.0 if name in world.deadline_s else 600.0
         assert patience[name] == expected
+
+
+def test_the_sweep_meters_each_policy_once_per_spread(tmp_path: Path) -> None:
+    from bench.carbon_sweep import sweep
+
+    settings = BenchSettings(
+        preset="multizone", nodes=4, hours=0.25, history_hours=12.0, battery_share=0.0
+    )
+    rows = sweep(
+        [(300.0, 300.0), (50.0, 700.0)],
+        settings,
+        SimSettings(tail_s=600.0),
+        tmp_path,
+        progress=False,
+    )
+    energy = [row["energy_kwh"] for row in rows]
+    # Carbon-blind placement does not depend on the zones: one run, the same energy per spread.
+    assert energy[0]["default"] == energy[1]["default"]
+    assert energy[0]["power-aware"] == energy[1]["power-aware"]
+    for row in rows:
+        # Every policy's energy is one run's: nothing metered twice.
+        assert 0.8 < row["energy_kwh"]["power-aware"] / row["energy_kwh"]["default"] < 1.2
+        assert 0.8 < row["energy_kwh"]["power-aware+carbon"] / row["energy_kwh"]["default"] < 1.2
+        mean = row["co2_kg"]["power-aware+carbon"] * 1000 / row["energy_kwh"]["power-aware+carbon"]
+        assert mean == pytest.approx(row["kpis"]["mean_intensity_g_per_kwh"], rel=2e-3)
+    # Equal zones: every policy emits the same per kWh.
+    flat = rows[0]
+    assert flat["co2_kg"]["default"] / flat["energy_kwh"]["default"] == pytest.approx(
+        flat["co2_kg"]["power-aware+carbon"] / flat["energy_kwh"]["power-aware+carbon"], rel=0.02
+    )
