@@ -455,6 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long after creation a deferrable pod may start (default {d.defer_hours:g})",
     )
     carbon.add_argument(
+        "--defer-margin",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="the Carbon plugin's deferMargin in power-aware+carbon: how much cleaner (0..1) "
+        f"a window must be for a deferrable pod to wait (default {d.defer_margin:g})",
+    )
+    carbon.add_argument(
         "--carbon-weights",
         metavar="POWER,CARBON",
         type=_weights,
@@ -499,6 +507,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "carbon_csv": ("carbon_csv", 1),
     "deferrable_share": ("deferrable_share", 1),
     "defer_hours": ("defer_hours", 1),
+    "defer_margin": ("defer_margin", 1),
 }
 
 
@@ -570,6 +579,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--zones must be at least 1, got {settings.zones}"
     if not 0 <= settings.deferrable_share <= 1:
         return f"--deferrable-share must be 0..1, got {settings.deferrable_share}"
+    if not 0 <= settings.defer_margin < 1:
+        return f"--defer-margin must be 0..1, got {settings.defer_margin}"
     if not settings.defer_hours > 0:
         return f"--defer-hours must be positive, got {settings.defer_hours}"
     if sim.tail_s < 0:

@@ -71,7 +71,9 @@ WORLD_KEY = "carbon"
 SOURCE_NAME = "simulated-grid"
 
 
-def carbon_profile(power_weight: float, carbon_weight: float) -> dict[str, object]:
+def carbon_profile(
+    power_weight: float, carbon_weight: float, defer_margin: float = 0.2
+) -> dict[str, object]:
     """The extender profile of power-aware+carbon: Carbon beside the defaults, and filtering.
 
     PowerIncrease and Carbon at the weights given (`--carbon-weights`; 0.4 and 0.2 by default,
@@ -91,7 +93,9 @@ def carbon_profile(power_weight: float, carbon_weight: float) -> dict[str, objec
                 ]
             },
         },
-        "pluginConfig": [{"name": "Carbon", "args": {"signal": AVERAGE}}],
+        "pluginConfig": [
+            {"name": "Carbon", "args": {"signal": AVERAGE, "deferMargin": defer_margin}}
+        ],
     }
 
 
@@ -368,7 +372,9 @@ def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[Car
     with tempfile.TemporaryDirectory(prefix="carbon-profile-") as directory:
         config = Path(directory) / "profile.yaml"
         settings = scenario.settings
-        profile = carbon_profile(settings.carbon_power_weight, settings.carbon_weight)
+        profile = carbon_profile(
+            settings.carbon_power_weight, settings.carbon_weight, settings.defer_margin
+        )
         config.write_text(yaml.safe_dump(profile, sort_keys=False))
         with extender_policy(
             "power-aware+carbon",

@@ -57,6 +57,7 @@ class BenchSettings:
     carbon_csv: str | None = None
     deferrable_share: float = 0.0
     defer_hours: float = 6.0
+    defer_margin: float = 0.2  # the Carbon plugin's deferMargin in power-aware+carbon
     # power-aware+carbon's profile: PowerIncrease and Carbon weights (EnergyLevel keeps 0.4).
     carbon_power_weight: float = 0.4
     carbon_weight: float = 0.2
