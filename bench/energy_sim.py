@@ -37,7 +37,11 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    apply), plus more figures (below).
 
 Presets (--preset, `bench.sim.presets`) name the kind of cluster and workload and the policies
-run by default; policies are registered by name in `bench.sim.runner`.
+run by default; policies are registered by name in `bench.sim.runner`. `multizone`
+(`bench.sim.carbon`) deals the nodes over grid zones with hourly carbon intensity series and
+counts every policy's CO2 (`co2_kg`, and `mean_intensity_g_per_kwh`, `co2_above_idle_kg` and,
+with `--deferrable-share`, the deferrable pods' waits, printed under the table);
+`power-aware+carbon` runs the extender with the Carbon plugin there.
 
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
@@ -66,6 +70,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.sim import presets as _presets  # noqa: F401  (registers every preset)
+from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
 from bench.sim.runner import POLICIES, PolicyNotApplicable, extender_policy, run_policy
@@ -221,6 +226,24 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     print("columns:")
     for header, _, meaning in COLUMNS:
         print(f"  {header:<19} {meaning}")
+
+
+def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
+    """The preset's own figures (CO2 and each `PolicyResult.kpis`), when it has any."""
+    if not any(r.co2_kg > 0 or r.kpis for r in results):
+        return
+    baseline = report["policies"].get("default")
+    width = max(20, *(len(r.policy) for r in results))
+    keys = sorted({key for r in results for key in r.kpis})
+    print(f"{'policy':<{width}} {'co2 kg':>8} {'vs default':>10} " + " ".join(keys))
+    for result in results:
+        versus = (
+            f"{result.co2_kg / baseline['co2_kg']:.3f}"
+            if baseline and baseline["co2_kg"] > 0
+            else "-"
+        )
+        values = " ".join(f"{result.kpis.get(key, '-')!s:>{len(key)}}" for key in keys)
+        print(f"{result.policy:<{width}} {result.co2_kg:>8.3f} {versus:>10} {values}")
 
 
 # ---- CLI ------------------------------------------------------------------------------------
@@ -400,6 +423,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="if set, a node running no pods sleeps at this power (instant wake-up, "
         "optimistic); by default every node stays on and pays its idle power",
     )
+    carbon = parser.add_argument_group("carbon (the multizone preset)")
+    carbon.add_argument(
+        "--zones",
+        metavar="N",
+        type=int,
+        default=None,
+        help=f"grid zones the nodes are dealt over (default {d.zones})",
+    )
+    carbon.add_argument(
+        "--zone-intensity",
+        metavar="LOW,HIGH",
+        type=_intensity_range,
+        default=None,
+        help="long-run mean carbon intensity of the cleanest and the dirtiest zone, g/kWh; the "
+        f"others are spread geometrically between (default {d.zone_low_g_per_kwh:g},"
+        f"{d.zone_high_g_per_kwh:g})",
+    )
+    carbon.add_argument(
+        "--carbon-csv",
+        metavar="CSV",
+        default=None,
+        help="real hourly series instead of generated ones: columns timestamp, zone, "
+        "carbon_intensity_g_per_kwh (bench.sim.carbon_series)",
+    )
+    carbon.add_argument(
+        "--deferrable-share",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="share of pods (0..1) annotated power-aware-scheduler/defer-until "
+        f"(default {d.deferrable_share:g})",
+    )
+    carbon.add_argument(
+        "--defer-hours",
+        metavar="HOURS",
+        type=float,
+        default=None,
+        help=f"how long after creation a deferrable pod may start (default {d.defer_hours:g})",
+    )
+    carbon.add_argument(
+        "--defer-margin",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="the Carbon plugin's deferMargin in power-aware+carbon: how much cleaner (0..1) "
+        f"a window must be for a deferrable pod to wait (default {d.defer_margin:g})",
+    )
+    carbon.add_argument(
+        "--carbon-weights",
+        metavar="POWER,CARBON",
+        type=_weights,
+        default=None,
+        help="PowerIncrease and Carbon weights in power-aware+carbon's profile, EnergyLevel "
+        f"keeping 0.4 (default {d.carbon_power_weight:g},{d.carbon_weight:g})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -434,7 +512,34 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "max_pending": ("max_pending_s", 1),
     "tail_hours": ("tail_s", 3600.0),
     "empty_node_power": ("empty_node_power_w", 1),
+    "zones": ("zones", 1),
+    "carbon_csv": ("carbon_csv", 1),
+    "deferrable_share": ("deferrable_share", 1),
+    "defer_hours": ("defer_hours", 1),
+    "defer_margin": ("defer_margin", 1),
 }
+
+
+def _weights(text: str) -> tuple[float, float]:
+    """`POWER,CARBON` weights for --carbon-weights."""
+    try:
+        power, carbon = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected POWER,CARBON weights, got {text!r}") from None
+    if power < 0 or carbon < 0:
+        raise argparse.ArgumentTypeError(f"weights must be >= 0, got {text!r}")
+    return power, carbon
+
+
+def _intensity_range(text: str) -> tuple[float, float]:
+    """`LOW,HIGH` g/kWh for --zone-intensity."""
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH in g/kWh, got {text!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"need 0 < LOW <= HIGH, got {text!r}")
+    return low, high
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSettings]:
@@ -444,6 +549,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSett
         for flag, (field, scale) in FLAG_FIELDS.items()
         if (value := getattr(args, flag)) is not None
     }
+    if args.zone_intensity is not None:
+        given["zone_low_g_per_kwh"], given["zone_high_g_per_kwh"] = args.zone_intensity
+    if args.carbon_weights is not None:
+        given["carbon_power_weight"], given["carbon_weight"] = args.carbon_weights
     settings, sim_settings = apply_preset_defaults(
         PRESETS[args.preset], BenchSettings(preset=args.preset), SimSettings(), set(given)
     )
@@ -477,6 +586,14 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
     ):
         if not value > 0:
             return f"{flag} must be positive, got {value}"
+    if settings.zones < 1:
+        return f"--zones must be at least 1, got {settings.zones}"
+    if not 0 <= settings.deferrable_share <= 1:
+        return f"--deferrable-share must be 0..1, got {settings.deferrable_share}"
+    if not 0 <= settings.defer_margin < 1:
+        return f"--defer-margin must be 0..1, got {settings.defer_margin}"
+    if not settings.defer_hours > 0:
+        return f"--defer-hours must be positive, got {settings.defer_hours}"
     if sim.tail_s < 0:
         return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
     return None
@@ -508,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = not args.quiet
     try:
         scenario = build_scenario(settings, sim_settings, trace_csv=args.trace)
-    except TraceError as exc:
+    except (TraceError, SeriesError) as exc:
         return fail(str(exc))
     cluster, trace = scenario.cluster, scenario.trace
     log.info(
@@ -569,6 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(results, report)
     if preset.report is not None:
         preset.report(scenario, results)
+    print_preset_figures(results, report)
     cl = report["cluster"]
     print(
         f"cluster: {cl['nodes']} nodes, {cl['cores']:.0f} cores, idle {cl['idle_power_w']:.0f} W, "

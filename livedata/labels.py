@@ -107,3 +107,20 @@ CLOUD_ROLE = "cloud"
 REGION_LABEL = "topology.kubernetes.io/region"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+# ---- carbon intensity (the Carbon plugin) ------------------------------------------------------
+
+# Node label naming the node's grid zone for carbon intensity explicitly; wins over the zone
+# label the Carbon plugin is configured with (REGION_LABEL by default).
+CARBON_ZONE_LABEL = "power-aware-scheduler/carbon-zone"
+# Node annotation: the carbon intensity of the node's own supply in g/kWh (a node on its own
+# solar), overriding its zone's. Without CARBON_INTENSITY_AT_ANNOTATION it is a standing
+# declaration; with it (RFC 3339, written by whatever updates the value) it ages and expires.
+CARBON_INTENSITY_ANNOTATION = "power-aware-scheduler/carbon-intensity-g-per-kwh"
+CARBON_INTENSITY_AT_ANNOTATION = "power-aware-scheduler/carbon-intensity-at"
+# Every node's filter reason, when the Carbon plugin holds a deferrable pod for a cleaner
+# window, starts with this; kube-scheduler copies it into the pod's PodScheduled condition
+# message ("0/16 nodes are available: 16 power-aware-scheduler/carbon-hold: ..."). Tools that
+# wake or add nodes for unschedulable pods match it to leave held pods alone
+# (`livedata.deferral.is_carbon_hold`).
+CARBON_HOLD_REASON = "power-aware-scheduler/carbon-hold"

@@ -241,14 +241,14 @@ def test_errors_name_the_key_at_fault(document: dict, message: str) -> None:
 
 
 def test_a_bad_file_stops_the_service_with_the_file_and_key(tmp_path: Path) -> None:
-    config = write(tmp_path / "bad.yaml", "plugins:\n  score:\n    enabled: [{name: Carbon}]\n")
+    config = write(tmp_path / "bad.yaml", "plugins:\n  score:\n    enabled: [{name: Cheerful}]\n")
     snapshot = write_snapshot(
         tmp_path / "cluster.json", [{"name": "node-01", "allocatable_cpu": 4}]
     )
     arguments = ["--config", str(config), "--cluster", str(snapshot)]
     with pytest.raises(RuntimeError) as failure, run_extender(arguments):
         pass
-    assert f"{config}: plugins.score.enabled[0]: unknown plugin 'Carbon'" in str(failure.value)
+    assert f"{config}: plugins.score.enabled[0]: unknown plugin 'Cheerful'" in str(failure.value)
 
 
 def test_the_shipped_configuration_is_the_default() -> None:

@@ -23,13 +23,18 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
 
 In code: `simulate` runs a `Simulation` tick by tick. `Simulation.step` is the list above, one
 method per step, in that order; `Simulation.result` sums the run up as a `PolicyResult`.
+A preset may add `Meter`s: each sees every tick's per-node power and then fills its figures
+into the result (e.g. `bench.sim.carbon`'s grams of CO2). A trace may give pods their own
+patience (`Trace.max_wait_s`, e.g. deferrable pods that may wait hours).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -65,6 +70,14 @@ class SimSettings:
     empty_node_power_w: float | None = None
     initial_battery_share: float = 0.7
     power_series_step_s: float = 60.0  # resolution of the stored power-over-time series
+
+
+class Meter(Protocol):
+    """A preset's own accounting over a run: sees every tick, then adds to the result."""
+
+    def tick(self, t0_s: float, tick_s: float, node_power_w: np.ndarray) -> None: ...
+
+    def finish(self, result: PolicyResult) -> None: ...
 
 
 @dataclass
@@ -220,9 +233,15 @@ class Simulation:
     """
 
     def __init__(
-        self, cluster: SimCluster, trace: Trace, policy: Policy, settings: SimSettings
+        self,
+        cluster: SimCluster,
+        trace: Trace,
+        policy: Policy,
+        settings: SimSettings,
+        meters: Sequence[Meter] = (),
     ) -> None:
         self.cluster = cluster
+        self.meters = tuple(meters)
         self.trace = trace
         self.policy = policy
         self.settings = settings
@@ -299,6 +318,8 @@ class Simulation:
         # 3. utilisation, temperatures, power (the state over this tick)
         power = self._advance_nodes(t0_s, wanted_cores, hosts_pods)
         self._tally(tick, power, wanted_cores)
+        for meter in self.meters:
+            meter.tick(t0_s, self.settings.tick_s, power.total_w)
         self._remember_telemetry(t0_s)
         # 4. lagged telemetry, as a Prometheus poll would see it
         if tick % self.scrape_every_ticks == 0:
@@ -327,13 +348,16 @@ class Simulation:
                 continue
             if self._try_place(pod, t0_s, attempts + 1):
                 del self.pending[pod]
-            elif (
-                retry_s + retry_interval_s > self.trace.arrival_s[pod] + self.settings.max_pending_s
-            ):
+            elif retry_s + retry_interval_s > self.trace.arrival_s[pod] + self._max_wait_s(pod):
                 del self.pending[pod]
                 self.unplaced += 1
             else:
                 self.pending[pod] = (retry_s + retry_interval_s, attempts + 1)
+
+    def _max_wait_s(self, pod: int) -> float:
+        """How long the pod may wait for a node: its own patience, else `max_pending_s`."""
+        max_wait_s = self.trace.max_wait_s
+        return self.settings.max_pending_s if max_wait_s is None else float(max_wait_s[pod])
 
     def _try_place(self, pod: int, now_s: float, attempt: int) -> bool:
         """Ask the policy for a node; bind the pod there if it found one. Recorded either way."""
@@ -512,7 +536,7 @@ class Simulation:
         series_w = self.total_power_w[: n_ticks - n_ticks % every].reshape(-1, every).mean(axis=1)
         slowdowns = np.array(self.slowdowns) if self.slowdowns else np.ones(1)
         cluster_idle_w = float((cluster.spec.idle_share * cluster.spec.max_power_w).sum())
-        return PolicyResult(
+        result = PolicyResult(
             policy=self.policy.name,
             energy_kwh=energy_kwh(self.total_power_w, tick_s),
             idle_energy_kwh=energy_kwh(np.full(n_ticks, cluster_idle_w), tick_s),
@@ -538,6 +562,9 @@ class Simulation:
             nodes=len(cluster),
             pod_waits_s=np.array(self.waits_s),
         )
+        for meter in self.meters:
+            meter.finish(result)
+        return result
 
 
 def simulate(
@@ -547,9 +574,10 @@ def simulate(
     settings: SimSettings = SimSettings(),
     *,
     progress: bool = False,
+    meters: Sequence[Meter] = (),
 ) -> PolicyResult:
     """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy."""
-    run = Simulation(cluster, trace, policy, settings)
+    run = Simulation(cluster, trace, policy, settings, meters)
     run.start()
     bar = tqdm(
         total=run.n_ticks,

@@ -381,7 +381,7 @@ class ExtenderPolicy(Policy):
         feasible = np.flatnonzero(fits(ledger, pod))
         if feasible.size == 0:
             return Decision(None, reason="NodeResourcesFit: no node has room")
-        pod_json = pod_object(uid, pod)
+        pod_json = self.pod_object(uid, pod)
         if self.feed is not None:
             pod_json["metadata"]["labels"].update(self.feed.pod_labels(uid))
         names = [self.node_names[i] for i in feasible]
@@ -413,6 +413,10 @@ class ExtenderPolicy(Policy):
             score=float(totals[chosen]),
             predicted_increase_w=self._increase_w(pod_json, node),
         )
+
+    def pod_object(self, uid: str, pod: PodRequest) -> dict:
+        """The Pod JSON sent to the extender (a subclass may add metadata, e.g. annotations)."""
+        return pod_object(uid, pod)
 
     def _increase_w(self, pod_json: dict, node: int) -> float:
         if not self.explain:

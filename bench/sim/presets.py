@@ -21,4 +21,5 @@ DEFAULT = register_preset(
 )
 
 # Presets with a world of their own register themselves in their modules (one line each).
+from bench.sim import carbon as _carbon  # noqa: E402, F401  (multizone, power-aware+carbon)
 from bench.sim import edge as _edge  # noqa: E402, F401  (edge: sites, RTTs, delay limits)

@@ -76,7 +76,12 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
         raise ValueError(f"policy {name} needs a model bundle")
     with spec.make(scenario, policy_rng(scenario, name)) as policy:
         result = simulate(
-            scenario.cluster, scenario.trace, policy, scenario.sim_settings, progress=progress
+            scenario.cluster,
+            scenario.trace,
+            policy,
+            scenario.sim_settings,
+            progress=progress,
+            meters=[make() for make in scenario.meters],
         )
         preset = PRESETS.get(scenario.settings.preset)
         if preset is not None and preset.evaluate is not None:
@@ -104,12 +109,14 @@ def extender_policy(
     config_file: Path | None = None,
     rng: np.random.Generator | None = None,
     feed: WorldFeed | None = None,
+    policy_class: type[ExtenderPolicy] = ExtenderPolicy,
 ) -> Iterator[ExtenderPolicy]:
     """Serve the extender for one policy run; yields a policy talking to it over HTTP.
 
     The service is `create_app` on a `Runtime` with its own `ClusterState` (nodes as the Node
     watch would list them), the simulated clock and the scoring profile of `config_file`
-    (default: the built-in one), under a real uvicorn on 127.0.0.1.
+    (default: the built-in one), under a real uvicorn on 127.0.0.1. `policy_class` is the
+    `ExtenderPolicy` (or a subclass that plays more of the cluster) the run talks through.
     """
     config = ExtenderConfig(
         bundle_dir=bundle_dir,
@@ -133,7 +140,7 @@ def extender_policy(
     # No background threads: curves are refreshed synchronously after each telemetry round.
     try:
         with serve_app(create_app(runtime)) as url:
-            policy = ExtenderPolicy(
+            policy = policy_class(
                 name,
                 url,
                 state,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from bench.sim.cluster import SimCluster, build_cluster
-from bench.sim.engine import PolicyResult, SimSettings
+from bench.sim.engine import Meter, PolicyResult, SimSettings
 from bench.sim.workload import Trace, generate_trace, load_trace_csv
 from predictor.bundle import BundleError, read_bundle
 from training.dataset import clean_metrics
@@ -51,6 +51,17 @@ class BenchSettings:
     assumed_window_s: float = 120.0
     reschedule_interval_s: float = 60.0
     delay_share: float = 0.4  # edge preset: share of pods with a delay_<node> limit
+    # The multizone preset (bench.sim.carbon): grid zones, their intensity, deferrable pods.
+    zones: int = 4
+    zone_low_g_per_kwh: float = 50.0
+    zone_high_g_per_kwh: float = 700.0
+    carbon_csv: str | None = None
+    deferrable_share: float = 0.0
+    defer_hours: float = 6.0
+    defer_margin: float = 0.2  # the Carbon plugin's deferMargin in power-aware+carbon
+    # power-aware+carbon's profile: PowerIncrease and Carbon weights (EnergyLevel keeps 0.4).
+    carbon_power_weight: float = 0.4
+    carbon_weight: float = 0.2
 
 
 @dataclass
@@ -64,6 +75,8 @@ class Scenario:
     bundle_dir: Path | None = None  # the extender's models; None until a policy needs them
     # A preset's own world (e.g. "carbon": intensity series per zone), by name.
     world: dict[str, object] = field(default_factory=dict)
+    # A preset's own accounting, one fresh `bench.sim.engine.Meter` per policy run.
+    meters: list[Callable[[], Meter]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class Trace:
     memory_bytes: np.ndarray  # int64 bytes requested (0 = none)
     duration_s: np.ndarray  # work at full speed
     usage_ratio: np.ndarray  # CPU actually used / requested
+    # Seconds each pod may wait for a node before it counts as unplaced (None: the simulator's
+    # max_pending_s for every pod); deferrable pods wait longer.
+    max_wait_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)

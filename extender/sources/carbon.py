@@ -1,0 +1,333 @@
+"""Carbon intensity in the background: poll the configured sources, publish one snapshot.
+
+The Carbon plugin (`extender.plugins.carbon`) scores and defers pods from each zone's current
+carbon intensity and forecast. Reading them means HTTP calls to services that answer in
+hundreds of milliseconds and sometimes not at all, so it happens here, in a thread, never on
+the request path. Every `interval_s` the `CarbonSource` asks each provider
+(`extender.sources.carbon_providers`) for the readings of the cluster's zones (the zone names
+on the nodes, found through the plugin's zone attribute), merges them into an immutable
+`CarbonSnapshot` and publishes it with `state.set_signal(CARBON_SIGNAL, snapshot)`; each
+request then reads the snapshot its view carries.
+
+When a provider fails, its previous readings stay in the snapshot and age: each entry carries
+the time it stops being usable (`valid_until_s`: the reading's own time plus the max age, the
+source's `maxAgeSeconds` or the plugin's), and a forecast likewise (`forecast_valid_until_s`,
+from when it was generated). Past that the plugin treats the zone as having no data: it scores
+it neutral and never holds a pod on its forecast. The failure is logged once per streak and
+counted (`power_aware_extender_carbon_source_polls_total{source, outcome}`). When two sources
+report the same zone and signal, the newer reading wins.
+
+Scrape-time gauges describe the snapshot:
+`power_aware_extender_carbon_intensity_g_per_kwh{zone, signal, source}` and
+`power_aware_extender_carbon_intensity_age_seconds{zone, signal, source}` (node-local readings:
+`power_aware_extender_carbon_node_intensity_*{node, signal, source}`),
+`power_aware_extender_carbon_forecast_horizon_seconds{zone, signal, source}` (how far ahead the
+forecast reaches) and
+`power_aware_extender_carbon_source_last_success_timestamp_seconds{source}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from extender.sources.carbon_providers import CarbonSourceError, Provider, Readings
+from extender.state import ClusterState
+from livedata.carbon import IntensityReading, value_at
+
+log = logging.getLogger(__name__)
+
+CARBON_SIGNAL = "carbon"  # the state signal the snapshot is published under
+PREFIX = "power_aware_extender_carbon"
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One zone's (or node's) reading and until when its value and its forecast may be used."""
+
+    reading: IntensityReading
+    valid_until_s: float  # observed_at + max age; -inf when the reading has no current value
+    forecast_valid_until_s: float  # generated_at + forecast max age; -inf without a forecast
+
+    def current_g_per_kwh(self, now_s: float) -> float:
+        """The value for now: the reading's if still valid, else a fresh forecast's for now."""
+        if now_s <= self.valid_until_s:
+            return self.reading.g_per_kwh
+        if now_s <= self.forecast_valid_until_s:
+            return value_at(self.reading.forecast, now_s)
+        return math.nan
+
+
+@dataclass(frozen=True, eq=False)
+class CarbonSnapshot:
+    """Every zone's and node-local intensity as the sources last read them; immutable.
+
+    `zones` and `nodes` map (zone or node name, signal) to an `Entry`.
+    """
+
+    zones: Mapping[tuple[str, str], Entry]
+    nodes: Mapping[tuple[str, str], Entry]
+    published_at_s: float
+    sources: Mapping[str, str] = field(default_factory=dict)  # name -> description
+
+
+EMPTY_SNAPSHOT = CarbonSnapshot(MappingProxyType({}), MappingProxyType({}), -math.inf)
+
+
+def build_snapshot(
+    zone_readings: Iterable[IntensityReading],
+    node_readings: Iterable[IntensityReading],
+    *,
+    published_at_s: float,
+    max_age_s: float,
+    forecast_max_age_s: float,
+    source_max_age_s: Mapping[str, float] | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> CarbonSnapshot:
+    """Readings into a snapshot; the newest reading per (name, signal) wins.
+
+    `source_max_age_s` overrides `max_age_s` (and the forecast's) for the sources it names.
+    """
+    overrides = source_max_age_s or {}
+
+    def entries(readings: Iterable[IntensityReading]) -> Mapping[tuple[str, str], Entry]:
+        chosen: dict[tuple[str, str], Entry] = {}
+        for reading in readings:
+            age_s = overrides.get(reading.source, max_age_s)
+            forecast_age_s = overrides.get(reading.source, forecast_max_age_s)
+            entry = Entry(
+                reading,
+                reading.observed_at_s + age_s if math.isfinite(reading.g_per_kwh) else -math.inf,
+                reading.forecast_generated_at_s + forecast_age_s
+                if reading.forecast and math.isfinite(reading.forecast_generated_at_s)
+                else -math.inf,
+            )
+            key = (reading.name, reading.signal)
+            previous = chosen.get(key)
+            if previous is None or reading.observed_at_s >= previous.reading.observed_at_s:
+                chosen[key] = entry
+        return MappingProxyType(chosen)
+
+    return CarbonSnapshot(
+        entries(zone_readings),
+        entries(node_readings),
+        published_at_s,
+        MappingProxyType(dict(sources or {})),
+    )
+
+
+@dataclass
+class ProviderStatus:
+    """One provider's health, for /status and /metrics."""
+
+    description: str
+    polls_total: int = 0
+    failures_total: int = 0
+    consecutive_failures: int = 0
+    last_success_at_s: float | None = None
+    last_error: str | None = None
+    readings: Readings = field(default_factory=Readings)
+
+
+class CarbonSource:
+    """Background poller of the carbon providers, publishing `CarbonSnapshot`s into the state."""
+
+    def __init__(
+        self,
+        providers: Sequence[Provider],
+        state: ClusterState,
+        zones: Callable[[], Iterable[str]],
+        *,
+        interval_s: float,
+        max_age_s: float,
+        forecast_max_age_s: float,
+        clock: Clock = time.time,
+        registry: object = None,
+    ) -> None:
+        if not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
+        self.providers = tuple(providers)
+        self.interval_s = float(interval_s)
+        self.max_age_s = max_age_s
+        self.forecast_max_age_s = forecast_max_age_s
+        self._state = state
+        self._zones = zones
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.health = {p.name: ProviderStatus(p.describe()) for p in self.providers}
+        self.snapshot = EMPTY_SNAPSHOT
+        if registry is not None:
+            registry.register(_SnapshotCollector(self))
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="carbon-source", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.poll_once()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    # ---- one poll -------------------------------------------------------------------------
+
+    def poll_once(self) -> CarbonSnapshot:
+        """Ask every provider once and publish the merged snapshot. Never raises."""
+        with self._lock:
+            now_s = self._clock()
+            try:
+                zones = sorted({zone for zone in self._zones() if zone})
+            except Exception:  # the view must not stop the poll
+                log.exception("carbon source: cannot list the cluster's zones")
+                zones = []
+            for provider in self.providers:
+                self._poll(provider, now_s, zones)
+            snapshot = build_snapshot(
+                (r for h in self.health.values() for r in h.readings.zones),
+                (r for h in self.health.values() for r in h.readings.nodes),
+                published_at_s=now_s,
+                max_age_s=self.max_age_s,
+                forecast_max_age_s=self.forecast_max_age_s,
+                source_max_age_s={
+                    p.name: p.max_age_s for p in self.providers if p.max_age_s is not None
+                },
+                sources={p.name: p.describe() for p in self.providers},
+            )
+            self.snapshot = snapshot
+            self._state.set_signal(CARBON_SIGNAL, snapshot)
+            return snapshot
+
+    def _poll(self, provider: Provider, now_s: float, zones: Sequence[str]) -> None:
+        health = self.health[provider.name]
+        health.polls_total += 1
+        try:
+            readings = provider.fetch(now_s, zones)
+        except CarbonSourceError as exc:
+            self._failed(provider, health, str(exc))
+            return
+        except Exception as exc:  # a bug in one provider must not stop the others
+            log.exception("carbon source %s failed unexpectedly", provider.name)
+            self._failed(provider, health, f"{type(exc).__name__}: {exc}")
+            return
+        if health.consecutive_failures:
+            log.info(
+                "carbon source %s recovered after %d failed polls",
+                provider.name,
+                health.consecutive_failures,
+            )
+        asked = set(zones)
+        missing = sorted(asked - {r.name for r in readings.zones}) if readings.zones else []
+        if missing and provider.kind not in ("prometheus", "file"):
+            log.debug("carbon source %s has no data for zones %s", provider.name, missing)
+        health.readings = readings
+        health.consecutive_failures = 0
+        health.last_error = None
+        health.last_success_at_s = now_s
+
+    def _failed(self, provider: Provider, health: ProviderStatus, message: str) -> None:
+        if health.consecutive_failures == 0:
+            log.warning(
+                "carbon source %s failed, keeping its last readings until they expire: %s",
+                provider.name,
+                message,
+            )
+        health.consecutive_failures += 1
+        health.failures_total += 1
+        health.last_error = message
+
+    def status(self) -> dict[str, object]:
+        """Each provider's health and the zones it reported (JSON-ready)."""
+        return {
+            name: {
+                "source": h.description,
+                "polls_total": h.polls_total,
+                "failures_total": h.failures_total,
+                "consecutive_failures": h.consecutive_failures,
+                "last_success_at_s": h.last_success_at_s,
+                "last_error": h.last_error,
+                "zones": sorted({r.name for r in h.readings.zones}),
+                "nodes": sorted({r.name for r in h.readings.nodes}),
+            }
+            for name, h in self.health.items()
+        }
+
+
+class _SnapshotCollector(Collector):
+    """Scrape-time gauges from the latest snapshot and the providers' counters."""
+
+    def __init__(self, source: CarbonSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._source
+        now_s = source._clock()
+        snapshot = source.snapshot
+        families = {}
+        for kind in ("zone", "node"):
+            infix = "" if kind == "zone" else "node_"
+            families[kind] = (
+                GaugeMetricFamily(
+                    f"{PREFIX}_{infix}intensity_g_per_kwh",
+                    f"Carbon intensity a source last reported for a {kind} (gCO2eq/kWh)",
+                    labels=[kind, "signal", "source"],
+                ),
+                GaugeMetricFamily(
+                    f"{PREFIX}_{infix}intensity_age_seconds",
+                    "Age of that value: now minus the time it describes",
+                    labels=[kind, "signal", "source"],
+                ),
+            )
+        horizon = GaugeMetricFamily(
+            f"{PREFIX}_forecast_horizon_seconds",
+            "How far ahead of now the zone's forecast reaches (0: none left)",
+            labels=["zone", "signal", "source"],
+        )
+        for kind, entries in (("zone", snapshot.zones), ("node", snapshot.nodes)):
+            intensity, age = families[kind]
+            for (name, signal), entry in sorted(entries.items()):
+                reading = entry.reading
+                labels = [name, signal, reading.source]
+                if math.isfinite(reading.g_per_kwh):
+                    intensity.add_metric(labels, reading.g_per_kwh)
+                    age.add_metric(labels, now_s - reading.observed_at_s)
+                if kind == "zone" and reading.forecast:
+                    horizon.add_metric(labels, max(0.0, reading.forecast[-1].end_s - now_s))
+        polls = CounterMetricFamily(
+            f"{PREFIX}_source_polls",
+            "Polls of each carbon source, by outcome (success, failure)",
+            labels=["source", "outcome"],
+        )
+        last = GaugeMetricFamily(
+            f"{PREFIX}_source_last_success_timestamp_seconds",
+            "When each carbon source last answered (Unix seconds)",
+            labels=["source"],
+        )
+        for name, health in source.health.items():
+            polls.add_metric([name, "success"], health.polls_total - health.failures_total)
+            polls.add_metric([name, "failure"], health.failures_total)
+            if health.last_success_at_s is not None:
+                last.add_metric([name], health.last_success_at_s)
+        yield from (*families["zone"], *families["node"], horizon, polls, last)
