@@ -19,6 +19,7 @@ from controllers.node_power.views import (
     cluster_view,
     eviction_blockers,
     pending_beyond_waking,
+    pending_pods,
     power_record,
     selector_matches,
     unmanaged_reason,
@@ -297,3 +298,14 @@ def test_idle_watts_at_current_temperatures_from_prometheus(tmp_path: Path) -> N
             assert idle.last_reading_error
         finally:
             prom.stop()
+
+
+def test_a_pod_the_carbon_plugin_holds_wakes_no_node() -> None:
+    waiting = pod("batch-1", None, "4", pending=True)
+    held = pod("batch-2", None, "4", pending=True)
+    # kube-scheduler's message carries each failing node's reason from the extender.
+    held["status"]["conditions"][0]["message"] = (
+        "0/5 nodes are available: 5 power-aware-scheduler/carbon-hold: a cleaner window "
+        "(-31 %) starts at 13:00, before the deadline 18:00."
+    )
+    assert [p.name for p in pending_pods([waiting, held], SCHEDULER)] == ["default/batch-1"]

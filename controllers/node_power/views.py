@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from controllers.node_power.policy import NodeView, PendingPod, PodInfo
+from livedata.deferral import is_carbon_hold
 from livedata.labels import (
     MIRROR_POD_ANNOTATION,
     POWER_MANAGEMENT_DISABLED_ANNOTATION,
@@ -364,7 +365,12 @@ def pod_infos(pods: Sequence[JsonObject], budgets: Sequence[Budget]) -> tuple[Po
 
 
 def is_pending_unschedulable(pod: JsonObject, scheduler_name: str) -> bool:
-    """A pod for `scheduler_name` that waits because no node could take it."""
+    """A pod for `scheduler_name` that waits because no node could take it.
+
+    A pod the Carbon plugin holds for a cleaner hour (its PodScheduled message carries the
+    hold reason) is not waiting for a node: waking one for it would burn the very energy the
+    hold saves.
+    """
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     if spec.get("schedulerName") != scheduler_name or spec.get("nodeName"):
         return False
@@ -374,6 +380,7 @@ def is_pending_unschedulable(pod: JsonObject, scheduler_name: str) -> bool:
         c.get("type") == "PodScheduled"
         and c.get("status") == "False"
         and c.get("reason") == "Unschedulable"
+        and not is_carbon_hold(c.get("message"))
         for c in status.get("conditions") or []
     )
 
