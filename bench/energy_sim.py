@@ -392,6 +392,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="if set, a node running no pods sleeps at this power (instant wake-up, "
         "optimistic); by default every node stays on and pays its idle power",
     )
+    power = parser.add_argument_group(
+        "power states (policies with power management: default+autoscaler, "
+        "power-aware+power-management; bench.sim.power cites the figures)"
+    )
+    power.add_argument(
+        "--boot-time",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds from power-on to a Ready node that takes pods "
+        f"(default {s.boot_s:g}: published figures span 8 s to 15+ min)",
+    )
+    power.add_argument(
+        "--boot-power-share",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="power while booting, between idle (0) and peak (1) "
+        f"(default {s.boot_power_share:g}: an assumption)",
+    )
+    power.add_argument(
+        "--shutdown-time",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help=f"seconds a node draws idle power shutting down (default {s.shutdown_s:g})",
+    )
+    power.add_argument(
+        "--off-power",
+        metavar="WATTS",
+        type=float,
+        default=None,
+        help=f"watts a node draws while off, its BMC on standby (default {s.off_power_w:g}: "
+        "an assumption, 5-15 W)",
+    )
+    power.add_argument(
+        "--power-interval",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds between the power managers' rounds (cluster-autoscaler's --scan-interval; "
+        f"default {s.power_interval_s:g})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -425,6 +468,11 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "max_pending": ("max_pending_s", 1),
     "tail_hours": ("tail_s", 3600.0),
     "empty_node_power": ("empty_node_power_w", 1),
+    "boot_time": ("boot_s", 1),
+    "boot_power_share": ("boot_power_share", 1),
+    "shutdown_time": ("shutdown_s", 1),
+    "off_power": ("off_power_w", 1),
+    "power_interval": ("power_interval_s", 1),
 }
 
 
@@ -468,6 +516,17 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
             return f"{flag} must be positive, got {value}"
     if sim.tail_s < 0:
         return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
+    for flag, value in (
+        ("--boot-time", sim.boot_s),
+        ("--shutdown-time", sim.shutdown_s),
+        ("--off-power", sim.off_power_w),
+    ):
+        if not value >= 0:
+            return f"{flag} must be >= 0, got {value}"
+    if not 0 <= sim.boot_power_share <= 1:
+        return f"--boot-power-share must be 0..1, got {sim.boot_power_share}"
+    if not sim.power_interval_s > 0:
+        return f"--power-interval must be positive, got {sim.power_interval_s}"
     return None
 
 

@@ -95,12 +95,14 @@ def extender_policy(
     hears_labels: bool = True,
     config_file: Path | None = None,
     rng: np.random.Generator | None = None,
+    policy_class: type[ExtenderPolicy] = ExtenderPolicy,
 ) -> Iterator[ExtenderPolicy]:
     """Serve the extender for one policy run; yields a policy talking to it over HTTP.
 
     The service is `create_app` on a `Runtime` with its own `ClusterState` (nodes as the Node
     watch would list them), the simulated clock and the scoring profile of `config_file`
-    (default: the built-in one), under a real uvicorn on 127.0.0.1.
+    (default: the built-in one), under a real uvicorn on 127.0.0.1. `policy_class` is an
+    `ExtenderPolicy` subclass that plays more of the watches (e.g. `bench.sim.power`'s).
     """
     config = ExtenderConfig(
         bundle_dir=bundle_dir,
@@ -124,7 +126,7 @@ def extender_policy(
     # No background threads: curves are refreshed synchronously after each telemetry round.
     try:
         with serve_app(create_app(runtime)) as url:
-            policy = ExtenderPolicy(
+            policy = policy_class(
                 name,
                 url,
                 state,
