@@ -123,14 +123,37 @@ def plot_power(path: Path, results: Sequence[PolicyResult], last_arrival_s: floa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 5))
+    managed = [r for r in results if r.nodes_on is not None]
+    if managed:  # policies with power management: how many nodes were on, below the power
+        fig, (ax, nodes_ax) = plt.subplots(
+            2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(11, 5))
+    colours = {}
     for result in results:
-        ax.plot(
+        (line,) = ax.plot(
             result.power_times_s / 3600.0,
             result.power_w / 1000.0,
             label=f"{result.policy} ({result.energy_kwh:.1f} kWh)",
             linewidth=1.0,
         )
+        colours[result.policy] = line.get_color()
+    if managed:
+        for result in managed:
+            nodes_on = result.nodes_on
+            nodes_ax.plot(
+                result.power_times_s[: nodes_on.size] / 3600.0,
+                nodes_on,
+                color=colours[result.policy],
+                linewidth=1.0,
+                label=result.policy,
+            )
+        nodes_ax.set_ylabel("nodes on")
+        nodes_ax.set_xlabel("simulated time (h)")
+        nodes_ax.set_ylim(0, max(r.nodes for r in results) + 0.5)
+        nodes_ax.grid(alpha=0.3)
+        nodes_ax.legend(fontsize=8, loc="lower right")
     # The run goes on after the last arrival until running pods finish (--tail-hours).
     ax.axvline(last_arrival_s / 3600.0, color="grey", linestyle=":", linewidth=1.0)
     ax.annotate(
@@ -142,7 +165,8 @@ def plot_power(path: Path, results: Sequence[PolicyResult], last_arrival_s: floa
         fontsize=8,
         color="grey",
     )
-    ax.set_xlabel("simulated time (h)")
+    if not managed:
+        ax.set_xlabel("simulated time (h)")
     ax.set_ylabel("cluster power (kW, 1-min mean)")
     ax.set_title("Cluster power over time per placement policy")
     ax.grid(alpha=0.3)
@@ -187,6 +211,7 @@ COLUMNS: tuple[tuple[str, int, str], ...] = (
     ("above envelope kWh", 18, "drawn above the curves' convex envelopes (partly loaded nodes)"),
     ("unplaced", 8, "pods never placed within --max-pending"),
     ("wait p99 s", 10, "99th percentile of arrival-to-placement time"),
+    ("wait max s", 10, "longest arrival-to-placement time"),
     ("moved", 5, "running pods moved by a rescheduling policy"),
     ("slowdown", 8, "mean (run time / work): > 1 when nodes are overcommitted"),
     ("overcommit node-h", 17, "node-hours with more CPU wanted than the node has"),
@@ -208,6 +233,7 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
             f"{result.above_envelope_energy_kwh:.2f}",
             f"{result.unplaced_pods:d}",
             f"{entry['pod_wait_s']['p99']:.0f}",
+            f"{entry['pod_wait_s']['max']:.0f}",
             f"{result.moved_pods:d}",
             f"{result.mean_slowdown:.3f}",
             f"{result.overcommitted_node_hours:.2f}",

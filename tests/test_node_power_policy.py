@@ -246,3 +246,18 @@ def test_arrival_rate_is_the_highest_of_its_windows_and_forgets_old_arrivals() -
     assert meter.rate(2000.0) == 0.0
     with pytest.raises(ValueError, match="windows_s"):
         ArrivalRateMeter(windows_s=(0.0,))
+
+
+def test_a_node_is_unneeded_only_while_the_others_keep_the_headroom_without_it() -> None:
+    nodes = [node("busy", pods=[pod(12)]), node("spare")]  # 4 + 16 cores free
+    # 0.005 cores/s over a 300 s boot: 1.5 cores of headroom; busy keeps it without spare.
+    calm = decide(nodes, [], 0.005, {}, NOW_S, SETTINGS)
+    assert set(calm.unneeded_since) == {"spare"}
+    # A burst: 0.02 cores/s wants 6 cores; without spare only 4 are free. Its clock restarts,
+    # so it goes off only once the headroom has held without it for the whole unneeded time.
+    burst = decide(nodes, [], 0.02, calm.unneeded_since, NOW_S + 300, SETTINGS)
+    assert burst.unneeded_since == {} and not burst.power_off
+    after = decide(nodes, [], 0.005, burst.unneeded_since, NOW_S + 600, SETTINGS)
+    assert after.unneeded_since == {"spare": NOW_S + 600}
+    assert not decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1199, SETTINGS).power_off
+    assert decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1200, SETTINGS).power_off

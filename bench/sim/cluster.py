@@ -9,8 +9,9 @@ models only ever see sampled, noisy telemetry: the simulator's ground truth neve
 the extender.
 
 What the model assumes (and so what energy figures mean): every node is on for the whole run
-and pays its idle power whatever runs on it (no power-off of empty nodes); power depends on
-CPU utilisation and temperature only (memory, disks and network are not modelled).
+and pays its idle power whatever runs on it, except under the policies with power management
+(`bench.sim.power`: nodes off, booting, shutting down); power depends on CPU utilisation and
+temperature only (memory, disks and network are not modelled).
 
 Every node carries a `topology.kubernetes.io/zone` label (`ZONES`, in turn: three failure
 zones, as cloud regions and most on-premises layouts have) and runs the DaemonSet pods of

@@ -125,6 +125,8 @@ class PolicyResult:
     failed_pod_starts: int = 0
     # A preset's own figures (e.g. mean carbon intensity), reported as they are.
     kpis: dict[str, float] = field(default_factory=dict)
+    # Nodes on (taking pods) over time, on `power_times_s`; None when every node stays on.
+    nodes_on: np.ndarray | None = field(repr=False, default=None)
 
     @property
     def power_cycles_per_node_day(self) -> float:

@@ -125,6 +125,7 @@ class PowerManager:
         self.baseline_j = 0.0  # what the nodes would draw with no pods, in their power states
         self.off_node_s = 0.0
         self.booting_node_s = 0.0
+        self.nodes_on = np.zeros(sim.n_ticks)  # per tick
 
     def step(self, sim: Simulation, t0_s: float, t1_s: float) -> None:
         """After the tick's placements: finish boots and shutdowns, then maybe a control round."""
@@ -147,6 +148,9 @@ class PowerManager:
         self.baseline_j += float(baseline_w.sum()) * tick_s
         self.off_node_s += int(np.count_nonzero(off)) * tick_s
         self.booting_node_s += int(np.count_nonzero(booting)) * tick_s
+        tick = round(t0_s / tick_s)
+        if tick < self.nodes_on.size:
+            self.nodes_on[tick] = np.count_nonzero(on)
         return NodePower(
             total_w,
             np.where(powered, power.fan_w, 0.0),
@@ -156,6 +160,9 @@ class PowerManager:
     def finish(self, sim: Simulation, result: PolicyResult) -> None:
         """The run's power figures into the result."""
         result.power_cycles = self.power_offs
+        every = max(1, round(sim.settings.power_series_step_s / sim.settings.tick_s))
+        whole = self.nodes_on.size - self.nodes_on.size % every
+        result.nodes_on = self.nodes_on[:whole].reshape(-1, every).mean(axis=1)
         # "Above idle" for a power-managed policy: above what the nodes draw with no pods in
         # the power states they were in (off nodes at their off power, booting at boot power).
         result.idle_energy_kwh = self.baseline_j / 3.6e6

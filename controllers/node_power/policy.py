@@ -19,14 +19,16 @@ answers:
   wakes more nodes than the demand needs. Before waking anything it takes drains back: an
   uncordon is free, a boot is not;
 - **power off** and **drain**: nodes that have been unneeded for `unneeded_time_s`. A node is
-  unneeded when it runs nothing but DaemonSet and mirror pods (then it is powered off at
-  once), or, with `consolidate`, when its requests are under `utilization_threshold` of its
-  allocatable CPU and every pod on it may be evicted and fits on the nodes that stay on
-  (then it is drained first, at most `max_drains_per_round` per round). The worst nodes go
-  first: most idle watts per allocatable core. Powering off stops before the free capacity
-  of the nodes left on falls below the headroom, before fewer than `min_on_nodes` are on,
-  and before more than `max_off_fraction` of the managed nodes are off; a node powered on
-  less than `cooldown_s` ago stays on (at most one power cycle per cool-down per node);
+  unneeded while the other nodes on would keep the headroom without it (so a burst of
+  arrivals restarts its clock: the hysteresis between waking and powering off) and it runs
+  nothing but DaemonSet and mirror pods (then it is powered off at once) or, with
+  `consolidate`, its requests are under `utilization_threshold` of its allocatable CPU and
+  every pod on it may be evicted and fits on the nodes that stay on (then it is drained
+  first, at most `max_drains_per_round` per round). The worst nodes go first: most idle watts
+  per allocatable core. Powering off stops before the free capacity of the nodes left on
+  falls below the headroom, before fewer than `min_on_nodes` are on, and before more than
+  `max_off_fraction` of the managed nodes are off; a node powered on less than `cooldown_s`
+  ago stays on (at most one power cycle per cool-down per node);
 - **unneeded_since**: the bookkeeping for the next round.
 
 Only nodes that are `managed` (opted in by the label, no kill switch, no cluster-autoscaler
@@ -270,7 +272,7 @@ def decide(
             free_cores=free,
             unplaceable=plan.unplaceable,
         )
-    since = _unneeded_since(nodes, unneeded_since, now_s, settings)
+    since = _unneeded_since(nodes, unneeded_since, target, now_s, settings)
     power_off, drain = _plan_off(nodes, since, target, now_s, settings)
     return Decisions(
         power_off=power_off,
@@ -504,13 +506,28 @@ def _per_core_key(node: NodeView) -> tuple[float, str]:
 def _unneeded_since(
     nodes: Sequence[NodeView],
     previous: Mapping[str, float],
+    target: float,
     now_s: float,
     settings: PolicySettings,
 ) -> dict[str, float]:
+    """Since when each unneeded node has been unneeded (its clock restarts when it is needed).
+
+    Unneeded includes the headroom: the other nodes on could take the node's pods and still
+    keep the headroom this round. So a node goes off only after the headroom has held without
+    it for the whole `unneeded_time_s`, like the scale-down stabilization window of
+    Kubernetes' HorizontalPodAutoscaler: a burst of arrivals restarts the clock, and a node
+    woken for a burst is not powered off again the minute the burst's rate dips.
+    """
+    on = [n for n in nodes if n.state == POWER_ON]
+    free_on = sum(_free_cpu(n) for n in on)
     since = {}
-    for node in nodes:
-        if node.state == POWER_ON and node.managed and _unneeded(node, settings) is not None:
-            since[node.name] = previous.get(node.name, now_s)
+    for node in on:
+        if not node.managed or _unneeded(node, settings) is None:
+            continue
+        free_without = free_on - _free_cpu(node) - node.requested_cpu
+        if free_without + _EPS_CORES < target:
+            continue
+        since[node.name] = previous.get(node.name, now_s)
     return since
 
 
