@@ -461,6 +461,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the power managers' rounds (cluster-autoscaler's --scan-interval; "
         f"default {s.power_interval_s:g})",
     )
+    power.add_argument(
+        "--power-management-profile",
+        metavar="FILE",
+        default=None,
+        help="the extender's profile in power-aware+power-management (default "
+        "bench/sim/profiles/power-management.yaml: the default profile + Consolidation)",
+    )
+    power.add_argument(
+        "--cooldown",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="the node power controller's cool-down: a node powered on less than this long ago "
+        "stays on (default: controllers.node_power.policy's, 1800)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -499,6 +514,8 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "shutdown_time": ("shutdown_s", 1),
     "off_power": ("off_power_w", 1),
     "power_interval": ("power_interval_s", 1),
+    "power_management_profile": ("power_management_profile", 1),
+    "cooldown": ("power_cooldown_s", 1),
 }
 
 
@@ -551,6 +568,11 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
             return f"{flag} must be >= 0, got {value}"
     if not 0 <= sim.boot_power_share <= 1:
         return f"--boot-power-share must be 0..1, got {sim.boot_power_share}"
+    if settings.power_cooldown_s is not None and not settings.power_cooldown_s >= 0:
+        return f"--cooldown must be >= 0, got {settings.power_cooldown_s}"
+    profile = settings.power_management_profile
+    if profile and not Path(profile).is_file():
+        return f"--power-management-profile: no such file {profile}"
     if not sim.power_interval_s > 0:
         return f"--power-interval must be positive, got {sim.power_interval_s}"
     return None

@@ -13,6 +13,7 @@ off power, from `SimSettings`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,18 +44,21 @@ def power_aware_with_power_management(
     scenario: Scenario, rng: np.random.Generator
 ) -> Iterator[Policy]:
     assert scenario.bundle_dir is not None
+    bench = scenario.settings
     with extender_policy(
         "power-aware+power-management",
         scenario.cluster,
         scenario.bundle_dir,
-        scenario.settings,
+        bench,
         hears_labels=False,
-        config_file=POWER_MANAGEMENT_PROFILE,
+        config_file=Path(bench.power_management_profile or POWER_MANAGEMENT_PROFILE),
         rng=rng,
         policy_class=PowerAwareExtenderPolicy,
     ) as policy:
         assert isinstance(policy, PowerAwareExtenderPolicy)
         settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
+        if bench.power_cooldown_s is not None:
+            settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
         policy.power = PowerManagement(
             scenario.sim_settings, scenario.bundle_dir, settings, extender=policy
         )

@@ -50,6 +50,10 @@ class BenchSettings:
     battery_share: float = 0.25
     assumed_window_s: float = 120.0
     reschedule_interval_s: float = 60.0
+    # power-aware+power-management: the extender's profile ("": bench/sim/profiles'
+    # power-management.yaml) and the controller's cool-down (None: PolicySettings' default).
+    power_management_profile: str = ""
+    power_cooldown_s: float | None = None
 
 
 @dataclass
