@@ -476,6 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the node power controller's cool-down: a node powered on less than this long ago "
         "stays on (default: controllers.node_power.policy's, 1800)",
     )
+    power.add_argument(
+        "--arrival-windows",
+        metavar="S1,S2",
+        type=_seconds_list,
+        default=None,
+        help="windows (seconds) of the controller's arrival-rate meter, whose highest rate sets "
+        "the headroom (default: controllers.node_power.policy.ArrivalRateMeter's, 60,600)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -516,7 +524,19 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "power_interval": ("power_interval_s", 1),
     "power_management_profile": ("power_management_profile", 1),
     "cooldown": ("power_cooldown_s", 1),
+    "arrival_windows": ("arrival_windows_s", 1),
 }
+
+
+def _seconds_list(text: str) -> tuple[float, ...]:
+    """'60,600' -> (60.0, 600.0): positive seconds, for --arrival-windows."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r}") from None
+    if not values or not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"windows must be positive seconds, got {text!r}")
+    return values
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BenchSettings, SimSettings]:

@@ -24,7 +24,7 @@ from bench.sim.policies import DefaultPolicy, Policy
 from bench.sim.power import PowerAwareExtenderPolicy, PowerManagement
 from bench.sim.runner import PolicySpec, extender_policy, register_policy
 from bench.sim.scenario import Scenario
-from controllers.node_power.policy import PolicySettings
+from controllers.node_power.policy import ArrivalRateMeter, PolicySettings
 
 POWER_MANAGEMENT_PROFILE = Path(__file__).parent / "profiles" / "power-management.yaml"
 
@@ -59,9 +59,10 @@ def power_aware_with_power_management(
         settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
         if bench.power_cooldown_s is not None:
             settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
-        policy.power = PowerManagement(
-            scenario.sim_settings, scenario.bundle_dir, settings, extender=policy
-        )
+        manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
+        if bench.arrival_windows_s:
+            manager.meter = ArrivalRateMeter(bench.arrival_windows_s)
+        policy.power = manager
         yield policy
 
 

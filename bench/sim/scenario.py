@@ -51,9 +51,11 @@ class BenchSettings:
     assumed_window_s: float = 120.0
     reschedule_interval_s: float = 60.0
     # power-aware+power-management: the extender's profile ("": bench/sim/profiles'
-    # power-management.yaml) and the controller's cool-down (None: PolicySettings' default).
+    # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
     power_management_profile: str = ""
     power_cooldown_s: float | None = None
+    # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
+    arrival_windows_s: tuple[float, ...] = ()
 
 
 @dataclass
