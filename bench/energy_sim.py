@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds_list,
         default=None,
         help="windows (seconds) of the controller's arrival-rate meter, whose highest rate sets "
-        "the headroom (default: controllers.node_power.policy.ArrivalRateMeter's, 60,600)",
+        "the headroom (default: one boot time and six, ArrivalRateMeter.for_boot_time)",
     )
     out = parser.add_argument_group("output")
     out.add_argument(

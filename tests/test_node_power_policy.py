@@ -261,3 +261,8 @@ def test_a_node_is_unneeded_only_while_the_others_keep_the_headroom_without_it()
     assert after.unneeded_since == {"spare": NOW_S + 600}
     assert not decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1199, SETTINGS).power_off
     assert decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1200, SETTINGS).power_off
+
+
+def test_the_meter_for_a_boot_time_looks_back_one_boot_and_six() -> None:
+    assert ArrivalRateMeter.for_boot_time(300.0).windows_s == (300.0, 1800.0)
+    assert ArrivalRateMeter.for_boot_time(5.0).windows_s == (60.0, 360.0)

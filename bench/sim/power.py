@@ -307,7 +307,7 @@ class PowerManagement(PowerManager):
         self.policy_settings = policy_settings or PolicySettings(boot_s=settings.boot_s)
         self.predictor = Predictor.load(bundle_dir)
         self.extender = extender
-        self.meter = ArrivalRateMeter()
+        self.meter = ArrivalRateMeter.for_boot_time(settings.boot_s)
         self.unneeded_since: Mapping[str, float] = {}
         self.decision_log: list[tuple[float, str, str, str]] = []  # (time, what, node, why)
         self._curves: CurveTable | None = None
