@@ -23,7 +23,6 @@ import functools
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 DEFAULT_POD_CPU_MILLICORES = 100
@@ -97,37 +96,6 @@ def pod_cpu_demand_cores(pod: Mapping) -> float:
     if total_m > MAX_CPU_CORES * 1000:
         raise ValueError(f"pod CPU demand {total_m / 1000:g} cores exceeds {MAX_CPU_CORES:g}")
     return total_m / 1000.0
-
-
-# ---- CPU requested per node -------------------------------------------------------------------
-
-# The state signal (`ClusterState.set_signal`) under which the Pod watch publishes `NodeRequests`.
-REQUESTED_CPU_SIGNAL = "requested_cpu"
-# A static pod's mirror carries this annotation (kubelet's `kubetypes.ConfigMirrorAnnotationKey`).
-MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
-
-
-@dataclass(frozen=True)
-class NodeRequests:
-    """CPU requested on each node by the pods bound there, DaemonSet and mirror pods left out.
-
-    What the node power controller would have to move to power a node off, and what its
-    utilisation threshold compares with allocatable CPU (`controllers.node_power.policy`). A
-    node missing from `cores` runs no such pod. Immutable: published whole on every change.
-    """
-
-    cores: Mapping[str, float]
-
-
-def is_daemon_pod(pod: Mapping) -> bool:
-    """Whether the pod goes with its node: owned by a DaemonSet, or a static pod's mirror."""
-    metadata = pod.get("metadata") or {}
-    if MIRROR_POD_ANNOTATION in (metadata.get("annotations") or {}):
-        return True
-    return any(
-        isinstance(owner, Mapping) and owner.get("kind") == "DaemonSet"
-        for owner in metadata.get("ownerReferences") or ()
-    )
 
 
 def _millicores(value: object) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from kubernetes import client
 
-from extender.demand import REQUESTED_CPU_SIGNAL
+from extender.node_requests import REQUESTED_CPU_SIGNAL
 from extender.plugins.energy_level import ENERGY_LEVEL, EnergyLevel
 from extender.sources.kube_watch import ClusterWatcher, node_info_from_object, pod_bound_at_s
 from extender.state import ClusterState

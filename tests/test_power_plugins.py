@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from extender.demand import REQUESTED_CPU_SIGNAL, NodeRequests
+from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests
 from extender.plugins.power_state import PowerStateCode, power_state_of
 from extender.profile import DEFAULT_PROFILE, Profile, ProfileError, build_profile
 from extender.scoring import assess

@@ -28,7 +28,7 @@ from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE
 from bench.sim.runner import extender_policy
 from bench.sim.workload import OWNED_SHARE, Trace, generate_trace, load_trace_csv
 from extender.config import DEFAULT_BUNDLE_DIR
-from extender.demand import REQUESTED_CPU_SIGNAL
+from extender.node_requests import REQUESTED_CPU_SIGNAL
 from extender.plugins.power_state import POWER_STATE, PowerStateCode
 from tests.support.sim import sim_cluster
 

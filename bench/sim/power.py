@@ -72,7 +72,7 @@ from controllers.node_power.policy import (
     PolicySettings,
     decide,
 )
-from extender.demand import REQUESTED_CPU_SIGNAL, NodeRequests
+from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests
 from extender.state import NodeInfo
 from livedata.labels import POWER_OFF, POWER_ON, POWER_STATE_ANNOTATION, POWER_WAKING
 from predictor.curves import CurveBuilder, CurveTable

@@ -20,7 +20,7 @@ the controller's rule is on requests (a node is a consolidation candidate below 
 `--scale-down-utilization-threshold`, 0.5 by default), so `busyShare` is that same threshold:
 above it the controller keeps the node, below it the node is on its way out. DaemonSet and
 mirror pods do not count, as for the controller. The requests come from the Pod watch
-(`extender.sources.kube_watch` publishes `extender.demand.NodeRequests`); without them (no
+(`extender.sources.kube_watch` publishes `extender.node_requests.NodeRequests`); without them (no
 Pod watch: snapshot or demo mode) the share is the measured utilisation plus the assumed load
 of pods bound recently, an estimate of the same thing from usage. A node with neither scores
 0, so a missing input never looks best. The measured effect is in the README (bench
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extender.demand import REQUESTED_CPU_SIGNAL, NodeRequests
+from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests
 from extender.plugins.base import MAX_POINTS, Plugin, finite_or_none
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ This is the edge where the extender learns what kube-scheduler knows and the met
   looked idlest; the state drops the assumption after its window, or when the pod is gone
   (deleted, Succeeded or Failed). The CPU every running pod requests, DaemonSet and mirror
   pods left out, is summed per node and published as the signal `requested_cpu`
-  (`extender.demand.NodeRequests`, for the Consolidation plugin) after each list and change.
+  (`extender.node_requests.NodeRequests`, for the Consolidation plugin) after each list and change.
 
 Each resource runs the reflector pattern of client-go in one daemon thread: list (replacing what
 the state holds), then watch from the list's resourceVersion with a server-side timeout, resume
@@ -35,13 +35,8 @@ import orjson
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from extender.demand import (
-    REQUESTED_CPU_SIGNAL,
-    NodeRequests,
-    is_daemon_pod,
-    parse_cpu_quantity,
-    pod_cpu_demand_cores,
-)
+from extender.demand import parse_cpu_quantity, pod_cpu_demand_cores
+from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests, is_daemon_pod
 from extender.state import ClusterState, NodeInfo
 
 log = logging.getLogger(__name__)
