@@ -128,14 +128,37 @@ def plot_power(path: Path, results: Sequence[PolicyResult], last_arrival_s: floa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 5))
+    managed = [r for r in results if r.nodes_on is not None]
+    if managed:  # policies with power management: how many nodes were on, below the power
+        fig, (ax, nodes_ax) = plt.subplots(
+            2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(11, 5))
+    colours = {}
     for result in results:
-        ax.plot(
+        (line,) = ax.plot(
             result.power_times_s / 3600.0,
             result.power_w / 1000.0,
             label=f"{result.policy} ({result.energy_kwh:.1f} kWh)",
             linewidth=1.0,
         )
+        colours[result.policy] = line.get_color()
+    if managed:
+        for result in managed:
+            nodes_on = result.nodes_on
+            nodes_ax.plot(
+                result.power_times_s[: nodes_on.size] / 3600.0,
+                nodes_on,
+                color=colours[result.policy],
+                linewidth=1.0,
+                label=result.policy,
+            )
+        nodes_ax.set_ylabel("nodes on")
+        nodes_ax.set_xlabel("simulated time (h)")
+        nodes_ax.set_ylim(0, max(r.nodes for r in results) + 0.5)
+        nodes_ax.grid(alpha=0.3)
+        nodes_ax.legend(fontsize=8, loc="lower right")
     # The run goes on after the last arrival until running pods finish (--tail-hours).
     ax.axvline(last_arrival_s / 3600.0, color="grey", linestyle=":", linewidth=1.0)
     ax.annotate(
@@ -147,7 +170,8 @@ def plot_power(path: Path, results: Sequence[PolicyResult], last_arrival_s: floa
         fontsize=8,
         color="grey",
     )
-    ax.set_xlabel("simulated time (h)")
+    if not managed:
+        ax.set_xlabel("simulated time (h)")
     ax.set_ylabel("cluster power (kW, 1-min mean)")
     ax.set_title("Cluster power over time per placement policy")
     ax.grid(alpha=0.3)
@@ -192,6 +216,7 @@ COLUMNS: tuple[tuple[str, int, str], ...] = (
     ("above envelope kWh", 18, "drawn above the curves' convex envelopes (partly loaded nodes)"),
     ("unplaced", 8, "pods never placed within --max-pending"),
     ("wait p99 s", 10, "99th percentile of arrival-to-placement time"),
+    ("wait max s", 10, "longest arrival-to-placement time"),
     ("moved", 5, "running pods moved by a rescheduling policy"),
     ("slowdown", 8, "mean (run time / work): > 1 when nodes are overcommitted"),
     ("overcommit node-h", 17, "node-hours with more CPU wanted than the node has"),
@@ -213,6 +238,7 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
             f"{result.above_envelope_energy_kwh:.2f}",
             f"{result.unplaced_pods:d}",
             f"{entry['pod_wait_s']['p99']:.0f}",
+            f"{entry['pod_wait_s']['max']:.0f}",
             f"{result.moved_pods:d}",
             f"{result.mean_slowdown:.3f}",
             f"{result.overcommitted_node_hours:.2f}",
@@ -478,6 +504,72 @@ def build_parser() -> argparse.ArgumentParser:
         help="PowerIncrease and Carbon weights in power-aware+carbon's profile, EnergyLevel "
         f"keeping 0.4 (default {d.carbon_power_weight:g},{d.carbon_weight:g})",
     )
+    power = parser.add_argument_group(
+        "power states (policies with power management: default+autoscaler, "
+        "power-aware+power-management; bench.sim.power cites the figures)"
+    )
+    power.add_argument(
+        "--boot-time",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds from power-on to a Ready node that takes pods "
+        f"(default {s.boot_s:g}: published figures span 8 s to 15+ min)",
+    )
+    power.add_argument(
+        "--boot-power-share",
+        metavar="FRACTION",
+        type=float,
+        default=None,
+        help="power while booting, between idle (0) and peak (1) "
+        f"(default {s.boot_power_share:g}: an assumption)",
+    )
+    power.add_argument(
+        "--shutdown-time",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help=f"seconds a node draws idle power shutting down (default {s.shutdown_s:g})",
+    )
+    power.add_argument(
+        "--off-power",
+        metavar="WATTS",
+        type=float,
+        default=None,
+        help=f"watts a node draws while off, its BMC on standby (default {s.off_power_w:g}: "
+        "an assumption, 5-15 W)",
+    )
+    power.add_argument(
+        "--power-interval",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds between the power managers' rounds (cluster-autoscaler's --scan-interval; "
+        f"default {s.power_interval_s:g})",
+    )
+    power.add_argument(
+        "--power-management-profile",
+        metavar="FILE",
+        default=None,
+        help="the extender's profile in power-aware+power-management (default "
+        "bench/sim/profiles/power-management.yaml: the default profile + Consolidation)",
+    )
+    power.add_argument(
+        "--cooldown",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="the node power controller's cool-down: a node powered on less than this long ago "
+        "stays on (default: controllers.node_power.policy's, 1800)",
+    )
+    power.add_argument(
+        "--arrival-windows",
+        metavar="S1,S2",
+        type=_seconds_list,
+        default=None,
+        help="windows (seconds) of the controller's arrival-rate meter, whose highest rate sets "
+        "the headroom (default: one boot time and six, ArrivalRateMeter.for_boot_time)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--out-dir",
@@ -517,7 +609,26 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "deferrable_share": ("deferrable_share", 1),
     "defer_hours": ("defer_hours", 1),
     "defer_margin": ("defer_margin", 1),
+    "boot_time": ("boot_s", 1),
+    "boot_power_share": ("boot_power_share", 1),
+    "shutdown_time": ("shutdown_s", 1),
+    "off_power": ("off_power_w", 1),
+    "power_interval": ("power_interval_s", 1),
+    "power_management_profile": ("power_management_profile", 1),
+    "cooldown": ("power_cooldown_s", 1),
+    "arrival_windows": ("arrival_windows_s", 1),
 }
+
+
+def _seconds_list(text: str) -> tuple[float, ...]:
+    """'60,600' -> (60.0, 600.0): positive seconds, for --arrival-windows."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r}") from None
+    if not values or not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"windows must be positive seconds, got {text!r}")
+    return values
 
 
 def _weights(text: str) -> tuple[float, float]:
@@ -596,6 +707,22 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--defer-hours must be positive, got {settings.defer_hours}"
     if sim.tail_s < 0:
         return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
+    for flag, value in (
+        ("--boot-time", sim.boot_s),
+        ("--shutdown-time", sim.shutdown_s),
+        ("--off-power", sim.off_power_w),
+    ):
+        if not value >= 0:
+            return f"{flag} must be >= 0, got {value}"
+    if not 0 <= sim.boot_power_share <= 1:
+        return f"--boot-power-share must be 0..1, got {sim.boot_power_share}"
+    if settings.power_cooldown_s is not None and not settings.power_cooldown_s >= 0:
+        return f"--cooldown must be >= 0, got {settings.power_cooldown_s}"
+    profile = settings.power_management_profile
+    if profile and not Path(profile).is_file():
+        return f"--power-management-profile: no such file {profile}"
+    if not sim.power_interval_s > 0:
+        return f"--power-interval must be positive, got {sim.power_interval_s}"
     return None
 
 

@@ -11,6 +11,7 @@ ConfigMap `power-aware-extender-config`)::
         enabled:
           - name: EnergyLevel
           - name: PowerCap
+          - name: PowerState
       score:
         enabled:
           - name: PowerIncrease
@@ -56,8 +57,9 @@ API_VERSION = "power-aware-scheduler/v1alpha1"
 KIND = "ExtenderConfiguration"
 EXTENSION_POINTS = ("filter", "score")
 
-# The defaults: today's behaviour. (plugin name, weight) for score.
-DEFAULT_FILTERS: tuple[str, ...] = ("EnergyLevel", "PowerCap")
+# The defaults. (plugin name, weight) for score. PowerState filters by default: a node that
+# is off, waking or draining must never get a pod, and without the annotation it passes.
+DEFAULT_FILTERS: tuple[str, ...] = ("EnergyLevel", "PowerCap", "PowerState")
 DEFAULT_SCORES: tuple[tuple[str, float], ...] = (("PowerIncrease", 0.6), ("EnergyLevel", 0.4))
 
 
@@ -180,7 +182,7 @@ def plugin_class(name: str, registry: Mapping[str, type[Plugin]], where: str) ->
 
 
 def default_profile() -> Profile:
-    """Today's behaviour: EnergyLevel and PowerCap filter, PowerIncrease 0.6 + EnergyLevel 0.4."""
+    """EnergyLevel, PowerCap and PowerState filter; PowerIncrease 0.6 + EnergyLevel 0.4 score."""
     return build_profile({}, source="built-in defaults")
 
 

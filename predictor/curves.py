@@ -301,6 +301,8 @@ def heldout_mape_pct(entry: ModelEntry | None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return math.nan
     return float(value) if math.isfinite(value) else math.nan
+
+
 def max_util_measured(predictor: Predictor, node: str) -> float:
     """The highest load a node's own model was trained on (NaN: the fallback, or not recorded)."""
     entry = predictor.entry(node) if predictor.model_kind(node) == "own" else None

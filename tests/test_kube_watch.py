@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from kubernetes import client
 
+from extender.node_requests import REQUESTED_CPU_SIGNAL
 from extender.plugins.energy_level import ENERGY_LEVEL, EnergyLevel
 from extender.sources.kube_watch import ClusterWatcher, node_info_from_object, pod_bound_at_s
 from extender.state import ClusterState
@@ -186,6 +187,36 @@ def test_pods_bound_long_ago_add_nothing(
     kube.create("pods", pod("old-2", "node-a", cpu="4", scheduled_at=long_ago))
     kube.create("pods", pod("marker", "node-a", cpu="100m"))
     wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(1.1), "the marker pod")
+
+
+def requested(state: ClusterState) -> dict[str, float] | None:
+    signal = state.view(time.time()).signal(REQUESTED_CPU_SIGNAL)
+    return None if signal is None else dict(signal.cores)
+
+
+def test_requested_cpu_per_node_counts_every_running_pod_but_daemon_and_mirror_pods(
+    kube: FakeKube, api: client.CoreV1Api, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    kube.create("nodes", node("node-b"))
+    long_ago = datetime.fromtimestamp(time.time() - 3600, UTC)
+    # Bound long ago: no assumed load, but its requests count.
+    kube.create("pods", pod("old", "node-a", cpu="4", scheduled_at=long_ago))
+    daemon = pod("exporter", "node-a", cpu="1")
+    daemon["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "x", "uid": "u1"}]
+    kube.create("pods", daemon)
+    mirror = pod("etcd", "node-b", cpu="2")
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    kube.create("pods", mirror)
+    watcher.start()
+    wait_until(lambda: requested(state) == {"node-a": 4.0}, "the listed requests")
+
+    api.create_namespaced_pod("default", pod("web", "node-b", cpu="250m"))
+    wait_until(lambda: requested(state) == {"node-a": 4.0, "node-b": 0.25}, "the new pod")
+    api.patch_namespaced_pod("old", "default", {"status": {"phase": "Succeeded"}})
+    wait_until(lambda: requested(state) == {"node-b": 0.25}, "the finished pod gone")
+    api.delete_namespaced_pod("web", "default")
+    wait_until(lambda: requested(state) == {}, "the deleted pod gone")
 
 
 def test_bad_pod_is_skipped_and_counted(

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from controllers.node_power.policy import (
+    ArrivalRateMeter,
     NodeView,
     PendingPod,
     PodInfo,
@@ -14,7 +15,7 @@ from controllers.node_power.policy import (
     decide,
     headroom_cores,
 )
-from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON
+from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON, POWER_WAKING
 
 GIB = 1024**3
 NOW_S = 100_000.0
@@ -118,3 +119,150 @@ def test_bad_settings_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="unneeded_time_s"):
         PolicySettings(unneeded_time_s=-1)
     assert math.isnan(node("x", idle_w=math.nan).idle_w_per_core)
+
+
+def test_pods_that_fit_on_a_node_on_or_waking_wake_nothing() -> None:
+    nodes = [
+        node("roomy", pods=[pod(8)]),  # 8 cores free
+        node("booting", state=POWER_WAKING, since_s=NOW_S - 60),  # 16 free once up
+        node("off", state=POWER_OFF),
+    ]
+    # 6 cores fit on roomy, 12 on the waking node: no second boot for the same demand.
+    pending = [PendingPod("a", 6), PendingPod("b", 12)]
+    decisions = decide(nodes, pending, 0.0, {}, NOW_S, SETTINGS)
+    assert decisions.empty
+    # One more 12-core pod fits nowhere that is on or waking: the off node wakes.
+    more = decide(nodes, [*pending, PendingPod("c", 12)], 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in more.wake] == ["off"]
+
+
+def test_the_node_woken_is_the_cheapest_for_the_pods_waiting_not_per_idle_core() -> None:
+    curve = tuple(100.0 + 10.0 * i for i in range(11))  # 100 W idle, 200 W full
+    nodes = [
+        node("full", cores=4, pods=[pod(4)]),
+        # 64 cores at 200 W idle: 3.1 W per core, but 200 W for a 1-core pod.
+        node("big", cores=64, idle_w=200, state=POWER_OFF),
+        # 8 cores at 60 W idle: 7.5 W per core, and 60 W for the same pod.
+        node("small", cores=8, idle_w=60, state=POWER_OFF),
+        node("curved", cores=16, idle_w=100, state=POWER_OFF, curve_w=curve),
+    ]
+    one = decide(nodes, [PendingPod("p", 1)], 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in one.wake] == ["small"]
+    assert one.wake[0].watts == pytest.approx(60.0)
+    # 40 cores of pods: the big node takes them all at 200 W; any mix of the others costs more.
+    many = [PendingPod(f"p{i}", 2) for i in range(20)]
+    assert [a.node for a in decide(nodes, many, 0.0, {}, NOW_S, SETTINGS).wake] == ["big"]
+
+
+def test_boot_energy_counts_when_choosing_the_node_to_wake() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        node("slow-boot", idle_w=90, state=POWER_OFF, boot_energy_j=3600.0 * 50),  # +50 W
+        node("quick-boot", idle_w=100, state=POWER_OFF, boot_energy_j=3600.0 * 5),  # +5 W
+    ]
+    decisions = decide(nodes, [PendingPod("p", 4)], 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in decisions.wake] == ["quick-boot"]
+    assert decisions.wake[0].watts == pytest.approx(105.0)
+    assert "boot 5 W" in decisions.wake[0].reason
+
+
+def test_no_woken_node_is_spare_even_when_the_greedy_pick_started_small() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        node("a", cores=8, idle_w=40, state=POWER_OFF),  # one 6-core pod: 6.7 W per core
+        node("b", cores=16, idle_w=90, state=POWER_OFF),  # both: 7.5 W per core
+    ]
+    decisions = decide(nodes, [PendingPod("x", 6), PendingPod("y", 6)], 0.0, {}, NOW_S, SETTINGS)
+    # Greedy takes a for x, then needs b for y; b alone takes both, so a is dropped.
+    assert [a.node for a in decisions.wake] == ["b"]
+    assert "2 pending pod(s)" in decisions.wake[0].reason
+
+
+def test_a_pod_too_big_for_every_node_wakes_nothing_and_is_named() -> None:
+    nodes = [node("full", pods=[pod(16)]), node("off", state=POWER_OFF)]
+    decisions = decide(nodes, [PendingPod("huge", 40)], 0.0, {}, NOW_S, SETTINGS)
+    assert not decisions.wake and decisions.unplaceable == ("huge",)
+    too_much_memory = [PendingPod("fat", 1, memory_bytes=100 * GIB)]
+    assert decide(nodes, too_much_memory, 0.0, {}, NOW_S, SETTINGS).unplaceable == ("fat",)
+
+
+def test_memory_decides_which_node_can_take_a_waiting_pod() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        NodeView("small-memory", 16, 8 * GIB, POWER_OFF, 0.0, True, 50.0),
+        NodeView("large-memory", 16, 128 * GIB, POWER_OFF, 0.0, True, 120.0),
+    ]
+    decisions = decide(nodes, [PendingPod("p", 2, 32 * GIB)], 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in decisions.wake] == ["large-memory"]
+
+
+def test_only_the_drains_the_demand_needs_are_cancelled() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        node("draining-1", state=POWER_DRAINING, pods=[pod(2)]),
+        node("draining-2", state=POWER_DRAINING, pods=[pod(2)]),
+    ]
+    decisions = decide(nodes, [PendingPod("p", 4)], 0.0, {}, NOW_S, SETTINGS)
+    assert len(decisions.cancel_drain) == 1 and not decisions.wake
+
+
+def test_headroom_wakes_the_cheapest_idle_watts_per_free_core() -> None:
+    nodes = [
+        node("busy", pods=[pod(15)]),  # 1 core free
+        node("dear", cores=16, idle_w=200, state=POWER_OFF),  # 12.5 W per core
+        node("cheap", cores=32, idle_w=160, state=POWER_OFF),  # 5 W per core
+    ]
+    # 0.02 cores/s over a 300 s boot: 6 cores of headroom wanted, 1 free.
+    decisions = decide(nodes, [], 0.02, {}, NOW_S, SETTINGS)
+    assert [a.node for a in decisions.wake] == ["cheap"]
+    assert "headroom" in decisions.wake[0].reason
+    # With enough room on, nothing wakes.
+    assert decide(nodes, [], 0.002, {}, NOW_S, SETTINGS).empty
+
+
+def test_drains_go_one_node_per_round_empty_nodes_all_at_once() -> None:
+    nodes = [
+        node("keep", cores=64, idle_w=100, pods=[pod(40)]),
+        node("light-1", idle_w=300, pods=[pod(2, "x")]),
+        node("light-2", idle_w=290, pods=[pod(2, "y")]),
+        node("empty-1", idle_w=280),
+        node("empty-2", idle_w=270),
+    ]
+    unneeded = long_unneeded("light-1", "light-2", "empty-1", "empty-2")
+    decisions = decide(nodes, [], 0.0, unneeded, NOW_S, SETTINGS)
+    assert [a.node for a in decisions.drain] == ["light-1"]
+    assert [a.node for a in decisions.power_off] == ["empty-1", "empty-2"]
+    two = PolicySettings(max_drains_per_round=2)
+    assert len(decide(nodes, [], 0.0, unneeded, NOW_S, two).drain) == 2
+
+
+def test_arrival_rate_is_the_highest_of_its_windows_and_forgets_old_arrivals() -> None:
+    meter = ArrivalRateMeter(windows_s=(60.0, 600.0))
+    for i in range(1, 61):  # one core every 10 s for ten minutes: 0.1 cores/s
+        meter.add(i * 10.0, 1.0)
+    assert meter.rate(600.0) == pytest.approx(0.1)
+    meter.add(600.0, 30.0)  # a burst: 30 cores at once
+    assert meter.rate(600.0) == pytest.approx((6 + 30) / 60.0)
+    assert meter.rate(2000.0) == 0.0
+    with pytest.raises(ValueError, match="windows_s"):
+        ArrivalRateMeter(windows_s=(0.0,))
+
+
+def test_a_node_is_unneeded_only_while_the_others_keep_the_headroom_without_it() -> None:
+    nodes = [node("busy", pods=[pod(12)]), node("spare")]  # 4 + 16 cores free
+    # 0.005 cores/s over a 300 s boot: 1.5 cores of headroom; busy keeps it without spare.
+    calm = decide(nodes, [], 0.005, {}, NOW_S, SETTINGS)
+    assert set(calm.unneeded_since) == {"spare"}
+    # A burst: 0.02 cores/s wants 6 cores; without spare only 4 are free. Its clock restarts,
+    # so it goes off only once the headroom has held without it for the whole unneeded time.
+    burst = decide(nodes, [], 0.02, calm.unneeded_since, NOW_S + 300, SETTINGS)
+    assert burst.unneeded_since == {} and not burst.power_off
+    after = decide(nodes, [], 0.005, burst.unneeded_since, NOW_S + 600, SETTINGS)
+    assert after.unneeded_since == {"spare": NOW_S + 600}
+    assert not decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1199, SETTINGS).power_off
+    assert decide(nodes, [], 0.005, after.unneeded_since, NOW_S + 1200, SETTINGS).power_off
+
+
+def test_the_meter_for_a_boot_time_looks_back_one_boot_and_six() -> None:
+    assert ArrivalRateMeter.for_boot_time(300.0).windows_s == (300.0, 1800.0)
+    assert ArrivalRateMeter.for_boot_time(5.0).windows_s == (60.0, 360.0)

@@ -85,12 +85,14 @@ def write(path: Path, text: str) -> Path:
 
 def test_the_defaults_are_todays_scoring() -> None:
     described = DEFAULT_PROFILE.describe()
-    assert described["filter"] == ["EnergyLevel", "PowerCap"]
+    assert described["filter"] == ["EnergyLevel", "PowerCap", "PowerState"]
     assert described["score"] == [
         {"name": "PowerIncrease", "weight": 0.6},
         {"name": "EnergyLevel", "weight": 0.4},
     ]
-    assert {"PowerIncrease", "EnergyLevel", "PowerCap"} <= set(builtin_plugins())
+    assert {"PowerIncrease", "EnergyLevel", "PowerCap", "PowerState", "Consolidation"} <= set(
+        builtin_plugins()
+    )
 
 
 def test_a_new_plugin_needs_only_its_module_and_a_line_of_configuration(tmp_path: Path) -> None:

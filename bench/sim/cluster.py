@@ -9,8 +9,14 @@ models only ever see sampled, noisy telemetry: the simulator's ground truth neve
 the extender.
 
 What the model assumes (and so what energy figures mean): every node is on for the whole run
-and pays its idle power whatever runs on it (no power-off of empty nodes); power depends on
-CPU utilisation and temperature only (memory, disks and network are not modelled).
+and pays its idle power whatever runs on it, except under the policies with power management
+(`bench.sim.power`: nodes off, booting, shutting down); power depends on CPU utilisation and
+temperature only (memory, disks and network are not modelled).
+
+Every node carries a `topology.kubernetes.io/zone` label (`ZONES`, in turn: three failure
+zones, as cloud regions and most on-premises layouts have) and runs the DaemonSet pods of
+`DAEMONSET_PODS` (a CNI agent, kube-proxy, node-exporter), whose requests count on every node
+as they do for kube-scheduler.
 
 Battery nodes (edge sites with solar panels) store energy: the battery charges from a daily
 solar profile and discharges by the node's power; an empty battery is backed by the grid.
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.sim.kube_default import PodRequest
 from livedata.labels import energy_band_for
 from training.synth import (
     AMBIENT_DAILY_SWING_C,
@@ -38,6 +45,17 @@ from training.synth import (
 GIB = 1024**3
 MEMORY_PER_CORE_BYTES = 4 * GIB
 SOLAR_FIRST_HOUR, SOLAR_LAST_HOUR = 6.0, 18.0
+MIB = 1024**2
+ZONES = ("zone-a", "zone-b", "zone-c")
+# The DaemonSet pods of every node, with their requests as their upstream manifests set them:
+# calico-node (Calico's calico.yaml: cpu 250m), node-exporter with its kube-rbac-proxy
+# (kube-prometheus manifests/nodeExporter-daemonset.yaml: 102m + 10m, 180Mi + 20Mi), and
+# kube-proxy (kubeadm sets no requests: it counts 0 for fit, 100m/200Mi for scoring).
+DAEMONSET_PODS: tuple[PodRequest, ...] = (
+    PodRequest(250, 0),
+    PodRequest(112, 200 * MIB),
+    PodRequest(0, 0),
+)
 
 
 def energy_status(stored_share: float) -> str:
@@ -55,6 +73,8 @@ class SimCluster:
     on_battery: np.ndarray  # bool: battery + solar node
     battery_capacity_wh: np.ndarray  # 0 for grid nodes
     solar_peak_w: np.ndarray  # 0 for grid nodes
+    zone_labels: tuple[str, ...] | None = None  # topology.kubernetes.io/zone; None: no label
+    daemon_pods: tuple[PodRequest, ...] = ()  # the DaemonSet pods every node runs
 
     @property
     def names(self) -> list[str]:
@@ -93,6 +113,8 @@ def build_cluster(
         on_battery=on_battery,
         battery_capacity_wh=np.where(on_battery, battery_hours * spec.max_power_w, 0.0),
         solar_peak_w=np.where(on_battery, solar_peak_share * spec.max_power_w, 0.0),
+        zone_labels=tuple(ZONES[i % len(ZONES)] for i in range(n_nodes)),
+        daemon_pods=DAEMONSET_PODS,
     )
 
 

@@ -21,6 +21,11 @@ instant); node physics advances in fixed ticks of `tick_s`. Per tick:
 5. battery nodes charge from solar and drain by their power; when a battery's share crosses
    an `energy-status` boundary the policy is told the new label.
 
+A policy with power management (`Policy.power`, `bench.sim.power`) also powers nodes off and
+on: after the placements of step 1 its manager advances boots and shutdowns and, every
+`power_interval_s`, decides (pods it evicts wait again as pending, with the work they have
+left); in step 3 it sets what nodes off, booting or shutting down draw.
+
 In code: `simulate` runs a `Simulation` tick by tick. `Simulation.step` is the list above, one
 method per step, in that order; `Simulation.result` sums the run up as a `PolicyResult`.
 A preset may add `Meter`s: each sees every tick's per-node power and then fills its figures
@@ -70,6 +75,14 @@ class SimSettings:
     empty_node_power_w: float | None = None
     initial_battery_share: float = 0.7
     power_series_step_s: float = 60.0  # resolution of the stored power-over-time series
+    # Power states, for policies with power management (`bench.sim.power` cites the figures):
+    # what a node draws while off (BMC standby: an assumption), how long it boots and shuts
+    # down, what it draws booting (idle + share x (peak - idle)), how often the manager runs.
+    off_power_w: float = 10.0
+    boot_s: float = 300.0
+    boot_power_share: float = 0.5
+    shutdown_s: float = 60.0
+    power_interval_s: float = 10.0
 
 
 class Meter(Protocol):
@@ -125,6 +138,8 @@ class PolicyResult:
     failed_pod_starts: int = 0
     # A preset's own figures (e.g. mean carbon intensity), reported as they are.
     kpis: dict[str, float] = field(default_factory=dict)
+    # Nodes on (taking pods) over time, on `power_times_s`; None when every node stays on.
+    nodes_on: np.ndarray | None = field(repr=False, default=None)
 
     @property
     def power_cycles_per_node_day(self) -> float:
@@ -257,9 +272,16 @@ class Simulation:
         )
 
         # Pods: the scheduler's view of each node (requests), what runs, what waits to retry.
-        self.ledger = NodeLedger(np.round(cluster.cores * 1000.0), cluster.memory_bytes)
+        # Every node runs its DaemonSet pods, whose requests count as any pod's.
+        self.ledger = NodeLedger(
+            np.round(cluster.cores * 1000.0), cluster.memory_bytes, cluster.zone_labels
+        )
+        for daemon_pod in cluster.daemon_pods:
+            for node in range(len(cluster)):
+                self.ledger.add(node, daemon_pod)
         self.requests = [
-            PodRequest(int(c), int(m)) for c, m in zip(trace.cpu_m, trace.memory_bytes, strict=True)
+            PodRequest(int(c), int(m), int(o))
+            for c, m, o in zip(trace.cpu_m, trace.memory_bytes, trace.owners, strict=True)
         ]
         self.running = RunningPods()
         self.pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
@@ -268,6 +290,9 @@ class Simulation:
         self.decisions: list[DecisionRecord] = []
         self.slowdowns: list[float] = []
         self.waits_s: list[float] = []
+        # Pods evicted by power management wait again: since when, and the work they have left.
+        self.queued_at_s: dict[int, float] = {}
+        self.work_left_s: dict[int, float] = {}
 
         # Nodes: utilisation, CPU temperatures (first-order lag) and what telemetry will show.
         self.util = np.zeros(len(cluster))
@@ -297,6 +322,11 @@ class Simulation:
         self.overcommitted_node_ticks = 0
         self.powerless_node_ticks = 0
 
+        # Power management, when the policy has it (`bench.sim.power`).
+        self.power = policy.power
+        if self.power is not None:
+            self.power.attach(self)
+
     def start(self) -> None:
         """What the policy knows before the first pod: the battery nodes' labels, a first poll."""
         for i in np.flatnonzero(self.cluster.on_battery):
@@ -310,6 +340,8 @@ class Simulation:
         # 1. arrivals, then due retries, then the moves of a rescheduling policy
         self._place_arrivals(t1_s)
         self._retry_pending(t0_s, t1_s)
+        if self.power is not None:
+            self.power.step(self, t0_s, t1_s)
         every = self.reschedule_every_ticks
         if every is not None and tick % every == 0 and self.running.count:
             self._reschedule(t0_s)
@@ -348,7 +380,9 @@ class Simulation:
                 continue
             if self._try_place(pod, t0_s, attempts + 1):
                 del self.pending[pod]
-            elif retry_s + retry_interval_s > self.trace.arrival_s[pod] + self._max_wait_s(pod):
+            elif retry_s + retry_interval_s > self.queued_at_s.get(
+                pod, self.trace.arrival_s[pod]
+            ) + self._max_wait_s(pod):
                 del self.pending[pod]
                 self.unplaced += 1
             else:
@@ -384,11 +418,11 @@ class Simulation:
             pod,
             node,
             used_cores=cpu_cores * self.trace.usage_ratio[pod],
-            work_s=self.trace.duration_s[pod],
+            work_s=self.work_left_s.pop(pod, self.trace.duration_s[pod]),
             now_s=now_s,
         )
         self.placed += 1
-        self.waits_s.append(now_s - float(self.trace.arrival_s[pod]))
+        self.waits_s.append(now_s - self.queued_at_s.pop(pod, float(self.trace.arrival_s[pod])))
         return True
 
     def _reschedule(self, t0_s: float) -> None:
@@ -469,7 +503,10 @@ class Simulation:
             total_w = np.where(hosts_pods, total_w, sleep_w)
             fan_w = np.where(hosts_pods, fan_w, 0.0)
             above_envelope_w = np.where(hosts_pods, above_envelope_w, 0.0)
-        return NodePower(total_w, fan_w, above_envelope_w)
+        power = NodePower(total_w, fan_w, above_envelope_w)
+        if self.power is not None:
+            power = self.power.node_power(self, t0_s, power)
+        return power
 
     def _tally(self, tick: int, power: NodePower, wanted_cores: np.ndarray) -> None:
         """Add the tick's cluster totals: power (-> energy) and requested and used CPU."""
@@ -564,6 +601,8 @@ class Simulation:
         )
         for meter in self.meters:
             meter.finish(result)
+        if self.power is not None:
+            self.power.finish(self, result)
         return result
 
 

@@ -1,8 +1,12 @@
 """kube-scheduler's default placement for CPU/memory-only pods, reimplemented from upstream.
 
 The energy bench compares the extender against what kube-scheduler does without it, so this
-must be the real default, not a straw man. For pods without affinities, taints, topology
-spread or images, the only default plugins whose verdicts differ between nodes are:
+must be the real default, not a straw man. For pods without affinities, tolerations, their
+own topology spread constraints or images, the only default plugins whose verdicts differ
+between nodes are:
+
+- Filter ``NodeUnschedulable`` (and ``TaintToleration`` for the taints of a NotReady node): a
+  cordoned node, or one that is off or booting, takes no pod (``NodeLedger.schedulable``).
 
 - Filter ``NodeResourcesFit`` (``pkg/scheduler/framework/plugins/noderesources/fit.go``,
   ``fitsRequest``): a node fails when the pod's *requested* CPU or memory exceeds
@@ -22,8 +26,20 @@ spread or images, the only default plugins whose verdicts differ between nodes a
   plus the pod's): fractions ``requested / allocatable`` capped at 1, for two resources
   ``std = |f_cpu - f_mem| / 2``, score ``int64((1 - std) * 100)``.
 
-Both score plugins have weight 1 in the default profile
-(``pkg/scheduler/apis/config/v1/default_plugins.go``); neither normalises. The framework
+- Score ``PodTopologySpread`` with the system default constraints
+  (``pkg/scheduler/framework/plugins/podtopologyspread/scoring.go``; the constraints are
+  kubernetes.io/docs "Pod Topology Spread Constraints", "Internal default constraints":
+  ``kubernetes.io/hostname`` maxSkew 3 and ``topology.kubernetes.io/zone`` maxSkew 5, both
+  ``ScheduleAnyway``), for pods owned by a ReplicaSet (Deployment), StatefulSet or
+  ReplicationController or selected by a Service (``PodRequest.owner``). Per feasible node:
+  ``round(n_host * ln(F + 2) + 2 + n_zone * ln(Z + 2) + 4)``, where ``n_host`` counts the
+  owner's pods on the node, ``n_zone`` on every node of its zone, ``F`` is the number of
+  feasible nodes and ``Z`` of their zones; normalised as ``100 * (max + min - s) // max``
+  over the feasible nodes (fewest matching pods best). Weight 2. Pods with no owner (Jobs,
+  bare pods) get no default constraint: the plugin skips them.
+
+NodeResourcesFit and BalancedAllocation have weight 1 in the default profile
+(``pkg/scheduler/apis/config/v1/default_plugins.go``) and do not normalise. The framework
 multiplies each plugin's score by its weight and sums per node; an extender's 0..10 score is
 added as ``score * weight * (MaxNodeScore / MaxExtenderPriority)`` = ``score * weight * 10``
 (``pkg/scheduler/schedule_one.go``: ``prioritizeNodes``). ``selectHost`` takes the highest
@@ -35,6 +51,8 @@ Quantities are kept as Go keeps them: CPU in int64 millicores, memory in int64 b
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,14 +65,24 @@ DEFAULT_MAX_PODS = 110  # kubelet maxPods default -> node allocatable "pods"
 LEAST_ALLOCATED_WEIGHTS = (1, 1)  # scoringStrategy.resources: cpu 1, memory 1
 FIT_PLUGIN_WEIGHT = 1  # NodeResourcesFit in the default profile
 BALANCED_PLUGIN_WEIGHT = 1  # NodeResourcesBalancedAllocation in the default profile
+SPREAD_PLUGIN_WEIGHT = 2  # PodTopologySpread in the default profile
+# PodTopologySpread's system default constraints: (topology key, maxSkew), ScheduleAnyway.
+DEFAULT_HOSTNAME_MAX_SKEW = 3
+DEFAULT_ZONE_MAX_SKEW = 5
+NO_OWNER = -1
 
 
 @dataclass(frozen=True)
 class PodRequest:
-    """What the scheduler counts of one pod (one container): requests, 0 = not set."""
+    """What the scheduler counts of one pod (one container): requests, 0 = not set.
+
+    `owner` identifies the ReplicaSet (Deployment) or StatefulSet that owns the pod, for the
+    default topology spreading; `NO_OWNER` for pods without one (Jobs, bare pods).
+    """
 
     cpu_m: int
     memory_bytes: int
+    owner: int = NO_OWNER
 
     @property
     def nonzero_cpu_m(self) -> int:
@@ -66,9 +94,19 @@ class PodRequest:
 
 
 class NodeLedger:
-    """Per-node allocatable and the requests of pods bound there (the scheduler's NodeInfo)."""
+    """Per-node allocatable and the requests of pods bound there (the scheduler's NodeInfo).
 
-    def __init__(self, allocatable_cpu_m: np.ndarray, allocatable_memory_bytes: np.ndarray):
+    `zones` are the nodes' `topology.kubernetes.io/zone` labels (None: no node has one);
+    `schedulable` is False for nodes that take no pod (cordoned, off, booting); the pods of
+    each owner are counted per node for the default topology spreading.
+    """
+
+    def __init__(
+        self,
+        allocatable_cpu_m: np.ndarray,
+        allocatable_memory_bytes: np.ndarray,
+        zones: Sequence[str] | None = None,
+    ):
         self.allocatable_cpu_m = np.asarray(allocatable_cpu_m, dtype=np.int64)
         self.allocatable_memory_bytes = np.asarray(allocatable_memory_bytes, dtype=np.int64)
         n_nodes = self.allocatable_cpu_m.size
@@ -78,6 +116,14 @@ class NodeLedger:
         self.nonzero_cpu_m = np.zeros(n_nodes, dtype=np.int64)
         self.nonzero_memory_bytes = np.zeros(n_nodes, dtype=np.int64)
         self.pod_count = np.zeros(n_nodes, dtype=np.int64)
+        self.schedulable = np.ones(n_nodes, dtype=bool)
+        if zones is not None and len(zones) != n_nodes:
+            raise ValueError(f"{len(zones)} zone labels for {n_nodes} nodes")
+        # Zone of each node as an index into its distinct labels (None: no zone labels).
+        self.zone_index: np.ndarray | None = (
+            None if zones is None else np.unique(np.asarray(zones), return_inverse=True)[1]
+        )
+        self.owner_pods: dict[int, np.ndarray] = {}  # owner -> its pods per node
 
     def add(self, node: int, pod: PodRequest) -> None:
         self._change(node, pod, +1)
@@ -91,11 +137,16 @@ class NodeLedger:
         self.nonzero_cpu_m[node] += sign * pod.nonzero_cpu_m
         self.nonzero_memory_bytes[node] += sign * pod.nonzero_memory_bytes
         self.pod_count[node] += sign
+        if pod.owner != NO_OWNER:
+            counts = self.owner_pods.get(pod.owner)
+            if counts is None:
+                counts = self.owner_pods[pod.owner] = np.zeros(self.pod_count.size, np.int64)
+            counts[node] += sign
 
 
 def fits(ledger: NodeLedger, pod: PodRequest) -> np.ndarray:
-    """NodeResourcesFit filter: True where the pod fits (fit.go fitsRequest)."""
-    ok = ledger.pod_count + 1 <= ledger.allowed_pods
+    """NodeUnschedulable + NodeResourcesFit filters: True where the pod fits (fitsRequest)."""
+    ok = ledger.schedulable & (ledger.pod_count + 1 <= ledger.allowed_pods)
     # fitsRequest skips a resource the pod does not request at all.
     if pod.cpu_m > 0:
         ok &= pod.cpu_m <= ledger.allocatable_cpu_m - ledger.requested_cpu_m
@@ -144,11 +195,41 @@ def balanced_allocation_scores(
     return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
 
 
+def topology_spread_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+    """PodTopologySpread score of `nodes` (the feasible ones) with the system defaults, 0..100.
+
+    scoring.go: PreScore counts the owner's pods per zone over every node (the zones of the
+    feasible nodes only), Score adds `count * ln(size + 2) + maxSkew - 1` per constraint and
+    rounds, NormalizeScore maps to `100 * (max + min - s) // max`. A pod without an owner has
+    no default constraint: the plugin is skipped, 0 everywhere.
+    """
+    if pod.owner == NO_OWNER or nodes.size == 0:
+        return np.zeros(nodes.size, dtype=np.int64)
+    counts = ledger.owner_pods.get(pod.owner)
+    if counts is None:
+        counts = np.zeros(ledger.pod_count.size, dtype=np.int64)
+    raw = counts[nodes] * math.log(nodes.size + 2) + (DEFAULT_HOSTNAME_MAX_SKEW - 1)
+    zone_index = ledger.zone_index
+    if zone_index is not None:
+        per_zone = np.bincount(zone_index, weights=counts, minlength=int(zone_index.max()) + 1)
+        zones = zone_index[nodes]
+        zone_weight = math.log(np.unique(zones).size + 2)
+        raw = raw + per_zone[zones] * zone_weight + (DEFAULT_ZONE_MAX_SKEW - 1)
+    # int64(math.Round(score)): half away from zero; every score here is positive.
+    score = np.floor(raw + 0.5).astype(np.int64)
+    high, low = int(score.max()), int(score.min())
+    if high == 0:
+        return np.full(nodes.size, MAX_NODE_SCORE, dtype=np.int64)
+    return MAX_NODE_SCORE * (high + low - score) // high
+
+
 def default_plugin_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
     """Weighted sum of the default score plugins that differ between nodes, per node."""
-    return FIT_PLUGIN_WEIGHT * least_allocated_scores(
-        ledger, pod, nodes
-    ) + BALANCED_PLUGIN_WEIGHT * balanced_allocation_scores(ledger, pod, nodes)
+    return (
+        FIT_PLUGIN_WEIGHT * least_allocated_scores(ledger, pod, nodes)
+        + BALANCED_PLUGIN_WEIGHT * balanced_allocation_scores(ledger, pod, nodes)
+        + SPREAD_PLUGIN_WEIGHT * topology_spread_scores(ledger, pod, nodes)
+    )
 
 
 def extender_contribution(extender_scores: np.ndarray, weight: int) -> np.ndarray:

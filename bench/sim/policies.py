@@ -33,7 +33,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -66,12 +66,30 @@ class Decision:
     reason: str = ""  # why no node was chosen
 
 
+class PowerHooks(Protocol):
+    """What the engine calls on a policy's power manager (`bench.sim.power.PowerManager`).
+
+    `sim` is the `bench.sim.engine.Simulation` (typed loosely: the engine imports this module).
+    """
+
+    def attach(self, sim: Any) -> None: ...
+
+    def step(self, sim: Any, t0_s: float, t1_s: float) -> None: ...
+
+    def node_power(self, sim: Any, t0_s: float, power: Any) -> Any: ...
+
+    def finish(self, sim: Any, result: Any) -> None: ...
+
+
 class Policy:
     """A placement policy; the hooks let a policy mirror what the watches would report."""
 
     name = "policy"
     # Seconds between the engine's offers to move running pods (`reschedule`); None: never.
     reschedule_interval_s: float | None = None
+    # The power manager the engine drives beside the placements (`bench.sim.power`): it powers
+    # nodes off and on. None: every node stays on.
+    power: PowerHooks | None = None
 
     def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
         raise NotImplementedError

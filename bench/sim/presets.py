@@ -7,6 +7,7 @@ module under `bench/sim/` and registers itself there; this module imports each o
 
 from __future__ import annotations
 
+from bench.sim import power_policies as _power_policies  # noqa: F401  (registers its policies)
 from bench.sim.scenario import Preset, register_preset
 
 DEFAULT = register_preset(
@@ -14,9 +15,18 @@ DEFAULT = register_preset(
         name="default",
         description=(
             "16 heterogeneous nodes (SPECpower curves, 256 cores, a quarter on batteries and "
-            "solar), a daily pattern with bursts, 45 % of the CPU requested; every node on"
+            "solar), a daily pattern with bursts, 45 % of the CPU requested; every node on, "
+            "except under the policies with power management"
         ),
-        policies=("default", "random", "power-aware", "power-aware+battery", "oracle"),
+        policies=(
+            "default",
+            "random",
+            "power-aware",
+            "power-aware+battery",
+            "oracle",
+            "default+autoscaler",
+            "power-aware+power-management",
+        ),
     )
 )
 

@@ -62,6 +62,12 @@ class BenchSettings:
     # power-aware+carbon's profile: PowerIncrease and Carbon weights (EnergyLevel keeps 0.4).
     carbon_power_weight: float = 0.4
     carbon_weight: float = 0.2
+    # power-aware+power-management: the extender's profile ("": bench/sim/profiles'
+    # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
+    power_management_profile: str = ""
+    power_cooldown_s: float | None = None
+    # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
+    arrival_windows_s: tuple[float, ...] = ()
 
 
 @dataclass

@@ -9,6 +9,7 @@ A trace is a table of pods, sorted by arrival:
     duration_s      seconds of work at full speed       yes, > 0
     memory_mib      MiB requested                       no (0 = none: 200 MiB for scoring)
     usage_ratio     CPU used / CPU requested            no (1.0); > 1 for burstable pods
+    owner           the pod's Deployment/ReplicaSet     no (empty: none, as a Job or bare pod)
 
 `duration_s` is work, not wall time: on an overcommitted node (pods using more CPU than it
 has) every pod there runs slower and finishes later, which the simulator reports as slowdown.
@@ -17,6 +18,14 @@ The generator draws arrivals as a Poisson process whose rate follows a daily cos
 in the afternoon) plus a few bursts, with request sizes from a discrete menu and log-normal
 durations, and sets the mean rate by Little's law so that the mean requested CPU is
 `load` x the cluster's allocatable CPU.
+
+Most pods in a real cluster are replicas owned by a Deployment's ReplicaSet, and
+kube-scheduler spreads those by default (`bench.sim.kube_default`). The generator gives
+`OWNED_SHARE` of the pods an owner: one of `DEPLOYMENTS_PER_SIZE` Deployments of the pod's
+request size (replicas of one Deployment request the same), the first ones more popular
+(weights 1, 1/2, 1/3, ...); the rest are Jobs or bare pods, which are not spread. Both are
+assumptions, not measured figures. Owners are drawn from their own random stream, so the
+arrivals, sizes and durations of a seed are the same with and without them.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import numpy as np
 from livedata.pod_resources import parse_cpu_quantity
 
 REQUIRED_COLUMNS = ("arrival_s", "cpu_request", "duration_s")
-OPTIONAL_COLUMNS = ("name", "memory_mib", "usage_ratio")
+OPTIONAL_COLUMNS = ("name", "memory_mib", "usage_ratio", "owner")
 MIB = 1024 * 1024
 
 # Request menu (cores) and how often each size appears: mostly small services, a few big jobs.
@@ -44,6 +53,9 @@ PEAK_HOUR = 14.0
 BURSTS_PER_DAY = 6
 BURST_RATE_FACTOR = 3.0
 BURST_DURATION_S = (300.0, 900.0)
+OWNED_SHARE = 0.8  # pods owned by a Deployment's ReplicaSet (the rest: Jobs, bare pods)
+DEPLOYMENTS_PER_SIZE = 4
+NO_OWNER = -1
 
 
 class TraceError(ValueError):
@@ -63,9 +75,18 @@ class Trace:
     # Seconds each pod may wait for a node before it counts as unplaced (None: the simulator's
     # max_pending_s for every pod); deferrable pods wait longer.
     max_wait_s: np.ndarray | None = None
+    # Owner (Deployment/ReplicaSet) index per pod, NO_OWNER for none; None: no pod has one.
+    owner: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def owners(self) -> np.ndarray:
+        """The owner index of every pod (NO_OWNER where none)."""
+        if self.owner is None:
+            return np.full(len(self.names), NO_OWNER, dtype=np.int64)
+        return self.owner
 
     @property
     def end_s(self) -> float:
@@ -79,6 +100,7 @@ def _sorted_trace(
     memory_bytes: np.ndarray,
     duration_s: np.ndarray,
     usage_ratio: np.ndarray,
+    owner: np.ndarray | None = None,
 ) -> Trace:
     order = np.argsort(arrival_s, kind="stable")
     return Trace(
@@ -88,6 +110,7 @@ def _sorted_trace(
         memory_bytes=memory_bytes[order].astype(np.int64),
         duration_s=duration_s[order],
         usage_ratio=usage_ratio[order],
+        owner=None if owner is None else owner[order].astype(np.int64),
     )
 
 
@@ -146,7 +169,21 @@ def generate_trace(
         memory_mib * MIB,
         duration_s,
         usage_ratio,
+        deployment_owners(cpu_cores, seed),
     )
+
+
+def deployment_owners(cpu_cores: np.ndarray, seed: int) -> np.ndarray:
+    """An owner per pod (see the module docstring): a Deployment of its size, or NO_OWNER.
+
+    Owner index = size index x DEPLOYMENTS_PER_SIZE + the Deployment's rank within its size.
+    """
+    rng = np.random.default_rng([seed, 7])
+    size_index = np.searchsorted(CPU_MENU_CORES, cpu_cores)
+    popularity = 1.0 / np.arange(1, DEPLOYMENTS_PER_SIZE + 1)
+    rank = rng.choice(DEPLOYMENTS_PER_SIZE, cpu_cores.size, p=popularity / popularity.sum())
+    owned = rng.random(cpu_cores.size) < OWNED_SHARE
+    return np.where(owned, size_index * DEPLOYMENTS_PER_SIZE + rank, NO_OWNER).astype(np.int64)
 
 
 def load_trace_csv(path: Path) -> Trace:
@@ -168,6 +205,8 @@ def load_trace_csv(path: Path) -> Trace:
         reader.fieldnames = header
         names: list[str] = []
         rows: list[tuple[float, float, float, float, float]] = []
+        owners: list[int] = []
+        owner_index: dict[str, int] = {}  # owner name -> index, in order of appearance
         seen: dict[str, int] = {}
         for row in reader:
             line = reader.line_num
@@ -179,6 +218,8 @@ def load_trace_csv(path: Path) -> Trace:
                 )
             seen[name] = line
             names.append(name)
+            owner = (row.get("owner") or "").strip()
+            owners.append(owner_index.setdefault(owner, len(owner_index)) if owner else NO_OWNER)
     if not rows:
         raise TraceError(f"{path}: no pods (only a header)")
     table = np.array(rows, dtype=np.float64)
@@ -189,6 +230,7 @@ def load_trace_csv(path: Path) -> Trace:
         table[:, 3],
         table[:, 2],
         table[:, 4],
+        np.array(owners, dtype=np.int64) if owner_index else None,
     )
 
 

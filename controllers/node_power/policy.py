@@ -1,25 +1,34 @@
 """What the node power controller decides, as a pure function of one snapshot of the cluster.
 
 The controller (`controllers.node_power.controller`) and the energy simulation
-(`bench.sim`) both call `decide`: the simulation runs this code, not a re-implementation.
+(`bench.sim.power`) both call `decide`: the simulation runs this code, not a re-implementation.
 
 Each round the caller passes what it sees now: the nodes (power state, pods, allocatable
-resources, predicted idle watts), the pods pending for lack of a node, the recent arrival
-rate of requested CPU, and when each node was last seen unneeded. `decide` answers:
+resources, predicted idle watts and, when it has them, predicted watts along utilisation),
+the pods pending for lack of a node, the recent arrival rate of requested CPU
+(`ArrivalRateMeter.for_boot_time` measures it), and when each node was last seen unneeded. `decide`
+answers:
 
-- **wake**: off nodes to power on, when pods wait as unschedulable or the free capacity is
-  below the headroom the arrival rate needs while a node boots. It picks the nodes whose
-  predicted watts for that demand are lowest, boot energy included, and never wakes more than
-  the demand needs (capacity already waking counts). Before waking anything it cancels
-  drains: an uncordon is free, a boot is not;
+- **wake**: off nodes to power on, when pods wait that fit on no node that is on or waking
+  (cluster-autoscaler's "filter out schedulable" step: a pod that fits somewhere is not a
+  reason to boot anything), or when the free CPU is below the headroom the arrival rate needs
+  while a node boots. For waiting pods it wakes, one node at a time, the node whose predicted
+  watts for the pods it would take are lowest per core it takes, boot energy included
+  (spread over `wake_horizon_s`); for headroom, the node whose idle watts (plus boot) per
+  free core are lowest. Then it drops any woken node the others can do without, so it never
+  wakes more nodes than the demand needs. Before waking anything it takes drains back: an
+  uncordon is free, a boot is not;
 - **power off** and **drain**: nodes that have been unneeded for `unneeded_time_s`. A node is
-  unneeded when it runs nothing but DaemonSet and mirror pods (then it is powered off at
-  once), or, with `consolidate`, when its requests are under `utilization_threshold` of its
-  allocatable CPU and every pod on it may be evicted and fits on the nodes that stay on
-  (then it is drained first). The worst nodes go first: most idle watts per allocatable
-  core. Powering off stops before the free capacity of the nodes left on falls below the
-  headroom, before fewer than `min_on_nodes` are on, and before more than `max_off_fraction`
-  of the managed nodes are off; a node powered on less than `cooldown_s` ago stays on;
+  unneeded while the other nodes on would keep the headroom without it (so a burst of
+  arrivals restarts its clock: the hysteresis between waking and powering off) and it runs
+  nothing but DaemonSet and mirror pods (then it is powered off at once) or, with
+  `consolidate`, its requests are under `utilization_threshold` of its allocatable CPU and
+  every pod on it may be evicted and fits on the nodes that stay on (then it is drained
+  first, at most `max_drains_per_round` per round). The worst nodes go first: most idle watts
+  per allocatable core. Powering off stops before the free capacity of the nodes left on
+  falls below the headroom, before fewer than `min_on_nodes` are on, and before more than
+  `max_off_fraction` of the managed nodes are off; a node powered on less than `cooldown_s`
+  ago stays on (at most one power cycle per cool-down per node);
 - **unneeded_since**: the bookkeeping for the next round.
 
 Only nodes that are `managed` (opted in by the label, no kill switch, no cluster-autoscaler
@@ -33,10 +42,14 @@ and out, which keeps this testable and identical in the controller and the simul
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON, POWER_WAKING
+
+# Requests are compared in cores; this absorbs float sums of millicores.
+_EPS_CORES = 1e-9
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,12 @@ class NodeView:
     pods: tuple[PodInfo, ...] = ()
     ready: bool = True  # Kubernetes Ready condition (a waking node is on once Ready)
     unmanaged_reason: str = ""  # why not managed, in words
+    # Predicted watts at evenly spaced CPU utilisations from 0 to 1 (the bundle's model, e.g.
+    # 11 points), to price the pending demand on a node to wake; empty when only `idle_w` is
+    # known (then running pods is priced at idle watts).
+    curve_w: tuple[float, ...] = ()
+    # Energy (joules) this node spends booting; NaN: `PolicySettings.boot_energy_j`.
+    boot_energy_j: float = math.nan
 
     @property
     def requested_cpu(self) -> float:
@@ -81,6 +100,10 @@ class NodeView:
         return sum(pod.cpu_cores for pod in self.pods if pod.daemon)
 
     @property
+    def daemon_memory_bytes(self) -> int:
+        return sum(pod.memory_bytes for pod in self.pods if pod.daemon)
+
+    @property
     def empty(self) -> bool:
         return all(pod.daemon for pod in self.pods)
 
@@ -89,6 +112,15 @@ class NodeView:
         if not (self.allocatable_cpu > 0 and math.isfinite(self.idle_w)):
             return math.nan
         return self.idle_w / self.allocatable_cpu
+
+    def predicted_w(self, requested_cores: float) -> float:
+        """Predicted watts running `requested_cores` of pods (on its curve, else idle watts)."""
+        curve = self.curve_w
+        if len(curve) < 2 or not self.allocatable_cpu > 0:
+            return self.idle_w
+        position = min(max(requested_cores / self.allocatable_cpu, 0.0), 1.0) * (len(curve) - 1)
+        left = min(int(position), len(curve) - 2)
+        return curve[left] + (position - left) * (curve[left + 1] - curve[left])
 
 
 @dataclass(frozen=True)
@@ -117,16 +149,19 @@ class PolicySettings:
     # Never fewer on-nodes than this, and never more than this share of managed nodes off.
     min_on_nodes: int = 1
     max_off_fraction: float = 1.0
-    # Free CPU to keep on the nodes that stay on: at least `min_headroom_cores`, and the
+    # Free CPU to keep on the nodes that are on: at least `min_headroom_cores`, and the
     # requested CPU that arrives at the recent rate while a node boots (`boot_s`, scaled by
     # `headroom_factor`).
     min_headroom_cores: float = 0.0
     boot_s: float = 300.0
     headroom_factor: float = 1.0
-    # Energy a node spends booting (joules), spread over `wake_horizon_s` when comparing the
-    # predicted watts of candidates to wake.
+    # Energy a node spends booting (joules) when its NodeView does not say, spread over
+    # `wake_horizon_s` when comparing the predicted watts of candidates to wake.
     boot_energy_j: float = 0.0
     wake_horizon_s: float = 3600.0
+    # Nodes with movable pods drained per round (cluster-autoscaler --max-drain-parallelism 1):
+    # evicting pods from many nodes at once disrupts more than it saves.
+    max_drains_per_round: int = 1
 
     def __post_init__(self) -> None:
         for name in ("unneeded_time_s", "cooldown_s", "min_headroom_cores", "boot_s"):
@@ -142,6 +177,13 @@ class PolicySettings:
             raise ValueError(f"min_on_nodes must be >= 0, got {self.min_on_nodes}")
         if not self.wake_horizon_s > 0:
             raise ValueError(f"wake_horizon_s must be > 0, got {self.wake_horizon_s}")
+        if not (self.headroom_factor >= 0 and self.boot_energy_j >= 0):
+            raise ValueError(
+                f"headroom_factor and boot_energy_j must be >= 0, got {self.headroom_factor!r} "
+                f"and {self.boot_energy_j!r}"
+            )
+        if self.max_drains_per_round < 0:
+            raise ValueError(f"max_drains_per_round must be >= 0, got {self.max_drains_per_round}")
 
 
 @dataclass(frozen=True)
@@ -162,6 +204,9 @@ class Decisions:
     unneeded_since: Mapping[str, float] = field(default_factory=dict)
     headroom_cores: float = 0.0  # the target this round
     free_cores: float = 0.0  # free CPU on the nodes on (and waking) before the decisions
+    # Pending pods that no node, on or off, can take (too big for every node): waking
+    # anything would not help them. Their names, for the controller's log.
+    unplaceable: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -172,6 +217,55 @@ def headroom_cores(arrival_cores_per_s: float, settings: PolicySettings) -> floa
     """Free CPU to keep on: what arrives at the recent rate while a node boots, or the floor."""
     rate = max(arrival_cores_per_s, 0.0) if math.isfinite(arrival_cores_per_s) else 0.0
     return max(settings.min_headroom_cores, rate * settings.boot_s * settings.headroom_factor)
+
+
+class ArrivalRateMeter:
+    """The recent arrival rate of requested CPU (cores per second), for `decide`.
+
+    The rate over each of `windows_s`, the highest one: a short window sees a burst at once, a
+    long one keeps the headroom through the lulls inside a busy hour. Memory is bounded by
+    what arrives within the longest window.
+    """
+
+    # The shortest window worth having: a minute of arrivals is a handful of pods.
+    MIN_WINDOW_S = 60.0
+    # The long window, in boot times: how long the headroom outlives a burst.
+    LONG_WINDOW_BOOTS = 6
+
+    @classmethod
+    def for_boot_time(cls, boot_s: float) -> ArrivalRateMeter:
+        """Windows of one boot time and of `LONG_WINDOW_BOOTS` boot times (at least a minute).
+
+        The headroom covers what arrives while a node boots, so the rate that predicts it is
+        the one over the last boot time: a shorter window multiplies a minute's noise by
+        boot time / window and wakes nodes for bursts that are over before they boot (measured
+        in `bench.energy_sim`: windows of 60 s and 600 s booted nodes 154 times a day and kept
+        them on idle; with 300 s boots, 300 s and 1800 s booted them 114 times).
+        """
+        short_s = max(boot_s, cls.MIN_WINDOW_S)
+        return cls((short_s, cls.LONG_WINDOW_BOOTS * short_s))
+
+    def __init__(self, windows_s: Sequence[float] = (60.0, 600.0)) -> None:
+        if not windows_s or not all(w > 0 for w in windows_s):
+            raise ValueError(f"windows_s must be positive seconds, got {windows_s!r}")
+        self.windows_s = tuple(sorted(float(w) for w in windows_s))
+        self._arrivals: deque[tuple[float, float]] = deque()  # (time_s, cores), time order
+
+    def add(self, time_s: float, cores: float) -> None:
+        """A pod asking for `cores` of CPU arrived (was created) at `time_s`."""
+        if cores > 0 and math.isfinite(cores):
+            self._arrivals.append((time_s, cores))
+
+    def rate(self, now_s: float) -> float:
+        """Cores per second: the highest mean rate over the windows ending at `now_s`."""
+        longest = self.windows_s[-1]
+        while self._arrivals and self._arrivals[0][0] <= now_s - longest:
+            self._arrivals.popleft()
+        best = 0.0
+        for window in self.windows_s:
+            cores = sum(c for t, c in self._arrivals if now_s - window < t <= now_s)
+            best = max(best, cores / window)
+        return best
 
 
 def decide(
@@ -186,11 +280,17 @@ def decide(
     target = headroom_cores(arrival_cores_per_s, settings)
     serving = [n for n in nodes if n.state in (POWER_ON, POWER_WAKING)]
     free = sum(_free_cpu(n) for n in serving)
-    wake, cancel = _plan_wake(nodes, pending, target, free, settings)
-    if wake or cancel:
+    plan = _plan_wake(nodes, pending, target, settings)
+    if plan.wake or plan.cancel:
         # Demand is waiting: nothing goes off this round, and nobody is unneeded.
-        return Decisions(wake=wake, cancel_drain=cancel, headroom_cores=target, free_cores=free)
-    since = _unneeded_since(nodes, unneeded_since, now_s, settings)
+        return Decisions(
+            wake=plan.wake,
+            cancel_drain=plan.cancel,
+            headroom_cores=target,
+            free_cores=free,
+            unplaceable=plan.unplaceable,
+        )
+    since = _unneeded_since(nodes, unneeded_since, target, now_s, settings)
     power_off, drain = _plan_off(nodes, since, target, now_s, settings)
     return Decisions(
         power_off=power_off,
@@ -198,79 +298,224 @@ def decide(
         unneeded_since=since,
         headroom_cores=target,
         free_cores=free,
+        unplaceable=plan.unplaceable,
     )
 
 
+# ---- room on nodes: first-fit decreasing on CPU and memory ---------------------------------
+
+
+@dataclass
+class _Room:
+    """Free CPU and memory of one node, as pods are packed onto it."""
+
+    node: NodeView
+    cpu: float
+    memory: int
+    placed_cores: float = 0.0
+    placed: list[PendingPod] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, node: NodeView) -> _Room:
+        return cls(node, _free_cpu(node), _free_memory(node))
+
+    def fits(self, pod: PendingPod) -> bool:
+        return pod.cpu_cores <= self.cpu + _EPS_CORES and pod.memory_bytes <= self.memory
+
+    def take(self, pod: PendingPod) -> None:
+        self.cpu -= pod.cpu_cores
+        self.memory -= pod.memory_bytes
+        self.placed_cores += pod.cpu_cores
+        self.placed.append(pod)
+
+
+def _pack(pods: Iterable[PendingPod], rooms: Sequence[_Room]) -> list[PendingPod]:
+    """First-fit `pods` (biggest first) into `rooms` (changed in place); the pods left over."""
+    left = []
+    for pod in pods:
+        for room in rooms:
+            if room.fits(pod):
+                room.take(pod)
+                break
+        else:
+            left.append(pod)
+    return left
+
+
+def _biggest_first(pods: Iterable[PendingPod]) -> list[PendingPod]:
+    return sorted(pods, key=lambda p: (-p.cpu_cores, -p.memory_bytes, p.name))
+
+
 # ---- waking -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WakePlan:
+    wake: tuple[Action, ...] = ()
+    cancel: tuple[Action, ...] = ()
+    unplaceable: tuple[str, ...] = ()
 
 
 def _plan_wake(
     nodes: Sequence[NodeView],
     pending: Sequence[PendingPod],
     target: float,
-    free: float,
     settings: PolicySettings,
-) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
-    # What must find room: the pending pods, biggest first (first-fit decreasing), plus the
-    # headroom deficit as one more "pod" of free CPU.
-    demand = sorted((p.cpu_cores for p in pending if p.cpu_cores > 0), reverse=True)
-    deficit = max(target - free, 0.0)
-    if not demand and deficit <= 1e-9:
-        return (), ()
+) -> _WakePlan:
+    # 1. Pods that fit on a node that is on, or waking (it will be soon), need no boot.
+    waiting = _biggest_first(p for p in pending if p.cpu_cores > 0 or p.memory_bytes > 0)
+    serving = [_Room.of(n) for n in nodes if n.state in (POWER_ON, POWER_WAKING)]
+    waiting = _pack(waiting, serving)
+    base_free = sum(room.cpu for room in serving)  # free CPU that serves without a boot
+    deficit = max(target - base_free, 0.0)
+    off = [n for n in nodes if n.state == POWER_OFF and n.managed and n.allocatable_cpu > 0]
+    unplaceable = tuple(p.name for p in waiting if not any(_could_ever_fit(p, n) for n in nodes))
+    waiting = [p for p in waiting if p.name not in unplaceable]
+    if not waiting and deficit <= _EPS_CORES:
+        return _WakePlan(unplaceable=unplaceable)
+
+    # 2. Take drains back, least idle watts per core first: an uncordon costs nothing.
     cancel: list[Action] = []
-    capacity: list[float] = []  # free CPU of what will serve: draining nodes taken back first
-    for node in nodes:
-        if node.state == POWER_DRAINING:
-            cancel.append(Action(node.name, "pods are waiting: the drain is cancelled"))
-            capacity.append(_free_cpu(node))
-    demand = _unplaced(demand, capacity)
-    deficit = max(deficit - sum(capacity), 0.0)
-    if not demand and deficit <= 1e-9:
-        return (), tuple(cancel)
-    wake: list[Action] = []
-    candidates = sorted(
-        (n for n in nodes if n.state == POWER_OFF and n.managed and n.allocatable_cpu > 0),
-        key=lambda n: (_wake_w_per_core(n, settings), n.name),
+    draining = sorted(
+        (n for n in nodes if n.state == POWER_DRAINING), key=lambda n: _per_core_key(n)
     )
-    for node in candidates:
-        if not demand and deficit <= 1e-9:
+    for node in draining:
+        if not waiting and deficit <= _EPS_CORES:
             break
-        room = node.allocatable_cpu - node.daemon_cpu
-        fits_one = any(cores <= room for cores in demand)
-        if demand and not fits_one and deficit <= 1e-9:
-            continue  # too small for every waiting pod: another node must do
+        room = _Room.of(node)
+        still_waiting = _pack(waiting, [room])
+        if len(still_waiting) == len(waiting) and deficit <= _EPS_CORES:
+            continue  # none of the waiting pods fits here
         why = (
-            f"{len(demand)} pod(s) waiting ({sum(demand):.2f} cores)"
-            if demand
-            else f"free CPU {free:.1f} cores below the {target:.1f}-core headroom"
+            f"{len(waiting) - len(still_waiting)} waiting pod(s) fit here"
+            if len(still_waiting) < len(waiting)
+            else f"free CPU below the {target:.1f}-core headroom"
         )
-        wake.append(Action(node.name, why, _wake_w(node, settings)))
-        capacity = [room]
-        demand = _unplaced(demand, capacity)
-        deficit = max(deficit - capacity[0], 0.0)
-    return tuple(wake), tuple(cancel)
+        cancel.append(Action(node.name, f"drain cancelled: {why}"))
+        waiting = still_waiting
+        base_free += room.cpu
+        deficit = max(deficit - room.cpu, 0.0)
+    if not waiting and deficit <= _EPS_CORES:
+        return _WakePlan(cancel=tuple(cancel), unplaceable=unplaceable)
+
+    # 3. Wake off nodes: for the waiting pods, the fewest predicted watts per core they take;
+    # for the headroom left short, the cheapest idle watts per free core.
+    woken: list[_Room] = []
+    candidates = list(off)
+    for_pods = list(waiting)
+    while for_pods and candidates:
+        best = _cheapest_for_pods(candidates, for_pods, settings)
+        if best is None:
+            break  # what still waits fits on no off node (memory, size): waking cannot help
+        room, for_pods = best
+        woken.append(room)
+        candidates.remove(room.node)
+    deficit = max(deficit - sum(room.cpu for room in woken), 0.0)
+    for node in sorted(candidates, key=lambda n: (_idle_per_free_core(n, settings), n.name)):
+        if deficit <= _EPS_CORES:
+            break
+        room = _Room.of(node)
+        if room.cpu <= _EPS_CORES:
+            continue
+        woken.append(room)
+        deficit = max(deficit - room.cpu, 0.0)
+
+    # 4. Never more than the demand needs: drop any woken node the others can do without.
+    woken = _without_spare_nodes(woken, waiting, base_free, target, settings)
+    wake = tuple(_wake_action(room, target, settings) for room in woken)
+    return _WakePlan(wake=wake, cancel=tuple(cancel), unplaceable=unplaceable)
 
 
-def _unplaced(demand: list[float], capacity: list[float]) -> list[float]:
-    """First-fit the demand (sorted, biggest first) into `capacity` (changed in place)."""
-    left = []
-    for cores in demand:
-        for i, room in enumerate(capacity):
-            if cores <= room + 1e-9:
-                capacity[i] = room - cores
-                break
-        else:
-            left.append(cores)
-    return left
+def _cheapest_for_pods(
+    candidates: Sequence[NodeView], pods: Sequence[PendingPod], settings: PolicySettings
+) -> tuple[_Room, list[PendingPod]] | None:
+    """The off node whose predicted watts per core of the pods it would take are lowest."""
+    best: tuple[float, str, _Room, list[PendingPod]] | None = None
+    for node in candidates:
+        room = _Room.of(node)
+        left = _pack(pods, [room])
+        if room.placed_cores <= _EPS_CORES and not room.placed:
+            continue
+        watts = node.predicted_w(room.placed_cores) + _boot_w(node, settings)
+        per_core = watts / max(room.placed_cores, 1e-3) if math.isfinite(watts) else math.inf
+        key = (per_core, node.name)
+        if best is None or key < best[:2]:
+            best = (per_core, node.name, room, left)
+    return None if best is None else (best[2], best[3])
+
+
+def _without_spare_nodes(
+    woken: list[_Room],
+    waiting: Sequence[PendingPod],
+    base_free: float,
+    target: float,
+    settings: PolicySettings,
+) -> list[_Room]:
+    """`woken` less the nodes (dearest first) the others can do without.
+
+    A node goes when the rest still take as many of the waiting pods and keep as much of the
+    headroom as all of them would; the rooms come back re-packed (which pods each takes).
+    """
+
+    def coverage(nodes: Sequence[NodeView]) -> tuple[int, float, list[_Room]]:
+        rooms = [_Room.of(n) for n in nodes]
+        left = _pack(waiting, rooms)
+        return len(waiting) - len(left), base_free + sum(r.cpu for r in rooms), rooms
+
+    kept = [room.node for room in woken]
+    all_served, all_free, rooms = coverage(kept)
+    free_needed = min(target, all_free)
+    for node in sorted(kept, key=lambda n: (_wake_w(n, settings), n.name), reverse=True):
+        trial = [n for n in kept if n is not node]
+        served, free, trial_rooms = coverage(trial)
+        if served >= all_served and free >= free_needed - _EPS_CORES:
+            kept, rooms = trial, trial_rooms
+    return rooms
+
+
+def _wake_action(room: _Room, target: float, settings: PolicySettings) -> Action:
+    node = room.node
+    if room.placed:
+        why = (
+            f"{len(room.placed)} pending pod(s) ({room.placed_cores:.2f} cores) fit on no node "
+            f"that is on; predicted {node.predicted_w(room.placed_cores):.0f} W with them"
+        )
+    else:
+        why = f"free CPU below the {target:.1f}-core headroom; {node.idle_w:.0f} W idle"
+    boot_w = _boot_w(node, settings)
+    if boot_w > 0:
+        why += f", boot {boot_w:.0f} W over {settings.wake_horizon_s:.0f} s"
+    watts = node.predicted_w(room.placed_cores) + boot_w
+    return Action(node.name, why, watts)
+
+
+def _could_ever_fit(pod: PendingPod, node: NodeView) -> bool:
+    """Whether the pod fits on the node with nothing on it but its DaemonSet pods."""
+    return (
+        pod.cpu_cores <= node.allocatable_cpu - node.daemon_cpu + _EPS_CORES
+        and pod.memory_bytes <= node.allocatable_memory_bytes - node.daemon_memory_bytes
+    )
+
+
+def _boot_w(node: NodeView, settings: PolicySettings) -> float:
+    """Boot energy spread over the wake horizon, in watts."""
+    energy_j = node.boot_energy_j if math.isfinite(node.boot_energy_j) else settings.boot_energy_j
+    return max(energy_j, 0.0) / settings.wake_horizon_s
 
 
 def _wake_w(node: NodeView, settings: PolicySettings) -> float:
-    return node.idle_w + settings.boot_energy_j / settings.wake_horizon_s
+    watts = node.idle_w + _boot_w(node, settings)
+    return watts if math.isfinite(watts) else math.inf
 
 
-def _wake_w_per_core(node: NodeView, settings: PolicySettings) -> float:
-    watts = _wake_w(node, settings)
-    return watts / node.allocatable_cpu if math.isfinite(watts) else math.inf
+def _idle_per_free_core(node: NodeView, settings: PolicySettings) -> float:
+    free = _free_cpu(node)
+    return _wake_w(node, settings) / free if free > 0 else math.inf
+
+
+def _per_core_key(node: NodeView) -> tuple[float, str]:
+    per_core = node.idle_w_per_core
+    return (per_core if math.isfinite(per_core) else math.inf, node.name)
 
 
 # ---- powering off -------------------------------------------------------------------------
@@ -279,13 +524,28 @@ def _wake_w_per_core(node: NodeView, settings: PolicySettings) -> float:
 def _unneeded_since(
     nodes: Sequence[NodeView],
     previous: Mapping[str, float],
+    target: float,
     now_s: float,
     settings: PolicySettings,
 ) -> dict[str, float]:
+    """Since when each unneeded node has been unneeded (its clock restarts when it is needed).
+
+    Unneeded includes the headroom: the other nodes on could take the node's pods and still
+    keep the headroom this round. So a node goes off only after the headroom has held without
+    it for the whole `unneeded_time_s`, like the scale-down stabilization window of
+    Kubernetes' HorizontalPodAutoscaler: a burst of arrivals restarts the clock, and a node
+    woken for a burst is not powered off again the minute the burst's rate dips.
+    """
+    on = [n for n in nodes if n.state == POWER_ON]
+    free_on = sum(_free_cpu(n) for n in on)
     since = {}
-    for node in nodes:
-        if node.state == POWER_ON and node.managed and _unneeded(node, settings) is not None:
-            since[node.name] = previous.get(node.name, now_s)
+    for node in on:
+        if not node.managed or _unneeded(node, settings) is None:
+            continue
+        free_without = free_on - _free_cpu(node) - node.requested_cpu
+        if free_without + _EPS_CORES < target:
+            continue
+        since[node.name] = previous.get(node.name, now_s)
     return since
 
 
@@ -331,9 +591,11 @@ def _plan_off(
     for node in candidates:
         if len(staying) - 1 < settings.min_on_nodes or off_count + 1 > max_off:
             break
+        moving = [p for p in node.pods if not p.daemon]
+        if moving and len(drain) >= settings.max_drains_per_round:
+            continue
         others = [n for name, n in staying.items() if name != node.name]
         free_after = sum(_free_cpu(n) for n in others)
-        moving = [p for p in node.pods if not p.daemon]
         if free_after - sum(p.cpu_cores for p in moving) < target:
             continue  # the headroom would go: keep this one on
         if moving and not _fits_elsewhere(moving, others):
@@ -363,32 +625,27 @@ def _free_cpu(node: NodeView) -> float:
 
 
 def _free_memory(node: NodeView) -> int:
-    return max(node.allocatable_memory_bytes - node.requested_memory_bytes, 0)
+    return max(
+        node.allocatable_memory_bytes - node.requested_memory_bytes - node.daemon_memory_bytes, 0
+    )
 
 
 def _fits_elsewhere(pods: Sequence[PodInfo], others: Sequence[NodeView]) -> bool:
     """Whether every pod fits on `others` (first-fit decreasing on CPU and memory)."""
-    room = [[_free_cpu(n), _free_memory(n)] for n in others]
-    for pod in sorted(pods, key=lambda p: -p.cpu_cores):
-        for slot in room:
-            if pod.cpu_cores <= slot[0] + 1e-9 and pod.memory_bytes <= slot[1]:
-                slot[0] -= pod.cpu_cores
-                slot[1] -= pod.memory_bytes
-                break
-        else:
-            return False
-    return True
+    rooms = [_Room.of(n) for n in others]
+    return not _pack(_biggest_first(_as_pending(pods)), rooms)
 
 
 def _with_pods_placed(others: Sequence[NodeView], pods: Sequence[PodInfo]) -> dict[str, NodeView]:
     """`others` with `pods` placed first-fit decreasing (as `_fits_elsewhere` found room)."""
-    placed: dict[str, list[PodInfo]] = {n.name: list(n.pods) for n in others}
-    room = {n.name: [_free_cpu(n), _free_memory(n)] for n in others}
-    for pod in sorted(pods, key=lambda p: -p.cpu_cores):
-        for name, slot in room.items():
-            if pod.cpu_cores <= slot[0] + 1e-9 and pod.memory_bytes <= slot[1]:
-                slot[0] -= pod.cpu_cores
-                slot[1] -= pod.memory_bytes
-                placed[name].append(pod)
-                break
-    return {n.name: replace(n, pods=tuple(placed[n.name])) for n in others}
+    by_name = {p.name: p for p in pods}
+    rooms = [_Room.of(n) for n in others]
+    _pack(_biggest_first(_as_pending(pods)), rooms)
+    return {
+        r.node.name: replace(r.node, pods=(*r.node.pods, *(by_name[p.name] for p in r.placed)))
+        for r in rooms
+    }
+
+
+def _as_pending(pods: Iterable[PodInfo]) -> list[PendingPod]:
+    return [PendingPod(p.name, p.cpu_cores, p.memory_bytes) for p in pods]

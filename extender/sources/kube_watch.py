@@ -12,6 +12,10 @@ This is the edge where the extender learns what kube-scheduler knows and the met
 - **Where pods run**: every running pod's node and IPs, published as an `extender.pods.PodIndex`
   (signal `PODS_SIGNAL`) whenever one changes, for plugins that place pods near other pods
   (Delay's `delay_<pod-prefix>`) or meet nodes through pod IPs (Goldpinger).
+- **Requested CPU per node**: what every running pod requests, DaemonSet and mirror pods left
+  out, summed per node and published as the signal `requested_cpu`
+  (`extender.node_requests.NodeRequests`, for the Consolidation plugin) after each list and
+  change.
 
 Each resource runs the reflector pattern of client-go in one daemon thread: list (replacing what
 the state holds), then watch from the list's resourceVersion with a server-side timeout, resume
@@ -29,12 +33,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import orjson
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests, is_daemon_pod
 from extender.pods import PODS_SIGNAL, PodIndexBuilder, PodPlacement
 from extender.state import ClusterState, NodeInfo
 from livedata.pod_resources import parse_cpu_quantity, pod_cpu_demand_cores
@@ -327,6 +333,11 @@ class ClusterWatcher:
         # Every running pod's node and IPs, published to the state when one changes. Written
         # by the pods loop's thread only.
         self._pod_index = PodIndexBuilder()
+        # uid -> (node, millicores requested) of running pods that are not DaemonSet or mirror
+        # pods, and their sum per node (integers: sums of floats would drift over months).
+        self._requests: dict[str, tuple[str, int]] = {}
+        self._requested_m: dict[str, int] = {}
+        self._requests_changed = True  # publish (empty) after the first list
         self.invalid_pods_total = 0
         common = {
             "stop_event": self._stop,
@@ -416,6 +427,7 @@ class ClusterWatcher:
         for uid in vanished:
             self._pod_removed(uid, publish=False)
         self._publish_pods()
+        self._publish_requests()
 
     def _pod_event(self, event_type: str, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -425,6 +437,7 @@ class ClusterWatcher:
             self._pod_removed(uid)
         elif event_type in ("ADDED", "MODIFIED"):
             self._pod_seen(uid, pod)
+        self._publish_requests()
 
     def _pod_seen(self, uid: str, pod: dict[str, Any], *, publish: bool = True) -> None:
         spec = pod.get("spec") or {}
@@ -443,8 +456,6 @@ class ClusterWatcher:
         bound_at_s = pod_bound_at_s(pod, now_s)
         with self._bound_lock:
             self._bound[uid] = node
-        if bound_at_s + self._state.assumed_window_s <= now_s:
-            return  # bound long ago: its load is in the metrics already
         try:
             cpu_cores = pod_cpu_demand_cores(pod)
         except ValueError as error:
@@ -453,11 +464,16 @@ class ClusterWatcher:
                 "pod %s: cannot count its CPU demand (%s); not assumed", _pod_name(pod), error
             )
             return
+        if not is_daemon_pod(pod):
+            self._count_request(uid, node, round(cpu_cores * 1000))
+        if bound_at_s + self._state.assumed_window_s <= now_s:
+            return  # bound long ago: its load is in the metrics already
         self._state.pod_bound(node, uid, cpu_cores, bound_at_s)
 
     def _pod_removed(self, uid: str, *, publish: bool = True) -> None:
         with self._bound_lock:
             known = self._bound.pop(uid, None) is not None
+            self._forget_request_locked(uid)
         if known:
             self._state.pod_gone(uid)
         if self._pod_index.remove(uid) and publish:
@@ -465,3 +481,33 @@ class ClusterWatcher:
 
     def _publish_pods(self) -> None:
         self._state.set_signal(PODS_SIGNAL, self._pod_index.snapshot())
+
+    # ---- requested CPU per node -------------------------------------------------------------
+
+    def _count_request(self, uid: str, node: str, millicores: int) -> None:
+        with self._bound_lock:
+            self._forget_request_locked(uid)
+            self._requests[uid] = (node, millicores)
+            self._requested_m[node] = self._requested_m.get(node, 0) + millicores
+            self._requests_changed = True
+
+    def _forget_request_locked(self, uid: str) -> None:
+        entry = self._requests.pop(uid, None)
+        if entry is None:
+            return
+        node, millicores = entry
+        left = self._requested_m.get(node, 0) - millicores
+        if left > 0:
+            self._requested_m[node] = left
+        else:
+            self._requested_m.pop(node, None)
+        self._requests_changed = True
+
+    def _publish_requests(self) -> None:
+        """Publish the per-node sums if they changed (once per list, once per event)."""
+        with self._bound_lock:
+            if not self._requests_changed:
+                return
+            self._requests_changed = False
+            cores = MappingProxyType({n: m / 1000.0 for n, m in self._requested_m.items()})
+        self._state.set_signal(REQUESTED_CPU_SIGNAL, NodeRequests(cores))
