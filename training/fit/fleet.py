@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -89,39 +89,104 @@ def _stream_outcomes(
             yield in_flight.pop(future), future.result()
 
 
+def fallback_rows_per_node(settings: FitSettings, n_nodes: int) -> int:
+    """Training rows each eligible node gives the fleet fallback: an equal share of
+    `fallback_max_rows` over the fleet, at least 20 (held-out rows: a quarter of it)."""
+    return max(20, settings.fallback_max_rows // max(1, n_nodes))
+
+
+@dataclass
+class FallbackSample:
+    """A node's rows for the fleet fallback, in a random order seeded by the run and the node.
+
+    The first k rows of that order are a uniform sample of k, whatever k is: a sample taken
+    with more rows than the run needs (on a Dask worker, before the fleet's size is known) is
+    `cut` later to exactly the rows a smaller one would hold. `train_rows` / `test_rows` count
+    the node's rows before sampling, so `covers` knows when the sample holds all of them.
+    """
+
+    node: str
+    train: NodeRows  # at most rows_per_node rows, in sample order
+    test: NodeRows  # at most max(1, rows_per_node // 4) rows, in sample order
+    train_rows: int
+    test_rows: int
+
+    @classmethod
+    def take(
+        cls, rows: NodeRows, test_fraction: float, seed: int, rows_per_node: int
+    ) -> FallbackSample:
+        start = heldout_start_index(len(rows), test_fraction)
+        train, test = rows.take(slice(0, start)), rows.take(slice(start, None))
+        rng = np.random.default_rng([seed, zlib.crc32(rows.node.encode())])
+        train_order, test_order = rng.permutation(len(train)), rng.permutation(len(test))
+        return cls(
+            node=rows.node,
+            train=train.take(train_order[:rows_per_node]),
+            test=test.take(test_order[: _test_cap(rows_per_node)]),
+            train_rows=len(train),
+            test_rows=len(test),
+        )
+
+    def covers(self, rows_per_node: int) -> bool:
+        """Does it hold every row a sample of `rows_per_node` would?"""
+        return len(self.train) >= min(self.train_rows, rows_per_node) and len(self.test) >= min(
+            self.test_rows, _test_cap(rows_per_node)
+        )
+
+    def cut(self, rows_per_node: int) -> tuple[NodeRows, NodeRows]:
+        """(train, test) of a sample of `rows_per_node`, back in time order."""
+        if not self.covers(rows_per_node):
+            raise ValueError(f"{self.node}: fallback sample too small for {rows_per_node} rows")
+        return (
+            _time_ordered(self.train.take(slice(0, rows_per_node))),
+            _time_ordered(self.test.take(slice(0, _test_cap(rows_per_node)))),
+        )
+
+
+def _test_cap(rows_per_node: int) -> int:
+    return max(1, rows_per_node // 4)
+
+
+def _time_ordered(rows: NodeRows) -> NodeRows:
+    return rows.take(np.argsort(rows.time_s, kind="stable"))
+
+
 @dataclass
 class FallbackPool:
-    """Subsampled train/test rows of every node with a model of its own, for the fleet model."""
+    """Subsampled train/test rows of every node with a model of its own, for the fleet model.
+
+    Merged in node order, not in the order nodes finished: worker processes finish in any
+    order, and the fallback must not change from run to run."""
 
     rows_per_node: int
-    seed: int
-    train: list[NodeRows] = field(default_factory=list)
-    test: list[NodeRows] = field(default_factory=list)
+    parts: dict[str, tuple[NodeRows, NodeRows]] = field(default_factory=dict)
 
-    def add(self, rows: NodeRows, test_fraction: float) -> None:
-        start = heldout_start_index(len(rows), test_fraction)
-        rng = np.random.default_rng([self.seed, zlib.crc32(rows.node.encode())])
-        for part, target, cap in (
-            (rows.take(slice(0, start)), self.train, self.rows_per_node),
-            (rows.take(slice(start, None)), self.test, max(1, self.rows_per_node // 4)),
-        ):
-            if len(part) > cap:
-                part = part.take(np.sort(rng.choice(len(part), cap, replace=False)))
-            target.append(part)
+    def add(self, sample: FallbackSample) -> None:
+        self.parts[sample.node] = sample.cut(self.rows_per_node)
 
-    def merged(self, parts: list[NodeRows]) -> NodeRows:
-        return NodeRows(
-            FALLBACK_NAME,
-            np.concatenate([p.time_s for p in parts]),
-            np.concatenate([p.features for p in parts]),
-            np.concatenate([p.power_w for p in parts]),
+    def merged(self) -> tuple[NodeRows, NodeRows]:
+        """(train, test) of every node's sample, in node order."""
+        nodes = sorted(self.parts)
+        return tuple(  # type: ignore[return-value]
+            NodeRows(
+                FALLBACK_NAME,
+                np.concatenate([self.parts[n][i].time_s for n in nodes]),
+                np.concatenate([self.parts[n][i].features for n in nodes]),
+                np.concatenate([self.parts[n][i].power_w for n in nodes]),
+            )
+            for i in (0, 1)
         )
+
+
+def gives_fallback_rows(rows: NodeRows, settings: FitSettings) -> bool:
+    """A node with enough rows for a model of its own also feeds the fleet fallback."""
+    return len(rows) >= max(settings.min_rows, 2)
 
 
 # --- the whole run -------------------------------------------------------------------------
 
 
-class _InputAccount:
+class InputAccount:
     """Turns cleaned batches into node rows while summing what the report says about input.
 
     Rows whose features are still empty after the fill are dropped here (counted as
@@ -160,6 +225,28 @@ class _InputAccount:
                     )
                 self.nodes_seen.add(rows.node)
                 yield rows
+
+    def merge(self, other: InputAccount, where: str) -> None:
+        """Add another account's input (a node group read elsewhere, `where` names it)."""
+        for node in sorted(self.nodes_seen & other.nodes_seen):
+            raise FitError(
+                f"node {node} has rows in two separately read node groups (the second: "
+                f"{where}); all of a node's series must be in one group"
+            )
+        self.nodes_seen |= other.nodes_seen
+        self.tally.rows_read += other.tally.rows_read
+        self.tally.rows_kept += other.tally.rows_kept
+        for reason, count in other.tally.dropped.items():
+            self.tally.dropped[reason] = self.tally.dropped.get(reason, 0) + count
+        self.tally.sources += [s for s in other.tally.sources if s not in self.tally.sources]
+        for reason, example in other.tally.examples.items():
+            self.tally.examples.setdefault(reason, example)
+        self.unfilled_rows += other.unfilled_rows
+        self.rows_used += other.rows_used
+        for mine, theirs, pick in (("start", other.start, min), ("end", other.end, max)):
+            if theirs is not None:
+                current = getattr(self, mine)
+                setattr(self, mine, theirs if current is None else pick(current, theirs))
 
     def dropped(self) -> dict[str, int]:
         dropped = dict(self.tally.dropped)
@@ -203,9 +290,7 @@ def fit_fleet(
 
     Raises FitError / ExportError after writing the report when the bundle cannot be trusted.
     """
-    resolve_families(settings.families)  # fail on a bad name before any work
-    if not 0 < settings.test_fraction < 1:
-        raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
+    check_settings(settings)
     report_dir = Path(report_dir) if report_dir is not None else default_report_dir(out_dir)
     jobs = jobs or os.cpu_count() or 1
     if isinstance(cleaned, CleanedMetrics):
@@ -219,11 +304,10 @@ def fit_fleet(
         ", ".join(settings.families),
         jobs,
     )
-    account = _InputAccount()
-    pool = FallbackPool(
-        max(20, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
-    )
+    account = InputAccount()
+    pool = FallbackPool(fallback_rows_per_node(settings, n_nodes_expected))
     outcomes: dict[str, FitOutcome] = {}
+    eval_rows: dict[str, NodeRows] = {}
 
     with HeldoutSeriesStore() as store:
         bar = tqdm(
@@ -233,29 +317,89 @@ def fit_fleet(
             disable=not progress or not sys.stderr.isatty(),
         )
         for rows, outcome in _stream_outcomes(account.node_rows(batches), settings, jobs):
-            if len(rows) >= max(settings.min_rows, 2):
-                pool.add(rows, settings.test_fraction)
+            if gives_fallback_rows(rows, settings):
+                pool.add(
+                    FallbackSample.take(
+                        rows, settings.test_fraction, settings.seed, pool.rows_per_node
+                    )
+                )
             if outcome.heldout is not None:
                 store.put(outcome.node, *outcome.heldout)
                 outcome.heldout = None
+            if outcome.eval_rows is not None:
+                eval_rows[outcome.node] = outcome.eval_rows
+                outcome.eval_rows = None
             outcomes[outcome.node] = outcome
             bar.update(1)
         bar.close()
-        if not outcomes:
-            raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
-        if not pool.train:
-            raise FitError(
-                f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
-                f"per-node models nor the fleet fallback can be trained; lower --min-rows"
-            )
-        fallback, fallback_model = _fit_fallback(pool, settings)
-        node_entries = [
-            _report_entry(outcomes[node], fallback_model, settings) for node in sorted(outcomes)
-        ]
-        window = account.window()
-        report = _build_report(account, settings, node_entries, fallback, window)
-        write_report(report_dir, report)
-        _plot(report_dir / PLOT_PNG, node_entries, store)
+
+        def judge_here(model: object, nodes: list[FitOutcome]) -> dict[str, dict]:
+            return {o.node: judge_fallback(model, eval_rows[o.node], o, settings) for o in nodes}
+
+        return finish_run(
+            FleetFits(outcomes, pool, account),
+            out_dir,
+            report_dir=report_dir,
+            settings=settings,
+            judge=judge_here,
+            heldout_series=store.get,
+        )
+
+
+def check_settings(settings: FitSettings) -> None:
+    """Fail on a bad family name or test fraction before any work."""
+    resolve_families(settings.families)
+    if not 0 < settings.test_fraction < 1:
+        raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
+
+
+@dataclass
+class FleetFits:
+    """What fitting every node left behind, wherever the nodes were fitted: the outcomes
+    (without held-out series or evaluation rows), the fallback's pooled sample, the input."""
+
+    outcomes: dict[str, FitOutcome]
+    pool: FallbackPool
+    account: InputAccount
+
+
+# judge(fallback model, outcomes of the nodes it serves) -> node -> `judge_fallback`'s answer
+FallbackJudge = Callable[[object, list[FitOutcome]], Mapping[str, dict]]
+
+
+def finish_run(
+    fits: FleetFits,
+    out_dir: Path,
+    *,
+    report_dir: Path,
+    settings: FitSettings,
+    judge: FallbackJudge,
+    heldout_series: Callable[[str], dict[str, np.ndarray] | None],
+    report_extra: Mapping[str, object] | None = None,
+) -> FitRun:
+    """Fit the fleet fallback, write the report and the plot, then (if sound) the bundle.
+
+    `judge` scores the fallback on the nodes it serves where their rows are (this process, or
+    the Dask workers that read them); `heldout_series` fetches the plot's few nodes' series.
+    """
+    outcomes, pool, account = fits.outcomes, fits.pool, fits.account
+    if not outcomes:
+        raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
+    if not pool.parts:
+        raise FitError(
+            f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
+            f"per-node models nor the fleet fallback can be trained; lower --min-rows"
+        )
+    fallback, fallback_model = _fit_fallback(pool, settings)
+    judged = judge(
+        fallback_model, [outcomes[n] for n in sorted(outcomes) if outcomes[n].onnx is None]
+    )
+    node_entries = [_report_entry(outcomes[node], judged.get(node)) for node in sorted(outcomes)]
+    window = account.window()
+    report = _build_report(account, settings, node_entries, fallback, window)
+    report.update(report_extra or {})
+    write_report(report_dir, report)
+    _plot(report_dir / PLOT_PNG, node_entries, heldout_series)
 
     parity = [o.parity for o in [*outcomes.values(), fallback] if o.parity is not None]
     node_models = {n: o.onnx for n, o in outcomes.items() if o.onnx is not None}
@@ -285,7 +429,7 @@ def fit_fleet(
 def _fit_fallback(pool: FallbackPool, settings: FitSettings) -> tuple[FitOutcome, object]:
     """The fleet fallback, chosen like a node's model on the pooled rows: its outcome and its
     scikit-learn model (the report judges fallback nodes with it). FitError when none passes."""
-    train, test = pool.merged(pool.train), pool.merged(pool.test)
+    train, test = pool.merged()
     log.info("fitting the fleet fallback on %d pooled rows", len(train))
     thermal = node_thermal(train)
     model, choice, candidates, check = choose_model_or_last_resort(
@@ -341,7 +485,18 @@ def _fallback_manifest_entry(
     }
 
 
-def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) -> dict:
+def judge_fallback(model, rows: NodeRows, outcome: FitOutcome, settings: FitSettings) -> dict:
+    """The fleet fallback on a node it serves: its error on the node's rows and whether it
+    rises with utilisation at the node's median temperatures (the report's figures)."""
+    check = monotonic_verdict(
+        model, np.median(rows.features, axis=0), settings.monotonic_tolerance_w, outcome.thermal
+    )
+    if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
+        check["own_families"] = outcome.monotonic
+    return {"metrics": error_metrics(rows.power_w, model.predict(rows.features)), "check": check}
+
+
+def _report_entry(outcome: FitOutcome, fallback_judgement: dict | None) -> dict:
     entry = {
         "node": outcome.node,
         "model": "own" if outcome.onnx is not None else "fallback",
@@ -362,19 +517,11 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
         "note": "",
     }
     if outcome.onnx is None:
-        rows = outcome.eval_rows
-        predicted_w = fallback_model.predict(rows.features)
-        entry["metrics"] = error_metrics(rows.power_w, predicted_w)
+        if fallback_judgement is None:
+            raise FitError(f"{outcome.node}: the fleet fallback was not judged on its rows")
+        entry["metrics"] = fallback_judgement["metrics"]
         entry["family"] = "fleet"
-        check = monotonic_verdict(
-            fallback_model,
-            np.median(rows.features, axis=0),
-            settings.monotonic_tolerance_w,
-            outcome.thermal,
-        )
-        if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
-            check["own_families"] = outcome.monotonic
-        entry["monotonic"] = check
+        entry["monotonic"] = fallback_judgement["check"]
         entry["note"] = f"fallback: {outcome.fallback_reason}"
     elif outcome.parity is not None and not outcome.parity.passed:
         entry["note"] = f"ONNX parity FAILED ({outcome.parity.max_abs_diff_w:.4g} W)"
@@ -382,7 +529,7 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
 
 
 def _build_report(
-    account: _InputAccount,
+    account: InputAccount,
     settings: FitSettings,
     node_entries: list[dict],
     fallback: FitOutcome,
@@ -416,12 +563,18 @@ def _build_report(
     }
 
 
-def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> None:
+def _plot(
+    path: Path,
+    node_entries: list[dict],
+    heldout_series: Callable[[str], dict[str, np.ndarray] | None],
+) -> None:
     mape = {
         e["node"]: e["metrics"]["mape_pct"]
         for e in node_entries
         if e["model"] == "own" and e["metrics"].get("mape_pct") is not None
     }
-    series = [(label, node, store.get(node), mape[node]) for label, node in best_median_worst(mape)]
+    series = [
+        (label, node, heldout_series(node), mape[node]) for label, node in best_median_worst(mape)
+    ]
     plot_predicted_vs_measured(path, series)
     log.info("plot of predicted vs measured power: %s", path)
