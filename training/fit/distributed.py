@@ -561,11 +561,21 @@ def fit_fleet_on_dask(
             return judged
 
         def heldout_series(node: str) -> dict[str, np.ndarray] | None:
+            received["heldout_series_nodes"] += 1
             return client.submit(heldout_of, results[node_group[node]], node, pure=False).result()
 
-        report_extra = {
-            "distributed": _run_summary(client, summaries_sorted, by_index, n_nodes_planned)
+        # What crossed from the workers to this process, in the report: models, figures and
+        # bounded samples, never a group's rows.
+        received = {
+            "group_summaries_bytes": sum(summary_bytes(s) for s in summaries_sorted),
+            "fallback_sample_rows": sum(
+                len(x.train) + len(x.test) for s in summaries_sorted for x in s.fallback_samples
+            ),
+            "fallback_sample_rows_per_node": planned_rows,
+            "heldout_series_nodes": 0,
         }
+        run_summary = _run_summary(client, summaries_sorted, by_index, n_nodes_planned)
+        run_summary["received"] = received
         return finish_run(
             fits,
             out_dir,
@@ -573,7 +583,7 @@ def fit_fleet_on_dask(
             settings=settings,
             judge=judge_on_workers,
             heldout_series=heldout_series,
-            report_extra=report_extra,
+            report_extra={"distributed": run_summary},
         )
     finally:
         client.cancel(list(results.values()) + list(summaries))

@@ -397,9 +397,10 @@ def finish_run(
     node_entries = [_report_entry(outcomes[node], judged.get(node)) for node in sorted(outcomes)]
     window = account.window()
     report = _build_report(account, settings, node_entries, fallback, window)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    _plot(report_dir / PLOT_PNG, node_entries, heldout_series)  # first: it may fetch series
     report.update(report_extra or {})
     write_report(report_dir, report)
-    _plot(report_dir / PLOT_PNG, node_entries, heldout_series)
 
     parity = [o.parity for o in [*outcomes.values(), fallback] if o.parity is not None]
     node_models = {n: o.onnx for n, o in outcomes.items() if o.onnx is not None}
