@@ -90,7 +90,7 @@ log = logging.getLogger("training.fit")  # the package's name: log lines read as
 LOCAL_PREFIX = "local:"  # `--dask local:N`: a LocalCluster of N worker processes
 DEFAULT_NODES_PER_GROUP = 100  # ~1 M rows at a week of 60 s samples: one worker holds that
 GROUP_RETRIES = 2  # a group task that raises is run up to 3 times (Prometheus hiccups)
-CONNECT_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 300.0  # a scheduler pod just scaled up from zero may need minutes
 PROGRESS_TOPIC = "training.fit/node-fitted"
 
 
