@@ -34,6 +34,7 @@ from livedata.collect_config import (
     render_query,
 )
 from tests.support.prometheus import PrometheusServer, require_prometheus, start_prometheus
+from training.collect import collect_to_directory
 from training.dataset import stream_metrics
 from training.fit import FitSettings, fit_fleet
 from training.fit.distributed import (
@@ -326,3 +327,52 @@ def test_a_group_that_keeps_failing_is_named_and_no_bundle_is_written(
     assert f"node group 1 ({bad})" in message
     assert "power_w" in message and "is not a number" in message
     assert not out.exists()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_a_planned_node_without_data_gets_exact_fallback_samples_by_a_second_read(
+    cluster,
+    fleet: tuple[PrometheusServer, str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """node-01 is in Prometheus's index and has a node_uname_info, so the plan counts it, but
+    these queries leave its series out: the fleet has one node fewer than planned, every node
+    must give the fallback more rows than the workers sampled, and the groups are read again
+    for exact samples. The bundle is still the in-process one."""
+    prometheus, start, end = fleet
+    skip = 'instance!~"node-01:.*",$match'
+    config = CollectConfig(
+        url=prometheus.url,
+        cpu_query=DEFAULT_CPU_QUERY.replace("$match", skip),
+        temperature_query=f"ipmi_temperature_celsius{{{skip}}}",
+        power_query=f"ipmi_dcmi_power_consumption_watts{{{skip}}}",
+    )
+    begin, finish = datetime.fromisoformat(start), datetime.fromisoformat(end)
+    where = f"{config.url} [{begin.isoformat()} .. {finish.isoformat()}]"
+    settings = FitSettings(min_rows=300, fallback_max_rows=600)  # 100 rows planned, 120 needed
+
+    spill = tmp_path / "spill"
+    collect_to_directory(config, begin, finish, spill, progress=False)
+    in_process = stream_metrics(spill, source=where)
+    expected = fit_fleet(in_process, tmp_path / "in-process", settings=settings)
+    assert in_process.n_nodes == NODES - 1
+    assert "node-01" not in [entry["node"] for entry in expected.report["nodes"]]
+
+    groups, planned = plan_prometheus_groups(config, begin, finish, nodes_per_group=2, source=where)
+    assert planned == NODES and groups[0].nodes == ("node-01", "node-02")
+    with caplog.at_level("WARNING", logger="training.fit"):
+        got = fit_fleet_on_dask(
+            cluster,
+            groups,
+            planned,
+            tmp_path / "dask",
+            report_dir=tmp_path / "dask-report",
+            settings=settings,
+            exact_node_count=False,
+            progress=False,
+        )
+    assert "reading 3 node group(s) again" in caplog.text
+    assert got.report["fallback"]["rows_train"] == (NODES - 1) * 120
+    assert_same_bundle(expected.bundle_dir, got.bundle_dir)
