@@ -591,8 +591,8 @@ def fit_fleet_on_dask(
 
 def _failure_message(failed: Mapping[int, str], by_index: Mapping[int, NodeGroup], total: int):
     lines = [
-        f"{len(failed)} of {total} node groups failed after {GROUP_RETRIES} retries, so their "
-        "nodes have no model and no bundle was written:"
+        f"{len(failed)} of {total} node groups failed after {GROUP_RETRIES} retries (or lost "
+        "their workers too often), so their nodes have no model and no bundle was written:"
     ]
     for index in sorted(failed):
         group = by_index[index]
@@ -663,8 +663,8 @@ def _fill_pool(
             )
             for index in short
         }
-        for index, future in again.items():
-            samples[index] = future.result().summary.fallback_samples
+        for index, future in again.items():  # only the summary crosses, as the first time
+            samples[index] = client.submit(summary_of, future).result().fallback_samples
             future.cancel()
     fits.pool = FallbackPool(pool_rows)
     for index in sorted(samples):
