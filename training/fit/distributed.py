@@ -542,7 +542,7 @@ def fit_fleet_on_dask(
         if not exact_node_count:
             collected = set().union(*(s.nodes_collected for s in summaries_sorted))
             pool_rows = fallback_rows_per_node(settings, len(collected))
-        _fill_pool(client, fits, summaries_sorted, by_index, results, settings, pool_rows, run_id)
+        _fill_pool(client, fits, summaries_sorted, by_index, settings, pool_rows, run_id)
 
         def judge_on_workers(model: object, nodes: list[FitOutcome]) -> Mapping[str, dict]:
             by_group: dict[int, list[str]] = defaultdict(list)
@@ -632,7 +632,6 @@ def _fill_pool(
     fits: FleetFits,
     summaries: list[GroupSummary],
     by_index: Mapping[int, NodeGroup],
-    results: Mapping[int, object],
     settings: FitSettings,
     pool_rows: int,
     run_id: str,
