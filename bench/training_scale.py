@@ -330,6 +330,7 @@ def _fit_end_to_end(prometheus, loaded: dict, work: Path, jobs: int, mode: str) 
         "peak_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
         "server_cpu_s": server_cpu_s,
         "server_peak_mib": server_peak_mib,
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine stretches the wall time
         "rows_used": report["input"]["rows_used"],
         "nodes_own": report["summary"]["nodes_own_model"],
         "median_mape_pct": report["summary"]["median_mape_pct"],
@@ -534,7 +535,8 @@ def print_end_to_end(run: dict) -> None:
     print(
         f"  {run['cpu_s']:.0f} s cpu (fit and its workers); peak {run['peak_mib']:.0f} MiB "
         f"(largest single process); Prometheus: {run['server_cpu_s']:.0f} s cpu, peak "
-        f"{run['server_peak_mib']:.0f} MiB; {run['rows_used']:,} rows used, "
+        f"{run['server_peak_mib']:.0f} MiB; load average {run.get('load_avg_1m', 0):.1f}; "
+        f"{run['rows_used']:,} rows used, "
         f"{run['nodes_own']} own models, median held-out MAPE {run['median_mape_pct']:.2f} %"
     )
     print(f"  log: {run['log']}")
@@ -566,7 +568,7 @@ def print_dask_comparison(runs: list[dict]) -> None:
     print(
         f"{'mode':>11} {'workers':>7} {'wall s':>7} {'nodes/s':>8} {'/worker':>8} "
         f"{'peak MiB':>8} {'client':>7} {'worker':>7} {'busy s/node':>11} {'Prom cpu s':>10} "
-        f"{'same models':>11}"
+        f"{'same models':>11} {'load':>5}"
     )
     for run in runs:
         dist = run["distributed"]
@@ -578,13 +580,15 @@ def print_dask_comparison(runs: list[dict]) -> None:
             f"{run['mode']:>11} {run['workers']:>7} {run['wall_s']:>7.1f} {rate:>8.1f} "
             f"{rate / run['workers']:>8.1f} {run['peak_mib']:>8.0f} {client:>7} {worker:>7} "
             f"{busy:>11} {run['server_cpu_s']:>10.0f} "
-            f"{'yes' if same_models(base['bundle'], run['bundle']) else 'NO':>11}"
+            f"{'yes' if same_models(base['bundle'], run['bundle']) else 'NO':>11} "
+            f"{run.get('load_avg_1m', 0):>5.1f}"
         )
     print(
         "peak MiB: the largest single process (wait4); client/worker: the Dask run's own "
         "high-water RSS (report's `distributed`); busy s/node: worker time reading and fitting "
         "its groups, summed over workers, per node; same models: ONNX bytes equal to the first "
-        "run's for every node and the fallback"
+        "run's for every node and the fallback; load: 1-minute load average at the end (above "
+        f"{os.cpu_count()}: other work shared the cores)"
     )
     dask_runs = sorted((r for r in runs if r["distributed"]), key=lambda r: r["workers"])
     one = next((r for r in dask_runs if r["workers"] == 1), None)
