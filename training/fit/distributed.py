@@ -121,6 +121,7 @@ def dask_client(address: str) -> Iterator[object]:
             ) as cluster,
             Client(cluster) as client,
         ):
+            client.wait_for_workers(int(count), timeout=CONNECT_TIMEOUT_S)
             yield client
         return
     try:
