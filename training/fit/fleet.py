@@ -4,9 +4,11 @@
 at a time) into worker processes running `training.fit.node.fit_node`, at most a few nodes in
 flight; a finished node leaves behind only its `FitOutcome` (ONNX bytes and figures) and, on
 disk, its held-out predictions for the plot. Meanwhile a subsample of every eligible node's
-rows is pooled for the fleet fallback, fitted last the same way (with a utilisation-only family
-added to its candidates) into the same `FitOutcome`. Then the report is written, and only if
-every model is sound, the bundle.
+rows is pooled for the fleet fallback (`FallbackSample`, merged in node order so the fallback
+does not depend on which worker finished first), fitted last the same way (with a
+utilisation-only family added to its candidates) into the same `FitOutcome`. Then
+`finish_run` writes the report, and only if every model is sound, the bundle; Dask runs
+(`training.fit.distributed`) fit their nodes elsewhere and finish the same way.
 """
 
 from __future__ import annotations
@@ -167,15 +169,19 @@ class FallbackPool:
     def merged(self) -> tuple[NodeRows, NodeRows]:
         """(train, test) of every node's sample, in node order."""
         nodes = sorted(self.parts)
-        return tuple(  # type: ignore[return-value]
-            NodeRows(
-                FALLBACK_NAME,
-                np.concatenate([self.parts[n][i].time_s for n in nodes]),
-                np.concatenate([self.parts[n][i].features for n in nodes]),
-                np.concatenate([self.parts[n][i].power_w for n in nodes]),
-            )
-            for i in (0, 1)
+        return (
+            _concatenated([self.parts[node][0] for node in nodes]),
+            _concatenated([self.parts[node][1] for node in nodes]),
         )
+
+
+def _concatenated(parts: list[NodeRows]) -> NodeRows:
+    return NodeRows(
+        FALLBACK_NAME,
+        np.concatenate([p.time_s for p in parts]),
+        np.concatenate([p.features for p in parts]),
+        np.concatenate([p.power_w for p in parts]),
+    )
 
 
 def gives_fallback_rows(rows: NodeRows, settings: FitSettings) -> bool:
