@@ -30,6 +30,8 @@ held-out predictions for the plot.
 - `node`: one node's rows, the candidate families, the checks, `fit_node` -> `FitOutcome`;
 - `fleet`: `fit_fleet`: the nodes in worker processes, the fleet fallback (also a
   `FitOutcome`), the report, the bundle;
+- `distributed`: `--dask`: node groups read and fitted on a Dask cluster's workers, the same
+  bundle written by the client (`fit_fleet_on_dask`);
 - `cli`: `python -m training.fit` (flags, input from files or Prometheus, exit statuses).
 """
 
