@@ -184,9 +184,7 @@ class PrometheusReader:
     def _where(self, query: str) -> str:
         return f"Prometheus at {self.config.url} answering {query!r}"
 
-    def _call(
-        self, query: str, request: Callable[[], object], where: str | None = None
-    ) -> object:
+    def _call(self, query: str, request: Callable[[], object], where: str | None = None) -> object:
         self._last_response = None
         where = where or self._where(query)
         try:
