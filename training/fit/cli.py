@@ -241,8 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit on a Dask cluster: a scheduler address (tcp://scheduler:8786), or local:N for "
         "N worker processes on this machine. The fleet is split into node groups; each worker "
         "reads its groups (its own Prometheus queries, or its own files: with --input, a path "
-        "every worker sees) and fits them, and only the fitted models, their figures and a "
-        "bounded sample per node for the fleet fallback come back. Same bundle as without it",
+        "every worker sees) and fits them; only the fitted models, their figures and curves "
+        "and a bounded sample of held-out rows per node (to judge the fleet fallback on) come "
+        "back, and nodes without a model of their own get the fleet's shape scaled to their "
+        "power on the worker. Same bundle as without it",
     )
     parser.add_argument(
         "--nodes-per-group",
