@@ -671,17 +671,17 @@ def _fill_pool(
     taken for another count of nodes than the collection found, and would differ, are read
     again with the exact size."""
     samples = {s.index: s.fallback_samples for s in summaries}
-    short = sorted(
+    differing = sorted(
         s.index for s in summaries if any(not x.fits(pool_rows) for x in s.fallback_samples)
     )
-    if short:
+    if differing:
         log.warning(
             "the plan counted another number of nodes than Prometheus had data for, so the "
             "fleet fallback takes %d held-out rows per node, not the %d sampled: reading %d "
             "node group(s) again",
             pool_rows,
-            next(x.rows_per_node for i in short for x in samples[i]),
-            len(short),
+            next(x.rows_per_node for i in differing for x in samples[i]),
+            len(differing),
         )
         again = {
             index: client.submit(
@@ -694,7 +694,7 @@ def _fill_pool(
                 retries=GROUP_RETRIES,
                 pure=False,
             )
-            for index in short
+            for index in differing
         }
         for index, future in again.items():  # only the summary crosses, as the first time
             samples[index] = client.submit(summary_of, future).result().fallback_samples
