@@ -246,36 +246,67 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+IN_PROCESS = "in-process"
+
+
 def measure_end_to_end(
-    n_nodes: int, rows: int, work: Path, seed: int, jobs: int, nodes_per_file: int
-) -> dict:
+    n_nodes: int,
+    rows: int,
+    work: Path,
+    seed: int,
+    jobs: int,
+    nodes_per_file: int,
+    modes: list[str] | None = None,
+) -> list[dict]:
     """What a user runs, for real, at fleet scale: the fleet is backfilled into a real
     Prometheus (not timed), then `python -m training.fit --prometheus URL --start --end --out`
-    runs in a fresh process with its default collect settings, timed from start to exit. Peak
-    memory is the kernel's high-water RSS of the largest single process among fit and its
-    workers (`wait4`); Prometheus's own peak and CPU are read from /proc before it stops."""
+    runs in a fresh process with its default collect settings, timed from start to exit, once
+    per mode: `in-process` (`--jobs`), or a `--dask` address (`local:N`). Peak memory is the
+    kernel's high-water RSS of the largest single process among fit and its workers (`wait4`);
+    a Dask run's report adds the client's and each worker's; Prometheus's own peak and CPU are
+    read from /proc before it stops."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     loaded = backfill_prometheus(n_nodes, rows, work, seed, nodes_per_file)
-    log.info("%d x %d: backfilled; running training.fit --prometheus", n_nodes, rows)
+    runs = []
+    with start_prometheus(work, ready_timeout_s=600) as prometheus:
+        for mode in modes or [IN_PROCESS]:
+            log.info(
+                "%d x %d: backfilled; running training.fit --prometheus (%s)", n_nodes, rows, mode
+            )
+            run = _fit_end_to_end(prometheus, loaded, work / mode.replace(":", "-"), jobs, mode)
+            runs.append(
+                {
+                    "nodes": n_nodes,
+                    "rows_per_node": rows,
+                    "samples": loaded["samples"],
+                    "prepare_s": loaded["openmetrics_s"] + loaded["backfill_s"],
+                    **run,
+                }
+            )
+    return runs
+
+
+def _fit_end_to_end(prometheus, loaded: dict, work: Path, jobs: int, mode: str) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
     fit_log = work / "fit.log"
-    with start_prometheus(work, ready_timeout_s=300) as prometheus:
-        command = [
-            sys.executable, "-m", "training.fit",
-            "--prometheus", prometheus.url,
-            "--start", f"{loaded['first_s']:.0f}", "--end", f"{loaded['last_s']:.0f}",
-            "--out", str(work / "bundle"), "--jobs", str(jobs),
-        ]  # fmt: skip
-        server_cpu_before_s = _proc_cpu_s(prometheus.process.pid)
-        with fit_log.open("w") as log_file:
-            started_s = time.time()
-            started = time.perf_counter()
-            fit = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
-            _, status, usage = os.wait4(fit.pid, 0)  # reaped here: its rusage is the point
-            wall_s = time.perf_counter() - started
-            fit.returncode = os.waitstatus_to_exitcode(status)
-        server_cpu_s = _proc_cpu_s(prometheus.process.pid) - server_cpu_before_s
-        server_peak_mib = status_mib("VmHWM", prometheus.process.pid)
+    command = [
+        sys.executable, "-m", "training.fit",
+        "--prometheus", prometheus.url,
+        "--start", f"{loaded['first_s']:.0f}", "--end", f"{loaded['last_s']:.0f}",
+        "--out", str(work / "bundle"),
+    ]  # fmt: skip
+    command += ["--jobs", str(jobs)] if mode == IN_PROCESS else ["--dask", mode]
+    server_cpu_before_s = _proc_cpu_s(prometheus.process.pid)
+    with fit_log.open("w") as log_file:
+        started_s = time.time()
+        started = time.perf_counter()
+        fit = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(fit.pid, 0)  # reaped here: its rusage is the point
+        wall_s = time.perf_counter() - started
+        fit.returncode = os.waitstatus_to_exitcode(status)
+    server_cpu_s = _proc_cpu_s(prometheus.process.pid) - server_cpu_before_s
+    server_peak_mib = status_mib("VmHWM", prometheus.process.pid)
     if fit.returncode != 0:
         tail = "\n".join(fit_log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{' '.join(command)} failed; {fit_log} ends:\n{tail}")
@@ -287,21 +318,48 @@ def measure_end_to_end(
     ]
     collect_s = collected_at_s[-1] - started_s if collected_at_s and collected_at_s[-1] else None
     report = json.loads((work / "bundle-report" / "report.json").read_text())
+    distributed = report.get("distributed")
+    if distributed:  # the client's own phases, from its log: start + plan, then finish
+        distributed = {**distributed, **_client_phases_s(fit_log, started_s)}
     return {
-        "nodes": n_nodes,
-        "rows_per_node": rows,
-        "samples": loaded["samples"],
-        "prepare_s": loaded["openmetrics_s"] + loaded["backfill_s"],
+        "mode": mode,
+        "workers": distributed["workers"] if distributed else jobs,
         "wall_s": wall_s,
         "collect_s": collect_s,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "peak_mib": usage.ru_maxrss / 1024,  # Linux reports KiB
         "server_cpu_s": server_cpu_s,
         "server_peak_mib": server_peak_mib,
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine stretches the wall time
         "rows_used": report["input"]["rows_used"],
         "nodes_own": report["summary"]["nodes_own_model"],
         "median_mape_pct": report["summary"]["median_mape_pct"],
+        "distributed": distributed,
+        "bundle": str(work / "bundle"),
         "log": str(fit_log),
+    }
+
+
+def _client_phases_s(fit_log: Path, started_s: float) -> dict:
+    """A Dask run's client time outside the workers' work, from its log lines: until the
+    groups are submitted (interpreter, cluster start, plan) and after the last one came back
+    (fallback, report, plot, bundle)."""
+    marks: dict[str, float] = {}
+    for line in fit_log.read_text(errors="replace").splitlines():
+        for key, text in (
+            ("submitted", "planned nodes in"),
+            ("gathered", "node group(s); dropped"),
+            ("written", "bundle written to"),
+        ):
+            if text in line and "training.fit:" in line:
+                at_s = _log_time_s(line)
+                if at_s is not None:
+                    marks.setdefault(key, at_s)
+    if len(marks) < 3:
+        return {}
+    return {
+        "client_start_s": marks["submitted"] - started_s,
+        "client_finish_s": marks["written"] - marks["gathered"],
     }
 
 
@@ -366,7 +424,13 @@ def run_case(case: Case, args: argparse.Namespace) -> None:
 # --- printing -----------------------------------------------------------------------------------
 
 
-def print_results(cases: list[Case], end_to_end: list[dict], jobs: int) -> None:
+def print_results(cases: list[Case], end_to_end: list[list[dict]], jobs: int) -> None:
+    if cases:
+        print_file_cases(cases, jobs)
+    print_end_to_end_cases(end_to_end)
+
+
+def print_file_cases(cases: list[Case], jobs: int) -> None:
     families = ",".join(cases[0].fit["families"])
     print(
         f"\nfit + export (streamed from per-rack Parquet files, {jobs} worker(s), fresh process, "
@@ -423,15 +487,20 @@ def print_results(cases: list[Case], end_to_end: list[dict], jobs: int) -> None:
             f"{fits} one ConfigMap; {parts}"
         )
 
-    for run in end_to_end:
-        print_end_to_end(run)
-    if len(end_to_end) > 1:
-        base = min(end_to_end, key=lambda r: (r["rows_per_node"], r["nodes"]))
+
+def print_end_to_end_cases(end_to_end: list[list[dict]]) -> None:
+    for case_runs in end_to_end:
+        print_end_to_end(case_runs[0])
+        if len(case_runs) > 1 or case_runs[0]["distributed"]:
+            print_dask_comparison(case_runs)
+    firsts = [case_runs[0] for case_runs in end_to_end]
+    if len(firsts) > 1:
+        base = min(firsts, key=lambda r: (r["rows_per_node"], r["nodes"]))
         print(
             f"\nend to end, ratios against {base['nodes']} x {base['rows_per_node']} (ideal: "
             "per node 1.0 at the same rows; peak 1.0 = memory does not grow with the fleet)"
         )
-        for run in end_to_end:
+        for run in firsts:
             scale = run["nodes"] / base["nodes"]
             wall = run["wall_s"] / base["wall_s"]
             print(
@@ -455,8 +524,8 @@ def print_end_to_end(run: dict) -> None:
     if nodes >= 1000 and rows >= 10_000:
         verdict = f"; target < {TARGET_S:.0f} s: {'met' if run['wall_s'] < TARGET_S else 'NOT met'}"
     print(
-        f"\ncollected + fitted + exported, measured end to end: `training.fit --prometheus` on "
-        f"{nodes} nodes x {rows} rows ({run['samples']:,} samples backfilled in "
+        f"\ncollected + fitted + exported, measured end to end: `training.fit --prometheus` "
+        f"({run['mode']}) on {nodes} nodes x {rows} rows ({run['samples']:,} samples backfilled in "
         f"{run['prepare_s']:.0f} s, not counted)"
     )
     print(
@@ -466,10 +535,94 @@ def print_end_to_end(run: dict) -> None:
     print(
         f"  {run['cpu_s']:.0f} s cpu (fit and its workers); peak {run['peak_mib']:.0f} MiB "
         f"(largest single process); Prometheus: {run['server_cpu_s']:.0f} s cpu, peak "
-        f"{run['server_peak_mib']:.0f} MiB; {run['rows_used']:,} rows used, "
+        f"{run['server_peak_mib']:.0f} MiB; load average {run.get('load_avg_1m', 0):.1f}; "
+        f"{run['rows_used']:,} rows used, "
         f"{run['nodes_own']} own models, median held-out MAPE {run['median_mape_pct']:.2f} %"
     )
     print(f"  log: {run['log']}")
+
+
+EXTRAPOLATE_NODES = 10_000
+EXTRAPOLATE_WORKERS = (2, 8, 16, 32, 64)
+
+
+def same_models(expected: str, got: str) -> bool:
+    """Do two bundles hold the same ONNX bytes for every node and the fallback?"""
+    manifests = [json.loads((Path(b) / "manifest.json").read_text()) for b in (expected, got)]
+    entries = [{**m["nodes"], "(fallback)": m["fallback"]} for m in manifests]
+    if entries[0].keys() != entries[1].keys():
+        return False
+    return all(
+        (Path(expected) / e["model"]).read_bytes()
+        == (Path(got) / entries[1][node]["model"]).read_bytes()
+        for node, e in entries[0].items()
+    )
+
+
+def print_dask_comparison(runs: list[dict]) -> None:
+    """One fleet, one Prometheus, each mode: time, memory per process, throughput per worker,
+    the scaling from 1 to N workers, and the measured per-node costs extrapolated."""
+    nodes, rows = runs[0]["nodes"], runs[0]["rows_per_node"]
+    base = runs[0]
+    print(f"\nend to end on one Prometheus: {nodes} nodes x {rows} rows, by mode")
+    print(
+        f"{'mode':>11} {'workers':>7} {'wall s':>7} {'nodes/s':>8} {'/worker':>8} "
+        f"{'peak MiB':>8} {'client':>7} {'worker':>7} {'busy s/node':>11} {'Prom cpu s':>10} "
+        f"{'same models':>11} {'load':>5}"
+    )
+    for run in runs:
+        dist = run["distributed"]
+        client = f"{dist['client_peak_mib']:.0f}" if dist else "-"
+        worker = f"{max(dist['worker_peak_mib'].values()):.0f}" if dist else "-"
+        busy = f"{sum(dist['worker_busy_s'].values()) / nodes * 1000:.0f} ms" if dist else "-"
+        rate = nodes / run["wall_s"]
+        print(
+            f"{run['mode']:>11} {run['workers']:>7} {run['wall_s']:>7.1f} {rate:>8.1f} "
+            f"{rate / run['workers']:>8.1f} {run['peak_mib']:>8.0f} {client:>7} {worker:>7} "
+            f"{busy:>11} {run['server_cpu_s']:>10.0f} "
+            f"{'yes' if same_models(base['bundle'], run['bundle']) else 'NO':>11} "
+            f"{run.get('load_avg_1m', 0):>5.1f}"
+        )
+    print(
+        "peak MiB: the largest single process (wait4); client/worker: the Dask run's own "
+        "high-water RSS (report's `distributed`); busy s/node: worker time reading and fitting "
+        "its groups, summed over workers, per node; same models: ONNX bytes equal to the first "
+        "run's for every node and the fallback; load: 1-minute load average at the end (above "
+        f"{os.cpu_count()}: other work shared the cores)"
+    )
+    dask_runs = sorted((r for r in runs if r["distributed"]), key=lambda r: r["workers"])
+    one = next((r for r in dask_runs if r["workers"] == 1), None)
+    if one is None:
+        return
+    for run in dask_runs[1:]:
+        speedup = one["wall_s"] / run["wall_s"]
+        print(
+            f"scaling 1 -> {run['workers']} workers: {speedup:.2f}x faster, efficiency "
+            f"{speedup / run['workers'] * 100:.0f} % (this machine has {os.cpu_count()} cores, "
+            "shared with Prometheus and the client)"
+        )
+    dist = one["distributed"]
+    worker_s_per_node = sum(dist["worker_busy_s"].values()) / nodes
+    start_s = dist.get("client_start_s", 0.0)
+    client_s_per_node = dist.get("client_finish_s", 0.0) / nodes
+    server_s_per_node = one["server_cpu_s"] / nodes
+    print(
+        f"\nmeasured with 1 worker, per node at {rows} rows: {worker_s_per_node * 1000:.0f} ms of "
+        f"worker time (collect + fit), {client_s_per_node * 1000:.1f} ms in the client after "
+        f"the workers (fallback, report, bundle), {server_s_per_node * 1000:.1f} ms of "
+        f"Prometheus CPU; once per run: {start_s:.1f} s to start, connect and plan"
+    )
+    print(
+        f"extrapolated to {EXTRAPOLATE_NODES:,} nodes x {rows} rows (workers on their own cores, "
+        "ideal scaling; Prometheus must then serve the workers' queries at the rate shown):"
+    )
+    for workers in EXTRAPOLATE_WORKERS:
+        wall_s = start_s + EXTRAPOLATE_NODES * (worker_s_per_node / workers + client_s_per_node)
+        server_cores = EXTRAPOLATE_NODES * server_s_per_node / wall_s
+        print(
+            f"  {workers:>3} workers: {wall_s / 60:6.1f} min; Prometheus busy "
+            f"{server_cores:4.1f} cores"
+        )
 
 
 def parse_ints(text: str) -> list[int]:
@@ -527,6 +680,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--jobs", type=int, default=0, help="fit worker processes (default 0 = all cores)"
     )
+    parser.add_argument(
+        "--dask", metavar="ADDRESS",
+        help="also run each end-to-end case with `training.fit --dask ADDRESS` (local:N: and "
+        "with local:1 for the scaling from 1 to N workers), beside the in-process run, on the "
+        "same Prometheus; prints time and memory per process, throughput per worker, scaling "
+        "efficiency and the per-node costs extrapolated to 10,000 nodes",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dask-only", action="store_true",
+        help="with --dask: run the end-to-end cases only with --dask ADDRESS (no in-process or "
+        "local:1 run; for fleets too large to run three times)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-file-cases", action="store_true",
+        help="skip the fit-from-files cases (--nodes x --rows): end-to-end runs only",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=7, help="synthetic fleet seed (default 7)")
     parser.add_argument(
         "--work", type=Path, default=Path("out/bench-training-scale"),
@@ -539,6 +708,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def end_to_end_modes(args: argparse.Namespace) -> list[str]:
+    """in-process, then local:1 (the 1-worker baseline of a local:N), then the --dask address."""
+    if args.dask is None:
+        return [IN_PROCESS]
+    if args.dask_only:
+        return [args.dask]
+    local_one = ["local:1"] if args.dask.startswith("local:") and args.dask != "local:1" else []
+    return [IN_PROCESS, *local_one, args.dask]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
@@ -546,13 +725,15 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    cases = [Case(n, r) for r in sorted(args.rows) for n in sorted(args.nodes)]
+    cases = [] if args.no_file_cases else [
+        Case(n, r) for r in sorted(args.rows) for n in sorted(args.nodes)
+    ]  # fmt: skip
     for case in cases:
         run_case(case, args)
     end_to_end = [
         measure_end_to_end(
             nodes, rows, args.work / f"end-to-end-{nodes}x{rows}", args.seed, args.jobs,
-            args.nodes_per_file,
+            args.nodes_per_file, end_to_end_modes(args),
         )
         for nodes, rows in args.end_to_end
     ]  # fmt: skip

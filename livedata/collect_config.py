@@ -6,7 +6,8 @@ Three things vary between clusters, so all three are configuration (`CollectConf
 from YAML/JSON with `load_collect_config`):
 
 - the PromQL queries (`$window` and `$by` in a query are replaced by the CPU rate window and the
-  grouping labels; `render_query`);
+  grouping labels, `$match` by a node group's label matcher when `training.fit --dask` has each
+  worker read only its group, and by nothing otherwise; `render_query`, `group_matcher`);
 - the BMC sensor names, which every vendor spells differently ("Inlet Temp", "Ambient",
   "CPU1 Temp", "CPU 1 Temp", Dell's two sensors both called "Temp"...): regexes per column
   (`compile_sensor_rules`; `livedata.node_mapping` applies them);
@@ -44,10 +45,10 @@ PROMETHEUS_MAX_POINTS = 11_000  # Prometheus rejects range queries with more poi
 # rate() of the idle counter can exceed 1 by float rounding or scrape jitter, which would make
 # an idle node's utilisation slightly negative and its row dropped as out of range: clamp.
 DEFAULT_CPU_QUERY = (
-    'clamp(1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle"}[$window])), 0, 1)'
+    'clamp(1 - avg by ($by) (rate(node_cpu_seconds_total{mode="idle",$match}[$window])), 0, 1)'
 )
-DEFAULT_TEMPERATURE_QUERY = "ipmi_temperature_celsius"
-DEFAULT_POWER_QUERY = "ipmi_dcmi_power_consumption_watts"
+DEFAULT_TEMPERATURE_QUERY = "ipmi_temperature_celsius{$match}"
+DEFAULT_POWER_QUERY = "ipmi_dcmi_power_consumption_watts{$match}"
 
 # Full-match, case-insensitive; earlier patterns win when several sensors match one column.
 # "CPU1 Temp" must beat "CPU1 VRM Temp", and Supermicro's "P1-DIMMA1 Temp" is no CPU.
@@ -247,26 +248,61 @@ TEMPERATURE_ANSWER = "temperature"
 ANSWER_KEYS: tuple[str, ...] = (CPU_UTIL, TEMPERATURE_ANSWER, POWER_W)
 
 
-def render_query(template: str, config: CollectConfig) -> str:
-    """Fill `$window` (CPU rate window) and `$by` (labels identifying a node) in a query."""
+MATCH_PLACEHOLDER = "$match"
+
+
+def render_query(template: str, config: CollectConfig, match: str = "") -> str:
+    """Fill `$window` (CPU rate window), `$by` (labels identifying a node) and `$match` in a query.
+
+    `$match` goes inside a selector's braces and becomes `match`, a label matcher that narrows
+    the query to one node group (`group_matcher`); without one it disappears with its comma or
+    its empty braces, so the query reads as it always has.
+    """
     by = config.instance_label
     if config.node_from == "label":
         by = f"{config.instance_label}, {config.node_label}"
-    return template.replace("$window", config.cpu_rate_window).replace("$by", by)
+    query = template.replace("$window", config.cpu_rate_window).replace("$by", by)
+    if match:
+        return query.replace(MATCH_PLACEHOLDER, match)
+    for form in ("{" + MATCH_PLACEHOLDER + "}", "," + MATCH_PLACEHOLDER, MATCH_PLACEHOLDER):
+        query = query.replace(form, "")
+    return query
 
 
-def uname_query(config: CollectConfig, window_s: float) -> str:
+def uname_query(config: CollectConfig, window_s: float, match: str = "") -> str:
     """The query whose answer maps exporter hosts to node names (`node_from: uname`)."""
-    return f"last_over_time({config.uname_metric}[{max(1, math.ceil(window_s))}s])"
+    selector = f"{{{match}}}" if match else ""
+    return f"last_over_time({config.uname_metric}{selector}[{max(1, math.ceil(window_s))}s])"
 
 
-def collect_queries(config: CollectConfig) -> dict[str, str]:
-    """The PromQL per answer key (`ANSWER_KEYS`), rendered for this cluster."""
+def collect_queries(config: CollectConfig, match: str = "") -> dict[str, str]:
+    """The PromQL per answer key (`ANSWER_KEYS`), rendered for this cluster (and node group)."""
     return {
-        CPU_UTIL: render_query(config.cpu_query, config),
-        TEMPERATURE_ANSWER: render_query(config.temperature_query, config),
-        POWER_W: render_query(config.power_query, config),
+        CPU_UTIL: render_query(config.cpu_query, config, match),
+        TEMPERATURE_ANSWER: render_query(config.temperature_query, config, match),
+        POWER_W: render_query(config.power_query, config, match),
     }
+
+
+def queries_without_match(config: CollectConfig) -> list[str]:
+    """The settings among `cpu_query`, `temperature_query`, `power_query` lacking `$match`: a
+    collection split into node groups cannot narrow them, so it refuses them."""
+    return [
+        name
+        for name in ("cpu_query", "temperature_query", "power_query")
+        if MATCH_PLACEHOLDER not in getattr(config, name)
+    ]
+
+
+def group_matcher(label: str, values: Sequence[str]) -> str:
+    """A PromQL matcher selecting series whose `label` is exactly one of `values`.
+
+    `label=~"v1|v2|..."`: each value regex-escaped, then escaped for the double-quoted PromQL
+    string; an empty value also selects the series that lack the label.
+    """
+    alternatives = "|".join(re.escape(value) for value in values)
+    quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{label}=~"{quoted}"'
 
 
 # --------------------------------------------------------------------------------------------

@@ -161,6 +161,21 @@ class PrometheusReader:
         )
         return parse_result(result, instant=True, where=self._where(query))
 
+    def label_values(self, label: str, start_s: float, end_s: float) -> list[str]:
+        """Every value `label` takes on any series between `start_s` and `end_s` (read from the
+        index only: cheap even for a large fleet over a long range)."""
+        where = f"Prometheus at {self.config.url} listing label {label!r}"
+        values = self._call(
+            label,
+            lambda: self._client.get_label_values(
+                label, params={"start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
+            ),
+            where=where,
+        )
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise CollectError(f"{where}: expected a list of strings, got {_describe(values)}")
+        return values
+
     @property
     def _query_timeout(self) -> str:
         # Prometheus durations take whole numbers per unit ("1.25s" is bad_data): send ms.
@@ -169,9 +184,9 @@ class PrometheusReader:
     def _where(self, query: str) -> str:
         return f"Prometheus at {self.config.url} answering {query!r}"
 
-    def _call(self, query: str, request: Callable[[], object]) -> object:
+    def _call(self, query: str, request: Callable[[], object], where: str | None = None) -> object:
         self._last_response = None
-        where = self._where(query)
+        where = where or self._where(query)
         try:
             return request()
         except PrometheusApiClientException as error:

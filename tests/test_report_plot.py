@@ -50,8 +50,13 @@ def test_each_node_gets_a_power_panel_and_a_residual_panel(tmp_path: Path) -> No
             measured_w = 100.0 + 10.0 * np.sin(np.arange(120) / 9.0) + index
             store.put(chosen["node"], time_s, measured_w, measured_w + 1.5)
         path = tmp_path / "predicted_vs_measured.png"
-        titles = plot_heldout_nodes(path, ENTRIES, store)
+        asked: list[str] = []
+        titles = plot_heldout_nodes(
+            path, ENTRIES, lambda node: asked.append(node) or store.get(node)
+        )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # only the plotted nodes' series are fetched (on Dask each one is a trip to a worker)
+    assert asked == ["quiet-150w", "mid-200w", "big-450w"]
     assert len(titles) == 6  # three nodes, two panels each
     assert titles[0] == (
         "best by held-out error in watts: quiet-150w (MAE 0.9 W, p95 2.2 W, MAPE 0.60 %)"
@@ -64,5 +69,5 @@ def test_each_node_gets_a_power_panel_and_a_residual_panel(tmp_path: Path) -> No
 def test_a_fleet_without_own_models_still_gets_a_plot(tmp_path: Path) -> None:
     with HeldoutSeriesStore() as store:
         path = tmp_path / "empty.png"
-        assert plot_heldout_nodes(path, [entry("lonely", 40.0, 30.0, "fallback")], store) == []
+        assert plot_heldout_nodes(path, [entry("lonely", 40.0, 30.0, "fallback")], store.get) == []
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

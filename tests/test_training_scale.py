@@ -15,6 +15,7 @@ from bench.training_scale import (
     measure_fit,
     parse_ints,
     parse_sizes,
+    same_models,
 )
 from predictor.bundle import read_bundle
 from tests.support.prometheus import require_prometheus
@@ -40,6 +41,7 @@ def test_help_documents_every_flag_with_its_default() -> None:
         ("--end-to-end", "default 100x10000,1000x10000"),
         ("--jobs", "default 0"),
         ("--work", "default out/bench-training-scale"),
+        ("--dask", "local:1"),
     ):
         assert flag in text and default in text
     assert "training.fit --prometheus" in text  # says what the end-to-end figure runs
@@ -65,13 +67,22 @@ def test_one_backfilled_block_holds_the_whole_range(first_s: float) -> None:
 @pytest.mark.prometheus
 def test_end_to_end_runs_fit_against_a_real_prometheus(tmp_path: Path) -> None:
     require_prometheus()  # the bench's own helpers raise instead of skipping
-    run = measure_end_to_end(4, 900, tmp_path / "e2e", seed=3, jobs=1, nodes_per_file=2)
+    in_process, dask = measure_end_to_end(
+        4, 900, tmp_path / "e2e", seed=3, jobs=1, nodes_per_file=2,
+        modes=["in-process", "local:2"],
+    )  # fmt: skip
+    run = in_process
     assert run["nodes_own"] > 0 and run["rows_used"] > 4 * 800  # fitted what it collected
     assert run["samples"] > 4 * 6 * 800  # CPU counter, uname, 3 temperatures, power per node
     # the split comes from the collector's log line: it must have been found
     assert 0 < run["collect_s"] < run["wall_s"]
     assert run["peak_mib"] > 100 and run["server_peak_mib"] > 10
     assert Path(run["log"]).read_text().count("training.collect: collected") == 1
+    # the same Prometheus through --dask local:2: the same models, its workers measured
+    assert dask["mode"] == "local:2" and dask["workers"] == 2
+    assert dask["rows_used"] == run["rows_used"] and same_models(run["bundle"], dask["bundle"])
+    assert len(dask["distributed"]["worker_peak_mib"]) == 2
+    assert sum(dask["distributed"]["worker_busy_s"].values()) > 0
 
 
 def test_measure_fit_streams_a_directory_and_sizes_the_bundle(tmp_path: Path) -> None:

@@ -239,16 +239,7 @@ class MetricsStream:
     def __iter__(self) -> Iterator[CleanedMetrics]:
         tally = CleaningTally()
         for group in self.groups:
-            raw = _read_files(group)
-            if self.source is not None:  # clean_metrics then names rows after `source`
-                raw = raw.drop(columns=[SOURCE_COLUMN, LINE_COLUMN])
-            batch = clean_metrics(
-                raw,
-                source=self.source or ", ".join(map(str, group)),
-                cpu_util_percent=self.cpu_util_percent,
-                allow_empty=True,
-                log_summary=False,
-            )
+            batch = self.read_group(group)
             tally.add(batch)
             yield batch
         if tally.rows_kept == 0:
@@ -260,6 +251,20 @@ class MetricsStream:
             sum(len(group) for group in self.groups),
             len(self.groups),
             tally.rows_read - tally.rows_kept,
+        )
+
+    def read_group(self, group: Sequence[Path]) -> CleanedMetrics:
+        """One group of files, read and cleaned (possibly empty: the stream judges the whole).
+        A `training.fit --dask` worker reads its own group this way."""
+        raw = _read_files(group)
+        if self.source is not None:  # clean_metrics then names rows after `source`
+            raw = raw.drop(columns=[SOURCE_COLUMN, LINE_COLUMN])
+        return clean_metrics(
+            raw,
+            source=self.source or ", ".join(map(str, group)),
+            cpu_util_percent=self.cpu_util_percent,
+            allow_empty=True,
+            log_summary=False,
         )
 
 

@@ -59,6 +59,11 @@ def model_to_onnx(model, n_features: int) -> bytes:
         initial_types=[(ONNX_INPUT_NAME, FloatTensorType([None, n_features]))],
         target_opset=TARGET_OPSET,
     )
+    # skl2onnx lists the opset domains in set order, which varies with each process's string
+    # hashing: sorted, the same model serialises to the same bytes in any process.
+    opsets = sorted(onnx_model.opset_import, key=lambda opset: opset.domain)
+    del onnx_model.opset_import[:]
+    onnx_model.opset_import.extend(opsets)
     return onnx_model.SerializeToString()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -148,11 +148,16 @@ def plot_picks(node_entries: Sequence[Mapping]) -> list[tuple[str, Mapping]]:
 
 
 def plot_heldout_nodes(
-    path: Path, node_entries: Sequence[Mapping], store: HeldoutSeriesStore
+    path: Path,
+    node_entries: Sequence[Mapping],
+    heldout_series: Callable[[str], dict[str, np.ndarray] | None],
 ) -> list[str]:
-    """The predicted-vs-measured plot of `plot_picks`'s nodes, from their held-out series."""
+    """The predicted-vs-measured plot of `plot_picks`'s nodes, from their held-out series.
+
+    `heldout_series(node)` fetches one node's series (`HeldoutSeriesStore.get`, or a Dask
+    worker that kept them): only the plotted nodes' are asked for."""
     series = [
-        (label, entry["node"], store.get(entry["node"]), entry["metrics"])
+        (label, entry["node"], heldout_series(entry["node"]), entry["metrics"])
         for label, entry in plot_picks(node_entries)
     ]
     return plot_predicted_vs_measured(path, [s for s in series if s[2] is not None])

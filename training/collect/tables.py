@@ -163,9 +163,13 @@ def iter_collected(
     *,
     progress: bool = True,
     stats: CollectStats | None = None,
+    match: str = "",
 ) -> Iterator[pd.DataFrame]:
     """Contract-1 rows for `[start, end]`, one time chunk at a time (every node, as many steps
-    as `chunk_steps` allows): what is held at once is one chunk, not the range."""
+    as `chunk_steps` allows): what is held at once is one chunk, not the range.
+
+    `match` (`livedata.collect_config.group_matcher`) narrows every query to one node group:
+    how a `training.fit --dask` worker reads only its own nodes."""
     stats = stats if stats is not None else CollectStats()
     step_s = int(config.step_s)
     start_s = math.floor(start.timestamp())
@@ -174,7 +178,7 @@ def iter_collected(
         raise CollectConfigError(f"end ({end_s}) is before start ({start_s})")
     rules = compile_sensor_rules(config)
     show = progress and sys.stderr.isatty()
-    queries = collect_queries(config)
+    queries = collect_queries(config, match)
     series_per_step = 0
     chunk_start_s = start_s
     with (
@@ -206,7 +210,7 @@ def iter_collected(
             if config.node_from == "uname":
                 window_s = chunk_end_s - chunk_start_s + config.uname_lookback_s
                 host_nodes = host_nodes_from_uname(
-                    uname_reader.instant(uname_query(config, window_s), chunk_end_s), config
+                    uname_reader.instant(uname_query(config, window_s, match), chunk_end_s), config
                 )
             answers = {key: answer.result() for key, answer in pending.items()}
             series_per_step = max(series_per_step, sum(map(len, answers.values())))

@@ -35,7 +35,9 @@ held-out predictions for the plot.
 - `node`: one node's rows, the candidate families, the checks, `fit_node` -> `FitOutcome`;
 - `fallback`: the fleet's shape, the fleet fallback and the fallback scaled to a node's power;
 - `fleet`: `fit_fleet`: the nodes in worker processes, the fallbacks (also `FitOutcome`s), the
-  report, the bundle;
+  report, the bundle (`finish_run`, shared with `distributed`);
+- `distributed`: `--dask`: node groups read and fitted on a Dask cluster's workers, the same
+  bundle written by the client (`fit_fleet_on_dask`);
 - `cli`: `python -m training.fit` (flags, input from files or Prometheus, exit statuses).
 """
 

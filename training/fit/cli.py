@@ -2,7 +2,8 @@
 
 Reads the input (contract-1 files with `--input`, or a collection from Prometheus with
 `--prometheus`, spilled to node-group Parquet files and streamed), turns the flags into
-`FitSettings`, runs `training.fit.fleet.fit_fleet`, and turns failures into one-line errors
+`FitSettings`, runs `training.fit.fleet.fit_fleet` (or, with `--dask`, plans node groups and
+runs `training.fit.distributed.fit_fleet_on_dask`), and turns failures into one-line errors
 with exit status 2.
 """
 
@@ -24,7 +25,14 @@ from training.collect.cli import attach_relative_times
 from training.dataset import MetricsInputError, MetricsStream, stream_metrics
 from training.export import ExportError
 from training.families import DEFAULT_FAMILIES, FAMILIES, LAST_RESORT_FAMILIES, resolve_families
-from training.fit.fleet import fit_fleet
+from training.fit.distributed import (
+    DEFAULT_NODES_PER_GROUP,
+    dask_client,
+    fit_fleet_on_dask,
+    plan_file_groups,
+    plan_prometheus_groups,
+)
+from training.fit.fleet import FitRun, default_report_dir, fit_fleet
 from training.fit.settings import (
     DEFAULT_MIN_ROWS,
     DEFAULT_TEST_FRACTION,
@@ -46,10 +54,7 @@ def _metrics_input(args: argparse.Namespace) -> Iterator[MetricsStream]:
     overrides: dict[str, object] = {"url": args.prometheus}
     if args.step is not None:
         overrides["step_s"] = args.step
-    now = datetime.now(UTC)
-    start, end = parse_time(args.start, now=now), parse_time(args.end, now=now)
-    if end < start:
-        raise FitError(f"--end ({end.isoformat()}) is before --start ({start.isoformat()})")
+    start, end = _collect_range(args)
     config = load_collect_config(args.collect_config, **overrides)
     where = f"{config.url} [{start.isoformat()} .. {end.isoformat()}]"
     with contextlib.ExitStack() as cleanup:
@@ -77,6 +82,52 @@ def _metrics_input(args: argparse.Namespace) -> Iterator[MetricsStream]:
             spill_dir,
             cpu_util_percent=args.cpu_util_percent,
             source=None if args.keep_collected is not None else where,
+        )
+
+
+def _collect_range(args: argparse.Namespace) -> tuple[datetime, datetime]:
+    now = datetime.now(UTC)
+    start, end = parse_time(args.start, now=now), parse_time(args.end, now=now)
+    if end < start:
+        raise FitError(f"--end ({end.isoformat()}) is before --start ({start.isoformat()})")
+    return start, end
+
+
+def _fit_on_dask(args: argparse.Namespace, settings: FitSettings) -> FitRun:
+    """`--dask`: plan node groups here, read and fit them on the cluster's workers."""
+    report_dir = args.report_dir or default_report_dir(args.out)
+    with dask_client(args.dask) as client:
+        if args.input is not None:
+            stream = stream_metrics(args.input, cpu_util_percent=args.cpu_util_percent)
+            groups: list = plan_file_groups(stream)
+            n_nodes, exact = stream.n_nodes, True
+        else:
+            overrides: dict[str, object] = {"url": args.prometheus}
+            if args.step is not None:
+                overrides["step_s"] = args.step
+            start, end = _collect_range(args)
+            config = load_collect_config(args.collect_config, **overrides)
+            try:
+                groups, n_nodes = plan_prometheus_groups(
+                    config,
+                    start,
+                    end,
+                    nodes_per_group=args.nodes_per_group,
+                    source=f"{config.url} [{start.isoformat()} .. {end.isoformat()}]",
+                    cpu_util_percent=args.cpu_util_percent,
+                )
+            except CollectError as exc:
+                raise FitError(str(exc)) from None
+            exact = False
+        return fit_fleet_on_dask(
+            client,
+            groups,
+            n_nodes,
+            args.out,
+            report_dir=report_dir,
+            settings=settings,
+            exact_node_count=exact,
+            progress=not args.quiet,
         )
 
 
@@ -185,6 +236,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes fitting nodes in parallel (default 0 = all cores)",
     )
     parser.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="fit on a Dask cluster: a scheduler address (tcp://scheduler:8786), or local:N for "
+        "N worker processes on this machine. The fleet is split into node groups; each worker "
+        "reads its groups (its own Prometheus queries, or its own files: with --input, a path "
+        "every worker sees) and fits them; only the fitted models, their figures and curves "
+        "and a bounded sample of held-out rows per node (to judge the fleet fallback on) come "
+        "back, and nodes without a model of their own get the fleet's shape scaled to their "
+        "power on the worker. Same bundle as without it",
+    )
+    parser.add_argument(
+        "--nodes-per-group",
+        type=int,
+        default=DEFAULT_NODES_PER_GROUP,
+        metavar="N",
+        help="with --dask and --prometheus: nodes per node group, the unit of work a worker "
+        "collects, holds and fits at once (default %(default)s; with --input the groups are "
+        "the input's groups of files)",
+    )
+    parser.add_argument(
         "--cpu-util-percent",
         action="store_true",
         help="the input's cpu_util is in percent (0..100), not a fraction: divide by 100",
@@ -215,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
             "--start, --end, --step, --collect-config and --keep-collected only apply with "
             "--prometheus"
         )
+    if args.dask is None and args.nodes_per_group != DEFAULT_NODES_PER_GROUP:
+        parser.error("--nodes-per-group only applies with --dask")
+    if args.dask is not None and (args.jobs or args.keep_collected):
+        parser.error(
+            "--jobs and --keep-collected do not apply with --dask (the cluster's workers are "
+            "the parallelism, and they collect into memory)"
+        )
     settings = FitSettings(
         families=tuple(name.strip() for name in args.families.split(",") if name.strip()),
         test_fraction=args.test_fraction,
@@ -224,15 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         resolve_families(settings.families)
-        with _metrics_input(args) as metrics:
-            run = fit_fleet(
-                metrics,
-                args.out,
-                report_dir=args.report_dir,
-                settings=settings,
-                jobs=args.jobs or None,
-                progress=not args.quiet,
-            )
+        if args.dask is not None:
+            run = _fit_on_dask(args, settings)
+        else:
+            with _metrics_input(args) as metrics:
+                run = fit_fleet(
+                    metrics,
+                    args.out,
+                    report_dir=args.report_dir,
+                    settings=settings,
+                    jobs=args.jobs or None,
+                    progress=not args.quiet,
+                )
     except (MetricsInputError, FitError, ExportError, ValueError, OSError) as exc:
         # Said once, where argparse says its errors; not also as a log line.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -4,10 +4,15 @@
 at a time) into worker processes running `training.fit.node.fit_node`, at most a few nodes in
 flight; a finished node leaves behind only its `FitOutcome` (ONNX bytes and figures) and, on
 disk, its held-out predictions for the plot. Meanwhile a subsample of every eligible node's
-held-out rows is pooled to judge the fleet fallback on. Once every node is fitted, the fleet's
-shape (`training.fit.fallback`) gives the fleet fallback and, for each node left without a model
-that has power readings, the fallback scaled to its power. Then the report is written, and only
-if every model is sound, the bundle.
+held-out rows is kept to judge the fleet fallback on (`FallbackSample`, pooled in node order so
+the fallback does not depend on which worker finished first).
+
+Then `finish_run`, shared with Dask runs (`training.fit.distributed`, which fit their nodes
+elsewhere): the fleet's shape from the nodes' own steady-state curves (`training.fit.fallback`)
+gives the fleet fallback, judged on the pooled rows; each node left without a model gets the
+fallback scaled to its power, or is judged on the fleet fallback, where its rows are (`judge`:
+here, or on the worker that read them). Then the report is written, and only if every model is
+sound, the bundle.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import multiprocessing
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,7 +36,7 @@ from livedata.metrics_table import FEATURES, NODE, TIMESTAMP
 from training.dataset import CleanedMetrics, CleaningTally, MetricsStream
 from training.export import PARITY_TOLERANCE_W, export_bundle
 from training.families import resolve_families
-from training.fit.fallback import fleet_fallback, fleet_shape, scale_fallback
+from training.fit.fallback import FleetShape, fleet_fallback, fleet_shape, scale_fallback
 from training.fit.node import (
     FALLBACK_NAME,
     FitOutcome,
@@ -87,23 +92,76 @@ def _stream_outcomes(
             yield in_flight.pop(future), future.result()
 
 
+# --- the fleet fallback's pooled held-out rows -----------------------------------------------
+
+
+def fallback_rows_per_node(settings: FitSettings, n_nodes: int) -> int:
+    """Held-out rows each eligible node gives the fleet fallback's test: an equal share of
+    `fallback_max_rows` over the fleet, at least 5."""
+    return max(5, settings.fallback_max_rows // max(1, n_nodes))
+
+
+def gives_fallback_rows(rows: NodeRows, settings: FitSettings) -> bool:
+    """A node with enough rows for a model of its own also lends held-out rows to the pool."""
+    return len(rows) >= max(settings.min_rows, 2)
+
+
+@dataclass
+class FallbackSample:
+    """A node's held-out rows for judging the fleet fallback: all of them, or `rows_per_node`
+    chosen at random (seeded by the run and the node), in time order.
+
+    How many rows a node gives depends on the fleet's size, which a Dask worker may only have an
+    estimate of when it samples (Prometheus's index can count nodes that have no data). So a
+    sample records the size it was taken for and the node's held-out rows before sampling, and
+    `fits` says whether it is exactly the sample of another size; when not, the node's group is
+    read again (`training.fit.distributed`).
+    """
+
+    node: str
+    test: NodeRows  # at most rows_per_node held-out rows, in time order
+    rows_per_node: int  # the size it was taken for
+    test_rows: int  # the node's held-out rows before sampling
+
+    @classmethod
+    def take(
+        cls, rows: NodeRows, test_fraction: float, seed: int, rows_per_node: int
+    ) -> FallbackSample:
+        test = rows.take(slice(heldout_start_index(len(rows), test_fraction), None))
+        sample = test
+        if len(test) > rows_per_node:
+            rng = np.random.default_rng([seed, zlib.crc32(rows.node.encode())])
+            sample = test.take(np.sort(rng.choice(len(test), rows_per_node, replace=False)))
+        return cls(rows.node, sample, rows_per_node, len(test))
+
+    def fits(self, rows_per_node: int) -> bool:
+        """Is it the sample a run of `rows_per_node` would take? (Either the size it was taken
+        for, or every held-out row at both sizes.)"""
+        return rows_per_node == self.rows_per_node or self.test_rows <= min(
+            rows_per_node, self.rows_per_node
+        )
+
+
 @dataclass
 class FallbackPool:
-    """Subsampled held-out rows of every node with enough rows: the fleet fallback's test."""
+    """The held-out samples of every node with enough rows: the fleet fallback's test.
+
+    Merged in node order, not in the order nodes finished: worker processes finish in any
+    order, and the fallback's figures must not change from run to run."""
 
     rows_per_node: int
-    seed: int
-    test: list[NodeRows] = field(default_factory=list)
+    parts: dict[str, NodeRows] = field(default_factory=dict)
 
-    def add(self, rows: NodeRows, test_fraction: float) -> None:
-        part = rows.take(slice(heldout_start_index(len(rows), test_fraction), None))
-        if len(part) > self.rows_per_node:
-            rng = np.random.default_rng([self.seed, zlib.crc32(rows.node.encode())])
-            part = part.take(np.sort(rng.choice(len(part), self.rows_per_node, replace=False)))
-        self.test.append(part)
+    def add(self, sample: FallbackSample) -> None:
+        if not sample.fits(self.rows_per_node):
+            raise ValueError(
+                f"{sample.node}: fallback sample taken for {sample.rows_per_node} rows, the pool "
+                f"takes {self.rows_per_node}"
+            )
+        self.parts[sample.node] = sample.test
 
     def merged(self) -> NodeRows:
-        parts = self.test
+        parts = [self.parts[node] for node in sorted(self.parts)]
         return NodeRows(
             FALLBACK_NAME,
             np.concatenate([p.time_s for p in parts]),
@@ -112,10 +170,10 @@ class FallbackPool:
         )
 
 
-# --- the whole run -------------------------------------------------------------------------
+# --- the input ---------------------------------------------------------------------------------
 
 
-class _InputAccount:
+class InputAccount:
     """Turns cleaned batches into node rows while summing what the report says about input.
 
     Rows whose features are still empty after the fill are dropped here (counted as
@@ -155,6 +213,28 @@ class _InputAccount:
                 self.nodes_seen.add(rows.node)
                 yield rows
 
+    def merge(self, other: InputAccount, where: str) -> None:
+        """Add another account's input (a node group read elsewhere, `where` names it)."""
+        for node in sorted(self.nodes_seen & other.nodes_seen):
+            raise FitError(
+                f"node {node} has rows in two separately read node groups (the second: "
+                f"{where}); all of a node's series must be in one group"
+            )
+        self.nodes_seen |= other.nodes_seen
+        self.tally.rows_read += other.tally.rows_read
+        self.tally.rows_kept += other.tally.rows_kept
+        for reason, count in other.tally.dropped.items():
+            self.tally.dropped[reason] = self.tally.dropped.get(reason, 0) + count
+        self.tally.sources += [s for s in other.tally.sources if s not in self.tally.sources]
+        for reason, example in other.tally.examples.items():
+            self.tally.examples.setdefault(reason, example)
+        self.unfilled_rows += other.unfilled_rows
+        self.rows_used += other.rows_used
+        for mine, theirs, pick in (("start", other.start, min), ("end", other.end, max)):
+            if theirs is not None:
+                current = getattr(self, mine)
+                setattr(self, mine, theirs if current is None else pick(current, theirs))
+
     def dropped(self) -> dict[str, int]:
         dropped = dict(self.tally.dropped)
         if self.unfilled_rows:
@@ -163,6 +243,9 @@ class _InputAccount:
 
     def window(self) -> dict[str, str]:
         return {"start": rfc3339(self.start.timestamp()), "end": rfc3339(self.end.timestamp())}
+
+
+# --- the whole run, in this process -------------------------------------------------------------
 
 
 @dataclass
@@ -178,6 +261,33 @@ def default_report_dir(out_dir: Path) -> Path:
     """`<parent>/<bundle-name>-report`: beside the bundle, never in it (ConfigMaps are small)."""
     out_dir = Path(out_dir)
     return out_dir.parent / f"{out_dir.name}-report"
+
+
+def check_settings(settings: FitSettings) -> None:
+    """Fail on a bad family name or test fraction before any work."""
+    resolve_families(settings.families)
+    if not 0 < settings.test_fraction < 1:
+        raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
+
+
+@dataclass
+class NodeRowsKept:
+    """The rows a node without a model of its own keeps where it was fitted, for its fallback:
+    its older rows (the scaled fallback is fitted to them) and its newest (it is judged on
+    them). They never leave a Dask worker; `FitOutcome`s travel without them."""
+
+    rows: NodeRows | None
+    eval_rows: NodeRows
+
+
+def keep_fallback_rows(outcome: FitOutcome) -> NodeRowsKept | None:
+    """Take a fallback node's rows out of its outcome (None for a node with its own model)."""
+    if outcome.eval_rows is None:
+        outcome.rows = None
+        return None
+    kept = NodeRowsKept(outcome.rows, outcome.eval_rows)
+    outcome.rows = outcome.eval_rows = None
+    return kept
 
 
 def fit_fleet(
@@ -197,9 +307,7 @@ def fit_fleet(
 
     Raises FitError / ExportError after writing the report when the bundle cannot be trusted.
     """
-    resolve_families(settings.families)  # fail on a bad name before any work
-    if not 0 < settings.test_fraction < 1:
-        raise FitError(f"--test-fraction must be between 0 and 1, got {settings.test_fraction}")
+    check_settings(settings)
     report_dir = Path(report_dir) if report_dir is not None else default_report_dir(out_dir)
     jobs = jobs or os.cpu_count() or 1
     if isinstance(cleaned, CleanedMetrics):
@@ -213,11 +321,10 @@ def fit_fleet(
         ", ".join(settings.families),
         jobs,
     )
-    account = _InputAccount()
-    pool = FallbackPool(
-        max(5, settings.fallback_max_rows // max(1, n_nodes_expected)), settings.seed
-    )
+    account = InputAccount()
+    pool = FallbackPool(fallback_rows_per_node(settings, n_nodes_expected))
     outcomes: dict[str, FitOutcome] = {}
+    kept: dict[str, NodeRowsKept] = {}
 
     with HeldoutSeriesStore() as store:
         bar = tqdm(
@@ -227,29 +334,123 @@ def fit_fleet(
             disable=not progress or not sys.stderr.isatty(),
         )
         for rows, outcome in _stream_outcomes(account.node_rows(batches), settings, jobs):
-            if len(rows) >= max(settings.min_rows, 2):
-                pool.add(rows, settings.test_fraction)
+            if gives_fallback_rows(rows, settings):
+                pool.add(
+                    FallbackSample.take(
+                        rows, settings.test_fraction, settings.seed, pool.rows_per_node
+                    )
+                )
             if outcome.heldout is not None:
                 store.put(outcome.node, *outcome.heldout)
                 outcome.heldout = None
+            node_kept = keep_fallback_rows(outcome)
+            if node_kept is not None:
+                kept[outcome.node] = node_kept
             outcomes[outcome.node] = outcome
             bar.update(1)
         bar.close()
-        if not outcomes:
-            raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
-        if not pool.test:
-            raise FitError(
-                f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
-                f"per-node models nor the fleet fallback can be trained; lower --min-rows"
-            )
-        fallback, fallback_model = _fallbacks(outcomes, pool, settings)
-        node_entries = [
-            _report_entry(outcomes[node], fallback_model, settings) for node in sorted(outcomes)
-        ]
-        window = account.window()
-        report = _build_report(account, settings, node_entries, fallback, window)
-        write_report(report_dir, report)
-        _plot(report_dir / PLOT_PNG, node_entries, store)
+
+        def judge_here(
+            shape: FleetShape, fleet_model: object, nodes: list[FitOutcome]
+        ) -> dict[str, dict]:
+            return {
+                o.node: fallback_for_node(o, kept[o.node], shape, fleet_model, settings)
+                for o in nodes
+            }
+
+        return finish_run(
+            FleetFits(outcomes, pool, account),
+            out_dir,
+            report_dir=report_dir,
+            settings=settings,
+            judge=judge_here,
+            heldout_series=store.get,
+        )
+
+
+# --- the fallbacks, the report and the bundle, wherever the nodes were fitted --------------------
+
+
+@dataclass
+class FleetFits:
+    """What fitting every node left behind, wherever the nodes were fitted: the outcomes
+    (without held-out series or rows), the fallback's pooled held-out samples, the input."""
+
+    outcomes: dict[str, FitOutcome]
+    pool: FallbackPool
+    account: InputAccount
+
+
+# judge(fleet shape, fleet fallback model, outcomes of the nodes without a model of their own)
+# -> node -> `fallback_for_node`'s answer, found where the nodes' rows are
+FallbackJudge = Callable[[FleetShape, object, list[FitOutcome]], Mapping[str, dict]]
+
+# The outcome fields `scale_fallback` sets: what a scaled fallback sends back to the client.
+SCALED_FIELDS = ("family", "onnx", "parity", "metrics", "monotonic", "scaled", "steady_curve_w")
+
+
+def fallback_for_node(
+    outcome: FitOutcome,
+    kept: NodeRowsKept,
+    shape: FleetShape,
+    fleet_model: object,
+    settings: FitSettings,
+) -> dict:
+    """What serves a node without a model of its own, worked out where its rows are.
+
+    `{"scaled": {field: value}}`: the fleet's shape scaled to its readings (`SCALED_FIELDS` of
+    its outcome: the ONNX bytes and the figures); else `{"fleet": judgement}`: the fleet
+    fallback's error on its newest rows and its monotonic check there. Small either way.
+    """
+    node = replace(outcome, rows=kept.rows, eval_rows=kept.eval_rows)
+    if scale_fallback(node, shape):
+        return {"scaled": {name: getattr(node, name) for name in SCALED_FIELDS}}
+    return {"fleet": judge_fallback(fleet_model, kept.eval_rows, outcome, settings)}
+
+
+def judge_fallback(model, rows: NodeRows, outcome: FitOutcome, settings: FitSettings) -> dict:
+    """The fleet fallback on a node it serves: its error on the node's rows and whether it
+    rises with utilisation at the node's median temperatures (the report's figures)."""
+    check = monotonic_verdict(
+        model, np.median(rows.features, axis=0), settings.monotonic_tolerance_w, outcome.thermal
+    )
+    if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
+        check["own_families"] = outcome.monotonic
+    return {"metrics": error_metrics(rows.power_w, model.predict(rows.features)), "check": check}
+
+
+def finish_run(
+    fits: FleetFits,
+    out_dir: Path,
+    *,
+    report_dir: Path,
+    settings: FitSettings,
+    judge: FallbackJudge,
+    heldout_series: Callable[[str], dict[str, np.ndarray] | None],
+    report_extra: Mapping[str, object] | None = None,
+) -> FitRun:
+    """Build the fallbacks, write the report and the plot, then (if sound) the bundle.
+
+    `judge` scales the fleet's shape to, or judges the fleet fallback on, the nodes without a
+    model of their own where their rows are (this process, or the Dask workers that read them);
+    `heldout_series` fetches the plot's few nodes' series.
+    """
+    outcomes, pool, account = fits.outcomes, fits.pool, fits.account
+    if not outcomes:
+        raise FitError(f"no usable rows in {', '.join(account.tally.sources)} after cleaning")
+    if not pool.parts:
+        raise FitError(
+            f"no node has at least --min-rows {settings.min_rows} clean rows, so neither "
+            f"per-node models nor the fleet fallback can be trained; lower --min-rows"
+        )
+    fallback, judged = _fallbacks(outcomes, pool, settings, judge)
+    node_entries = [_report_entry(outcomes[node], judged.get(node)) for node in sorted(outcomes)]
+    window = account.window()
+    report = _build_report(account, settings, node_entries, fallback, window)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    _plot(report_dir / PLOT_PNG, node_entries, heldout_series)  # first: it may fetch series
+    report.update(report_extra or {})
+    write_report(report_dir, report)
 
     parity = [o.parity for o in [*outcomes.values(), fallback] if o.parity is not None]
     node_models = {n: o.onnx for n, o in outcomes.items() if o.onnx is not None}
@@ -277,11 +478,19 @@ def fit_fleet(
 
 
 def _fallbacks(
-    outcomes: Mapping[str, FitOutcome], pool: FallbackPool, settings: FitSettings
-) -> tuple[FitOutcome, object]:
-    """The fleet fallback (outcome and model: the report judges fallback nodes with it), and
-    each node without a model but with power readings scaled to them (in place)."""
-    own = [o.steady_curve_w for o in outcomes.values() if o.fallback_reason is None and o.onnx]
+    outcomes: Mapping[str, FitOutcome],
+    pool: FallbackPool,
+    settings: FitSettings,
+    judge: FallbackJudge,
+) -> tuple[FitOutcome, dict[str, dict]]:
+    """The fleet fallback's outcome, and what `judge` found for each node without a model of its
+    own (a scaled fallback is applied to its outcome here)."""
+    # in node order: the fleet's shape must not depend on which worker finished first
+    own = [
+        outcomes[n].steady_curve_w
+        for n in sorted(outcomes)
+        if outcomes[n].fallback_reason is None and outcomes[n].onnx
+    ]
     if not own:
         reasons = sorted({o.fallback_reason for o in outcomes.values() if o.fallback_reason})
         raise FitError(
@@ -290,20 +499,23 @@ def _fallbacks(
         )
     shape = fleet_shape(own, settings.shape_prior)
     fallback, model = fleet_fallback(shape, pool.merged(), settings)
-    scaled = 0
-    for outcome in outcomes.values():
-        if outcome.fallback_reason is not None:
-            scaled += scale_fallback(outcome, shape)
-            outcome.rows = None  # done with them
+    without = [outcomes[n] for n in sorted(outcomes) if outcomes[n].fallback_reason is not None]
+    judged = dict(judge(shape, model, without)) if without else {}
+    for outcome in without:
+        answer = judged.get(outcome.node)
+        if answer is None:
+            raise FitError(f"{outcome.node}: its fallback was not worked out on its rows")
+        for name, value in answer.get("scaled", {}).items():
+            setattr(outcome, name, value)
     log.info(
         "fleet fallback: idle %.0f W + %.0f W over the fleet's shape (%s); %d node(s) without "
         "a model of their own scaled to their measured power",
         shape.idle_w,
         shape.dynamic_w,
         shape.source,
-        scaled,
+        sum("scaled" in answer for answer in judged.values()),
     )
-    return fallback, model
+    return fallback, judged
 
 
 def _manifest_entry(outcome: FitOutcome) -> dict:
@@ -338,7 +550,7 @@ def _fallback_manifest_entry(
     }
 
 
-def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) -> dict:
+def _report_entry(outcome: FitOutcome, fallback_answer: dict | None) -> dict:
     entry = {
         "node": outcome.node,
         "model": "own" if outcome.fallback_reason is None else "fallback",
@@ -368,19 +580,12 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
             f"{outcome.fallback_reason}"
         )
     elif outcome.fallback_reason is not None:
-        rows = outcome.eval_rows
-        predicted_w = fallback_model.predict(rows.features)
-        entry["metrics"] = error_metrics(rows.power_w, predicted_w)
+        judgement = (fallback_answer or {}).get("fleet")
+        if judgement is None:
+            raise FitError(f"{outcome.node}: the fleet fallback was not judged on its rows")
+        entry["metrics"] = judgement["metrics"]
         entry["family"] = "fleet"
-        check = monotonic_verdict(
-            fallback_model,
-            np.median(rows.features, axis=0),
-            settings.monotonic_tolerance_w,
-            outcome.thermal,
-        )
-        if outcome.monotonic:  # keep the node's own failed check visible next to the fallback's
-            check["own_families"] = outcome.monotonic
-        entry["monotonic"] = check
+        entry["monotonic"] = judgement["check"]
         entry["note"] = f"fleet fallback: {outcome.fallback_reason}"
     if outcome.parity is not None and not outcome.parity.passed:
         entry["note"] = f"ONNX parity FAILED ({outcome.parity.max_abs_diff_w:.4g} W)"
@@ -388,7 +593,7 @@ def _report_entry(outcome: FitOutcome, fallback_model, settings: FitSettings) ->
 
 
 def _build_report(
-    account: _InputAccount,
+    account: InputAccount,
     settings: FitSettings,
     node_entries: list[dict],
     fallback: FitOutcome,
@@ -437,6 +642,11 @@ def _settings_entry(settings: FitSettings) -> dict:
     return entry
 
 
-def _plot(path: Path, node_entries: list[dict], store: HeldoutSeriesStore) -> None:
-    plot_heldout_nodes(path, node_entries, store)  # which nodes, which panels: training.report
+def _plot(
+    path: Path,
+    node_entries: list[dict],
+    heldout_series: Callable[[str], dict[str, np.ndarray] | None],
+) -> None:
+    # which nodes, which panels: training.report; the series are fetched for those nodes only
+    plot_heldout_nodes(path, node_entries, heldout_series)
     log.info("plot of predicted vs measured power: %s", path)
