@@ -236,7 +236,11 @@ def test_monotonicity_check_catches_a_decreasing_model() -> None:
 
     outcome = fit_node(rows, settings)
     assert outcome.onnx is None
-    assert outcome.fallback_reason == "no family passed the monotonicity check"
+    # The reason says how far power falls, and where: at the node's own temperatures.
+    assert outcome.fallback_reason.startswith(
+        "no family passed the monotonicity check: predicted power falls by "
+    )
+    assert "W as utilisation rises at the node's typical temperatures" in outcome.fallback_reason
 
     # with the default last resort, the node keeps a model of its own: a monotone forest
     rescued = fit_node(rows, replace(settings, last_resort_families=("rfmono",)))

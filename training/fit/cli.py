@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-rows",
         type=int,
         default=DEFAULT_MIN_ROWS,
-        help="nodes with fewer clean rows use the fleet fallback model "
-        "(default %(default)s, about 8 h at 60 s)",
+        help="nodes with fewer clean rows get no model of their own: the fleet's curve shape "
+        "scaled to the power they were measured at, or the fleet fallback model when they have "
+        "no power readings (default %(default)s, about 8 h at 60 s)",
     )
     parser.add_argument(
         "--families",

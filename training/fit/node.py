@@ -357,8 +357,13 @@ def _public(candidates: list[dict]) -> list[dict]:
     return [{k: v for k, v in c.items() if k not in ("check", "onnx")} for c in candidates]
 
 
-def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
-    """Why `choose_model` found no model, in words: what each family ran into."""
+def no_model_reason(
+    candidates: Sequence[dict], settings: FitSettings, check: Mapping | None = None
+) -> str:
+    """Why `choose_model` found no model, in words: what each family ran into.
+
+    `check` is the best-ranked family's monotonicity check, for the size and place of the dip.
+    """
     if any(c.get("over_max_model_bytes") for c in candidates):
         return (
             "no family passed the monotonicity check with an ONNX within --max-model-bytes "
@@ -371,7 +376,21 @@ def no_model_reason(candidates: Sequence[dict], settings: FitSettings) -> str:
     refused = [c for c in fitted if c.get("extender_probe", "pass") != "pass"]
     if refused:
         return f"the extender would refuse every family's model: {refused[0]['extender_probe']}"
-    return "no family passed the monotonicity check"
+    if not check:
+        return "no family passed the monotonicity check"
+    fixed_w, along_w = check.get("max_drop_w", 0.0), check.get("max_drop_along_thermal_w", 0.0)
+    if fixed_w <= check.get("tolerance_w", 0.0) < along_w:
+        # Families monotone in u fall only when the CPU temperatures are moved along the
+        # node's thermal slope: a slope fitted negative (temperature falling as load rises).
+        return (
+            f"no family passed the monotonicity check: predicted power falls by {along_w:g} W "
+            "as utilisation rises with the CPU temperatures following it along the node's "
+            "thermal slope (is a temperature sensor mapped to the wrong CPU, or stuck?)"
+        )
+    return (
+        f"no family passed the monotonicity check: predicted power falls by {fixed_w:g} W as "
+        f"utilisation rises at the node's typical temperatures {check.get('at_temps_c')}"
+    )
 
 
 def choose_model_or_last_resort(
@@ -457,7 +476,7 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
         train, test, settings, thermal=outcome.thermal
     )
     if model is None:
-        outcome.fallback_reason = no_model_reason(outcome.candidates, settings)
+        outcome.fallback_reason = no_model_reason(outcome.candidates, settings, outcome.monotonic)
         outcome.eval_rows, outcome.rows = test, train
         return outcome
     outcome.family = choice["family"]
