@@ -419,11 +419,33 @@ def test_without_any_rtt_source_the_service_says_what_to_configure(tmp_path: Pat
         pass
 
 
+def uncomment_plugins(profile: str, names: set[str]) -> str:
+    """The profile with the commented-out entries of `names` (and their lines below) enabled;
+    the other commented plugins (Carbon, Consolidation...) stay commented."""
+    out, block_indent = [], None
+    for line in profile.splitlines():
+        match = re.match(r"^(\s*)# (\s*)(.*)$", line)
+        if match:
+            indent = len(match.group(1)) + len(match.group(2))
+            entry = re.match(r"- name: (\S+)", match.group(3))
+            if entry:
+                block_indent = indent if entry.group(1) in names else None
+            elif block_indent is not None and indent <= block_indent:
+                block_indent = None
+            if block_indent is not None:
+                out.append(match.group(1) + match.group(2) + match.group(3))
+                continue
+        else:
+            block_indent = None
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def test_the_shipped_profile_s_commented_delay_block_enables_when_uncommented() -> None:
     configmap = find_object("ConfigMap", "power-extender-config", "power-aware-scheduler")
-    text = re.sub(r"^(\s*)# ", r"\1", configmap["data"]["profile.yaml"], flags=re.MULTILINE)
+    text = uncomment_plugins(configmap["data"]["profile.yaml"], {"Delay", "CloudPreference"})
     enabled = build_profile(yaml.safe_load(text))
-    assert [p.name for p in enabled.filters] == ["EnergyLevel", "PowerCap", "Delay"]
+    assert [p.name for p in enabled.filters] == ["EnergyLevel", "PowerCap", "PowerState", "Delay"]
     assert enabled.weights == {
         "PowerIncrease": 0.6, "EnergyLevel": 0.4, "Delay": 0.0, "CloudPreference": 0.2,
     }  # fmt: skip
