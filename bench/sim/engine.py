@@ -46,6 +46,7 @@ from bench.sim.cluster import (
     solar_w,
 )
 from bench.sim.kube_default import NodeLedger, PodRequest
+from bench.sim.pod_faults import PodFaults
 from bench.sim.policies import Policy
 from bench.sim.workload import Trace
 from livedata.labels import ENERGY_LABEL, POWERLESS
@@ -220,7 +221,12 @@ class Simulation:
     """
 
     def __init__(
-        self, cluster: SimCluster, trace: Trace, policy: Policy, settings: SimSettings
+        self,
+        cluster: SimCluster,
+        trace: Trace,
+        policy: Policy,
+        settings: SimSettings,
+        faults: PodFaults | None = None,
     ) -> None:
         self.cluster = cluster
         self.trace = trace
@@ -244,6 +250,9 @@ class Simulation:
         ]
         self.running = RunningPods()
         self.pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
+        # Pods whose start failed (`faults`) wait again from when they were re-created.
+        self.faults = faults
+        self.pending_since_s: dict[int, float] = {}
         self.next_arrival = 0  # the first pod of the trace not yet arrived
         self.placed = self.unplaced = self.moved = 0
         self.decisions: list[DecisionRecord] = []
@@ -295,9 +304,15 @@ class Simulation:
         if every is not None and tick % every == 0 and self.running.count:
             self._reschedule(t0_s)
         # 2. running pods progress (processor sharing on overcommitted nodes)
+        if self.faults is not None:
+            self.faults.running(self.running)  # the failing pods of this tick, before any ends
         wanted_cores, hosts_pods = self._progress_pods(t1_s)
+        if self.faults is not None:
+            self.faults.tick(t1_s, self.policy)
         # 3. utilisation, temperatures, power (the state over this tick)
         power = self._advance_nodes(t0_s, wanted_cores, hosts_pods)
+        if self.faults is not None:
+            self.faults.account(power.total_w, wanted_cores, self.settings.tick_s)
         self._tally(tick, power, wanted_cores)
         self._remember_telemetry(t0_s)
         # 4. lagged telemetry, as a Prometheus poll would see it
@@ -328,7 +343,9 @@ class Simulation:
             if self._try_place(pod, t0_s, attempts + 1):
                 del self.pending[pod]
             elif (
-                retry_s + retry_interval_s > self.trace.arrival_s[pod] + self.settings.max_pending_s
+                retry_s + retry_interval_s
+                > self.pending_since_s.get(pod, self.trace.arrival_s[pod])
+                + self.settings.max_pending_s
             ):
                 del self.pending[pod]
                 self.unplaced += 1
@@ -356,15 +373,20 @@ class Simulation:
         self.ledger.add(node, self.requests[pod])
         cpu_cores = self.trace.cpu_m[pod] / 1000.0
         self.policy.bound(node, uid, cpu_cores, now_s)
+        work_s = self.trace.duration_s[pod]
+        if self.faults is not None:
+            # A start that a node's fault will fail runs only until it is given up.
+            work_s = self.faults.started(pod, node, uid, now_s) or work_s
         self.running.add(
             pod,
             node,
             used_cores=cpu_cores * self.trace.usage_ratio[pod],
-            work_s=self.trace.duration_s[pod],
+            work_s=work_s,
             now_s=now_s,
         )
         self.placed += 1
-        self.waits_s.append(now_s - float(self.trace.arrival_s[pod]))
+        waiting_since_s = self.pending_since_s.pop(pod, float(self.trace.arrival_s[pod]))
+        self.waits_s.append(now_s - waiting_since_s)
         return True
 
     def _reschedule(self, t0_s: float) -> None:
@@ -417,6 +439,12 @@ class Simulation:
                 strict=True,
             ):
                 self.ledger.remove(node, self.requests[pod])
+                if self.faults is not None and self.faults.ended(pod, node, t1_s, self.policy):
+                    # The failed start is given up; its controller re-creates the pod.
+                    self.policy.gone(self.trace.names[pod])
+                    self.pending[pod] = (t1_s + self.settings.retry_interval_s, 0)
+                    self.pending_since_s[pod] = t1_s
+                    continue
                 self.policy.gone(self.trace.names[pod])
                 self.slowdowns.append((t1_s - started_s) / self.trace.duration_s[pod])
             running.drop(done)
@@ -508,6 +536,9 @@ class Simulation:
     def result(self) -> PolicyResult:
         """The run summed up; pods still pending at the end count as unplaced."""
         cluster, tick_s, n_ticks = self.cluster, self.settings.tick_s, self.n_ticks
+        failed_pod_starts, kpis = (
+            (0, {}) if self.faults is None else self.faults.summary(self.n_ticks * tick_s)
+        )
         every = self.series_every_ticks
         series_w = self.total_power_w[: n_ticks - n_ticks % every].reshape(-1, every).mean(axis=1)
         slowdowns = np.array(self.slowdowns) if self.slowdowns else np.ones(1)
@@ -537,6 +568,8 @@ class Simulation:
             decisions=self.decisions,
             nodes=len(cluster),
             pod_waits_s=np.array(self.waits_s),
+            failed_pod_starts=failed_pod_starts,
+            kpis=kpis,
         )
 
 
@@ -547,9 +580,13 @@ def simulate(
     settings: SimSettings = SimSettings(),
     *,
     progress: bool = False,
+    faults: PodFaults | None = None,
 ) -> PolicyResult:
-    """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy."""
-    run = Simulation(cluster, trace, policy, settings)
+    """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy.
+
+    `faults` (a preset's, fresh for each run) fails some pod starts on some nodes.
+    """
+    run = Simulation(cluster, trace, policy, settings, faults)
     run.start()
     bar = tqdm(
         total=run.n_ticks,

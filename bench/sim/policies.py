@@ -81,6 +81,12 @@ class Policy:
     def gone(self, uid: str) -> None:
         """The pod finished (the Pod watch's event)."""
 
+    def pod_crashed(self, uid: str, node: int, now_s: float, restarts: int, reason: str) -> None:
+        """A container of the pod crashed and was restarted (the Pod watch's event)."""
+
+    def pod_replaced(self, uid: str, node: int, now_s: float) -> None:
+        """The pod was evicted after crashing too often, to be re-created (before `gone`)."""
+
     def telemetry(self, readings: Sequence[tuple[str, Mapping[str, float], float]]) -> None:
         """A Prometheus poll round: (node, feature values, observed_at_s)."""
 
@@ -362,7 +368,7 @@ class ExtenderPolicy(Policy):
         feasible = np.flatnonzero(fits(ledger, pod))
         if feasible.size == 0:
             return Decision(None, reason="NodeResourcesFit: no node has room")
-        pod_json = pod_object(uid, pod)
+        pod_json = self.pod_object(uid, pod)
         names = [self.node_names[i] for i in feasible]
         answer = self._post("/filter", {"Pod": pod_json, "Nodes": None, "NodeNames": names})
         if not isinstance(answer, dict) or answer.get("Error"):
@@ -392,6 +398,10 @@ class ExtenderPolicy(Policy):
             score=float(totals[chosen]),
             predicted_increase_w=self._increase_w(pod_json, node),
         )
+
+    def pod_object(self, uid: str, pod: PodRequest) -> dict:
+        """The Pod JSON sent to the extender (subclasses add what their plugins read)."""
+        return pod_object(uid, pod)
 
     def _increase_w(self, pod_json: dict, node: int) -> float:
         if not self.explain:

@@ -19,6 +19,7 @@ import numpy as np
 
 from bench.sim.cluster import SimCluster, curve_power_w
 from bench.sim.engine import PolicyResult, simulate
+from bench.sim.pod_faults import FaultPlan, PodFaults
 from bench.sim.policies import (
     CheapestPolicy,
     DefaultPolicy,
@@ -71,7 +72,12 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
         raise ValueError(f"policy {name} needs a model bundle")
     with spec.make(scenario, policy_rng(scenario, name)) as policy:
         result = simulate(
-            scenario.cluster, scenario.trace, policy, scenario.sim_settings, progress=progress
+            scenario.cluster,
+            scenario.trace,
+            policy,
+            scenario.sim_settings,
+            progress=progress,
+            faults=_faults_of(scenario),
         )
         figures = {}
         if isinstance(policy, ExtenderPolicy):
@@ -80,6 +86,15 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
                 "extender_mean_ms": round(1000.0 * policy.request_s / max(1, policy.requests), 3),
             }
     return result, figures
+
+
+def _faults_of(scenario: Scenario) -> PodFaults | None:
+    """Fresh fault bookkeeping for one run, when the preset has hidden faults."""
+    plan = scenario.world.get("faults")
+    if not isinstance(plan, FaultPlan):
+        return None
+    spec = scenario.cluster.spec
+    return plan.run(spec.idle_share * spec.max_power_w)
 
 
 # ---- one extender service per extender policy (fresh state, simulated clock) ------------------
@@ -95,12 +110,14 @@ def extender_policy(
     hears_labels: bool = True,
     config_file: Path | None = None,
     rng: np.random.Generator | None = None,
+    policy_class: type[ExtenderPolicy] = ExtenderPolicy,
 ) -> Iterator[ExtenderPolicy]:
     """Serve the extender for one policy run; yields a policy talking to it over HTTP.
 
     The service is `create_app` on a `Runtime` with its own `ClusterState` (nodes as the Node
     watch would list them), the simulated clock and the scoring profile of `config_file`
-    (default: the built-in one), under a real uvicorn on 127.0.0.1.
+    (default: the built-in one), under a real uvicorn on 127.0.0.1. `policy_class` (an
+    `ExtenderPolicy`) plays kube-scheduler and the watches.
     """
     config = ExtenderConfig(
         bundle_dir=bundle_dir,
@@ -124,7 +141,7 @@ def extender_policy(
     # No background threads: curves are refreshed synchronously after each telemetry round.
     try:
         with serve_app(create_app(runtime)) as url:
-            policy = ExtenderPolicy(
+            policy = policy_class(
                 name,
                 url,
                 state,
