@@ -31,21 +31,23 @@ def pair_reward(model: RewardModel, now_s: float, workload: str, node: str) -> f
     """The reward the plugin would give `workload` on `node` (pair + node's other evidence)."""
     snapshot = model.snapshot(now_s)
     row = snapshot.node_rows.get(node, -1)
-    node_good = snapshot.node_good[row] if row >= 0 else 0.0
-    node_bad = snapshot.node_bad[row] if row >= 0 else 0.0
-    good = bad = 0.0
-    pairs = snapshot.workloads.get(workload)
-    if pairs is not None and row in pairs.rows:
-        at = int(np.flatnonzero(pairs.rows == row)[0])
-        good, bad = pairs.good[at], pairs.bad[at]
+    node_good, node_bad = snapshot.node_counts(now_s)
+    good, bad = snapshot.pair_counts(workload, node, now_s)
     return float(
         reward_index(
-            pair_evidence(np.array([good]), np.array([node_good]), CONSTANTS),
-            pair_evidence(np.array([bad]), np.array([node_bad]), CONSTANTS),
+            pair_evidence(
+                np.array([good]), node_good[[row]] if row >= 0 else np.zeros(1), CONSTANTS
+            ),
+            pair_evidence(np.array([bad]), node_bad[[row]] if row >= 0 else np.zeros(1), CONSTANTS),
             np.zeros(1),
             CONSTANTS,
         )[0]
     )
+
+
+def node_bad(model: RewardModel, node: str, now_s: float) -> float:
+    snapshot = model.snapshot(now_s)
+    return float(snapshot.node_counts(now_s)[1][snapshot.node_rows[node]])
 
 
 def failures(model: RewardModel, node: str, workload: str | None, count: int, at_s: float) -> None:
@@ -76,10 +78,10 @@ def test_in_flight_pods_shrink_the_bonus_not_the_mean() -> None:
 def test_evidence_halves_every_half_life_and_the_node_recovers() -> None:
     model = RewardModel(half_life_s=HOUR)
     failures(model, "node-a", "shop/Deployment/web", 8, at_s=0.0)
-    snapshot = model.snapshot(HOUR)
-    assert snapshot.node_bad[snapshot.node_rows["node-a"]] == pytest.approx(4.0)
-    pairs = snapshot.workloads["shop/Deployment/web"]
-    assert pairs.bad[0] == pytest.approx(4.0)
+    assert node_bad(model, "node-a", HOUR) == pytest.approx(4.0)
+    snapshot = model.snapshot(0.0)  # a snapshot decays to the time it is read at
+    assert snapshot.pair_counts("shop/Deployment/web", "node-a", HOUR) == (0.0, pytest.approx(4))
+    assert snapshot.pair_counts("shop/Deployment/web", "node-a", 2 * HOUR)[1] == pytest.approx(2)
     rewards = [pair_reward(model, k * HOUR, "shop/Deployment/web", "node-a") for k in range(8)]
     assert rewards[0] < 0.3
     assert all(b >= a for a, b in pairwise(rewards))  # recovering
@@ -90,8 +92,7 @@ def test_an_outcome_dated_in_the_past_weighs_what_it_would_by_now() -> None:
     model = RewardModel(half_life_s=HOUR)
     failures(model, "node-a", None, 1, at_s=2 * HOUR)
     failures(model, "node-a", None, 1, at_s=HOUR)  # arrives later, happened earlier
-    snapshot = model.snapshot(2 * HOUR)
-    assert snapshot.node_bad[0] == pytest.approx(1.5)
+    assert node_bad(model, "node-a", 2 * HOUR) == pytest.approx(1.5)
 
 
 def test_a_workloads_failures_do_not_leak_to_another_workload() -> None:
@@ -116,7 +117,7 @@ def test_memory_caps_hold_and_the_least_recent_goes_first() -> None:
     for i in range(5):
         failures(model, f"node-{i}", "ns/Deployment/a", 1, at_s=float(i))
     assert model.nodes == 3 and model.evictions.nodes == 2
-    assert list(model.snapshot(10.0).node_names) == ["node-2", "node-3", "node-4"]
+    assert set(model.snapshot(10.0).node_rows) == {"node-2", "node-3", "node-4"}
     assert model.pairs == 3  # the evicted nodes' pairs went with them
 
     for workload in ("ns/Deployment/b", "ns/Deployment/c"):
@@ -147,7 +148,8 @@ def test_faded_evidence_is_forgotten() -> None:
     model = RewardModel(half_life_s=HOUR)
     failures(model, "node-a", "ns/Deployment/a", 1, at_s=0.0)
     assert model.snapshot(6 * HOUR).pairs == 1
-    assert model.snapshot(7 * HOUR).pairs == 0 and model.nodes == 0
+    snapshot = model.snapshot(7 * HOUR)
+    assert snapshot.pairs == 0 and model.nodes == 0 and not snapshot.node_rows
 
 
 def test_the_saved_document_restores_the_same_rewards_and_keeps_fading() -> None:
@@ -159,14 +161,15 @@ def test_the_saved_document_restores_the_same_rewards_and_keeps_fading() -> None
     restored.merge_document(document, where="test")
     for when in (HOUR, 3 * HOUR):
         before, after = model.snapshot(when), restored.snapshot(when)
-        assert after.node_names == before.node_names
-        np.testing.assert_allclose(after.node_bad, before.node_bad, rtol=1e-4)
-        np.testing.assert_allclose(after.node_good, before.node_good, rtol=1e-4)
-        web_before, web_after = (
-            before.workloads["shop/Deployment/web"],
-            after.workloads["shop/Deployment/web"],
-        )
-        np.testing.assert_allclose(web_after.bad, web_before.bad, rtol=1e-4)
+        assert after.node_rows.keys() == before.node_rows.keys()
+        for node in ("node-a", "node-b"):
+            for reading in (before, after):
+                assert reading.node_counts(when)[0][reading.node_rows[node]] == pytest.approx(
+                    before.node_counts(when)[0][before.node_rows[node]], rel=1e-4
+                )
+            assert after.pair_counts("shop/Deployment/web", node, when) == pytest.approx(
+                before.pair_counts("shop/Deployment/web", node, when), rel=1e-4
+            )
     # The most recent pairs only, when asked.
     assert document["workloads"] and model.to_document(HOUR, max_pairs=0)["workloads"] == {}
 

@@ -203,8 +203,9 @@ def test_gone_pods_are_forgotten_and_the_follow_list_is_bounded() -> None:
         pod["metadata"]["uid"] = f"uid-{i}"
         outcomes.event("ADDED", pod, T0 + i)
     assert outcomes.tracked_pods == 2 and outcomes.forgotten_pods == 2
+    assert outcomes.in_flight() == {("node-07", WEB): 2}  # the forgotten ones no longer count
     outcomes.listed([], T0 + 10)  # a relist without them: gone
-    assert outcomes.tracked_pods == 0
+    assert outcomes.tracked_pods == 0 and outcomes.in_flight() == {}
 
 
 def test_only_the_configured_namespaces_are_learned_from() -> None:

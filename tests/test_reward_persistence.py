@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -73,10 +72,7 @@ def feed_crashes(source: RewardSource, node: str, deployment: str, restarts: int
 
 
 def evidence(source: RewardSource, workload: str, node: str) -> tuple[float, float]:
-    snapshot = source.publish()
-    pairs = snapshot.workloads[workload]
-    at = int(np.flatnonzero(pairs.rows == snapshot.node_rows[node])[0])
-    return float(pairs.good[at]), float(pairs.bad[at])
+    return source.publish().pair_counts(workload, node, time.time())
 
 
 def test_learned_rewards_survive_a_restart(kube: FakeKube) -> None:
@@ -119,7 +115,7 @@ def test_deleting_the_configmap_resets_what_was_learned(kube: FakeKube) -> None:
     assert source.save() is SaveResult.SAVED  # a fresh start, saved anew
     fresh = new_source(kube)
     fresh.load()
-    assert set(fresh.publish().node_names) == {"node-c"}
+    assert set(fresh.publish().node_rows) == {"node-c"}
 
 
 def test_an_api_outage_at_start_never_overwrites_saved_rewards(kube: FakeKube) -> None:
@@ -208,7 +204,7 @@ def test_the_pod_watch_feeds_the_plugin_and_a_restart_keeps_what_it_learned(
 
         def published_bad() -> float:
             snapshot = state.view(time.time()).signal(REWARD_SIGNAL)
-            return -1.0 if snapshot is None else float(snapshot.node_bad.sum())
+            return -1.0 if snapshot is None else float(snapshot.node_counts(time.time())[1].sum())
 
         wait_until(lambda: published_bad() == pytest.approx(4, rel=1e-3), "the snapshot")
         pod_requests = [

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -143,20 +144,39 @@ def settings_from_args(args: RewardArgs) -> RewardSettings:
     )
 
 
-@dataclass(frozen=True, eq=False)
 class CandidateRewards:
-    """The rewards of one pod's candidates (arrays aligned to `cycle.names`)."""
+    """The rewards of one pod's candidates (arrays aligned to `cycle.names`).
 
-    workload: str | None
-    reward: np.ndarray  # what the score uses: the workload's bound, or the node's
-    node_reward: np.ndarray
-    good: np.ndarray  # the workload's decayed outcomes there (the node's, without workload)
-    bad: np.ndarray
-    in_flight: np.ndarray
+    `reward` is what the score and filter use: the bound for the pod's workload, or the
+    node's without one; `good`, `bad` and `in_flight` are the workload's (or the node's).
+    """
+
+    def __init__(
+        self,
+        workload: str | None,
+        reward: np.ndarray,
+        good: np.ndarray,
+        bad: np.ndarray,
+        in_flight: np.ndarray,
+        node: tuple[np.ndarray, np.ndarray, np.ndarray],
+        constants: ScoringConstants,
+    ) -> None:
+        self.workload = workload
+        self.reward = reward
+        self.good = good
+        self.bad = bad
+        self.in_flight = in_flight
+        self._node = node
+        self._constants = constants
 
     @property
     def evidence(self) -> np.ndarray:
         return self.good + self.bad
+
+    @cached_property
+    def node_reward(self) -> np.ndarray:
+        """The node's bound over all workloads (for `/explain`; computed when asked)."""
+        return reward_index(*self._node, self._constants)
 
 
 class Reward(Plugin):
@@ -169,6 +189,7 @@ class Reward(Plugin):
         self.source: RewardSource | None = None
         # The last cycle's rewards: filter, score and explain of one request share them.
         self._last: tuple[object, CandidateRewards] | None = None
+        self._decayed = _DecayedNodes()
 
     # ---- extension points -----------------------------------------------------------------
 
@@ -248,47 +269,86 @@ class Reward(Plugin):
         last = self._last
         if last is not None and last[0] is cycle:
             return last[1]
-        rewards = candidate_rewards(cycle, self.constants)
+        rewards = candidate_rewards(cycle, self.constants, self._decayed)
         self._last = (cycle, rewards)
         return rewards
 
 
-def candidate_rewards(cycle: Cycle, constants: ScoringConstants) -> CandidateRewards:
+def candidate_rewards(
+    cycle: Cycle, constants: ScoringConstants, decayed: _DecayedNodes | None = None
+) -> CandidateRewards:
     """Each candidate's reward for the cycle's pod, from the published snapshot."""
     count = len(cycle)
     workload = workload_of(cycle.pod) if cycle.pod else None
     snapshot: RewardSnapshot | None = cycle.view.signal(REWARD_SIGNAL)
-    node_good, node_bad, node_flying = np.zeros(count), np.zeros(count), np.zeros(count)
     pair_good, pair_bad, pair_flying = np.zeros(count), np.zeros(count), np.zeros(count)
-    if snapshot is not None and snapshot.node_names:
+    if snapshot is None or not snapshot.node_names:
+        node = (np.zeros(count), np.zeros(count), np.zeros(count))
+    else:
         rows, inverse = _rows(cycle, snapshot)
-        known = rows >= 0
-        node_good[known] = snapshot.node_good[rows[known]]
-        node_bad[known] = snapshot.node_bad[rows[known]]
-        node_flying[known] = snapshot.node_in_flight[rows[known]]
+        node = _node_evidence(cycle, snapshot, rows, decayed or _DecayedNodes())
         pairs = snapshot.workloads.get(workload) if workload is not None else None
         if pairs is not None and pairs.rows.size:
             positions = inverse[pairs.rows]
             here = positions >= 0
             at = positions[here]
-            pair_good[at] = pairs.good[here]
-            pair_bad[at] = pairs.bad[here]
-            pair_flying[at] = pairs.in_flight[here]
-    node_reward = reward_index(node_good, node_bad, node_flying, constants)
+            pair_at_s = pairs.at_s[here]
+            pair_good[at] = snapshot.decayed(pairs.good[here], pair_at_s, cycle.now_s)
+            pair_bad[at] = snapshot.decayed(pairs.bad[here], pair_at_s, cycle.now_s)
+        flying = snapshot.pair_in_flight.get(workload) if workload is not None else None
+        if flying is not None:
+            positions = inverse[flying[0]]
+            here = positions >= 0
+            pair_flying[positions[here]] = flying[1][here]
+    node_good, node_bad, node_flying = node
     if workload is None:
-        return CandidateRewards(None, node_reward, node_reward, node_good, node_bad, node_flying)
+        reward = reward_index(node_good, node_bad, node_flying, constants)
+        return CandidateRewards(None, reward, node_good, node_bad, node_flying, node, constants)
     reward = reward_index(
         pair_evidence(pair_good, node_good, constants),
         pair_evidence(pair_bad, node_bad, constants),
         pair_flying,
         constants,
     )
-    return CandidateRewards(workload, reward, node_reward, pair_good, pair_bad, pair_flying)
+    return CandidateRewards(workload, reward, pair_good, pair_bad, pair_flying, node, constants)
+
+
+class _DecayedNodes:
+    """Every node's counts decayed to the second, for one snapshot (a one-slot cache).
+
+    Computed once per snapshot and second (an hour-scale half-life moves nothing within a
+    second), then gathered per request; a zero row at the end is where candidates without
+    evidence read. Swapped whole, so readers on other threads see one consistent entry.
+    """
+
+    def __init__(self) -> None:
+        self._slot: tuple[RewardSnapshot, int, tuple[np.ndarray, ...]] | None = None
+
+    def at(self, snapshot: RewardSnapshot, now_s: float) -> tuple[np.ndarray, ...]:
+        second = math.floor(now_s)
+        slot = self._slot
+        if slot is not None and slot[0] is snapshot and slot[1] == second:
+            return slot[2]
+        good, bad = snapshot.node_counts(float(second))
+        arrays = tuple(
+            _frozen(np.append(values, 0.0)) for values in (good, bad, snapshot.node_in_flight)
+        )
+        self._slot = (snapshot, second, arrays)
+        return arrays
+
+
+def _node_evidence(
+    cycle: Cycle, snapshot: RewardSnapshot, rows: np.ndarray, decayed: _DecayedNodes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidates' node evidence: good, bad (decayed to now), in flight."""
+    good, bad, flying = decayed.at(snapshot, cycle.now_s)
+    return good.take(rows), bad.take(rows), flying.take(rows)
 
 
 def _rows(cycle: Cycle, snapshot: RewardSnapshot) -> tuple[np.ndarray, np.ndarray]:
-    """Snapshot row of each candidate, and candidate position of each snapshot row (-1: none);
-    remembered per candidate list and snapshot, as kube-scheduler repeats its lists."""
+    """Snapshot row of each candidate (the appended zero row for one without evidence), and
+    candidate position of each snapshot row (-1: none); remembered per candidate list and
+    snapshot, as kube-scheduler repeats its lists."""
     key = ("reward_rows", id(snapshot), id(cycle.candidates))
     cached = cycle.view.recall(key)
     if cached is not None:
@@ -297,10 +357,16 @@ def _rows(cycle: Cycle, snapshot: RewardSnapshot) -> tuple[np.ndarray, np.ndarra
     inverse = np.full(len(snapshot.node_names), -1, dtype=np.intp)
     known = np.flatnonzero(rows >= 0)
     inverse[rows[known]] = known
+    rows[rows < 0] = len(snapshot.node_names)  # the zero row `_node_evidence` appends
     rows.flags.writeable = False
     inverse.flags.writeable = False
     cycle.view.remember(key, (rows, inverse), snapshot, cycle.candidates)
     return rows, inverse
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _rounded(values: np.ndarray) -> list[float]:

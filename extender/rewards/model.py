@@ -7,7 +7,7 @@ exponentially with a half-life (`half_life_s`): an outcome `t` seconds old weigh
 the prior, neutral: a repaired node recovers by itself, a node that keeps failing keeps its
 evidence. Memory is bounded: at most `max_nodes` nodes, `max_workloads` workloads and
 `max_pairs` pairs are kept; the one updated least recently goes first, and evidence faded
-below `PRUNE_BELOW` is dropped when a snapshot is built.
+below `PRUNE_BELOW` is dropped (checked every `PRUNE_EVERY_S`).
 
 **Posterior.** The chance that a placement goes well is a Beta(1 + good, 1 + bad) posterior (a
 uniform prior: one imagined good and one imagined bad outcome). For a (workload, node) pair
@@ -53,6 +53,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,8 @@ from extender.rewards.outcomes import Outcome
 DOCUMENT_FORMAT = "power-aware-scheduler/rewards/v1"
 PRIOR_GOOD = 1.0
 PRIOR_BAD = 1.0
-PRUNE_BELOW = 0.01  # evidence (good + bad) that has faded below this is forgotten
+PRUNE_BELOW = 0.01  # evidence (good + bad) that has faded below this is forgotten ...
+PRUNE_EVERY_S = 600.0  # ... when a snapshot is built this long after the last pruning
 DEFAULT_MAX_NODES = 10_000
 DEFAULT_MAX_WORKLOADS = 5_000
 DEFAULT_MAX_PAIRS = 100_000
@@ -109,35 +111,67 @@ def pair_evidence(pair: np.ndarray, node: np.ndarray, constants: ScoringConstant
 
 @dataclass(frozen=True, eq=False)
 class WorkloadEvidence:
-    """One workload's pairs: node rows (into the snapshot's node arrays) and their counts."""
+    """One workload's pairs: node rows (into the snapshot's node arrays) and their counts, as
+    of `at_s` (decay them to the request's time with `RewardSnapshot.decayed`)."""
 
     rows: np.ndarray
     good: np.ndarray
     bad: np.ndarray
-    in_flight: np.ndarray
+    at_s: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
 class RewardSnapshot:
-    """Immutable evidence as of `built_at_s`, for the request path (arrays are read-only).
+    """Immutable evidence for the request path (arrays are read-only).
 
-    Node arrays are aligned to `node_names`; `workloads` maps a workload to its pairs.
+    Node arrays are indexed by row (`node_rows`: name -> row; `node_names[row]`, None for a
+    free row). Counts are stored as of their own `at_s` and decayed when read, so a snapshot
+    stays right as time passes and a new one only rebuilds what changed. `workloads` maps a
+    workload to its pairs; `pair_in_flight` a workload to (rows, pods placed and not judged).
     """
 
     built_at_s: float
     half_life_s: float
-    node_names: tuple[str, ...]
+    node_names: tuple[str | None, ...]
     node_rows: Mapping[str, int]
     node_good: np.ndarray
     node_bad: np.ndarray
+    node_at_s: np.ndarray
     node_in_flight: np.ndarray
     workloads: Mapping[str, WorkloadEvidence]
+    pair_in_flight: Mapping[str, tuple[np.ndarray, np.ndarray]]
 
     def rows_of(self, names: Sequence[str]) -> np.ndarray:
         """Row of each name (-1: no evidence for that node)."""
         return np.fromiter(
             map(self.node_rows.get, names, repeat(-1)), dtype=np.intp, count=len(names)
         )
+
+    def decayed(self, counts: np.ndarray, at_s: np.ndarray, now_s: float) -> np.ndarray:
+        """`counts` dated `at_s`, as they weigh at `now_s`."""
+        elapsed_s = np.maximum(now_s - at_s, 0.0)
+        return counts * np.exp2(-elapsed_s / self.half_life_s)
+
+    def node_counts(self, now_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """(good, bad) of every row, decayed to `now_s`."""
+        return (
+            self.decayed(self.node_good, self.node_at_s, now_s),
+            self.decayed(self.node_bad, self.node_at_s, now_s),
+        )
+
+    def pair_counts(self, workload: str, node: str, now_s: float) -> tuple[float, float]:
+        """(good, bad) of one pair at `now_s`; zeros when there is no evidence."""
+        pairs = self.workloads.get(workload)
+        row = self.node_rows.get(node, -1)
+        if pairs is None or row < 0:
+            return 0.0, 0.0
+        found = np.flatnonzero(pairs.rows == row)
+        if found.size == 0:
+            return 0.0, 0.0
+        at = found[:1]
+        good = self.decayed(pairs.good[at], pairs.at_s[at], now_s)
+        bad = self.decayed(pairs.bad[at], pairs.at_s[at], now_s)
+        return float(good[0]), float(bad[0])
 
     @property
     def pairs(self) -> int:
@@ -147,7 +181,7 @@ class RewardSnapshot:
 # ---- the model -------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Evidence:
     good: float = 0.0
     bad: float = 0.0
@@ -210,6 +244,14 @@ class RewardModel:
         self._pairs: OrderedDict[tuple[str, str], _Evidence] = OrderedDict()
         self._workload_nodes: OrderedDict[str, set[str]] = OrderedDict()
         self.evictions = Evictions()
+        # Stable snapshot rows (a workload's cached arrays point at them), reused when freed.
+        self._rows: dict[str, int] = {}
+        self._row_names: list[str | None] = []
+        self._free_rows: list[int] = []
+        # Per-workload arrays of the last snapshot; rebuilt only for workloads that changed.
+        self._workload_cache: dict[str, WorkloadEvidence] = {}
+        self._dirty_workloads: set[str] = set()
+        self._last_prune_s = -math.inf
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -249,46 +291,62 @@ class RewardModel:
         self._nodes.clear()
         self._pairs.clear()
         self._workload_nodes.clear()
+        self._workload_cache.clear()
+        self._dirty_workloads.clear()
 
     # ---- the snapshot --------------------------------------------------------------------
 
     def snapshot(
         self, now_s: float, in_flight: Mapping[tuple[str, str | None], int] | None = None
     ) -> RewardSnapshot:
-        """Evidence decayed to `now_s` (faded entries pruned), with in-flight pod counts."""
-        self._prune(now_s)
+        """The evidence (faded entries pruned every `PRUNE_EVERY_S`), with in-flight pods.
+
+        Incremental: the node arrays are copied, the pairs of workloads that did not change
+        since the last snapshot are reused as they are.
+        """
+        if now_s - self._last_prune_s >= PRUNE_EVERY_S:
+            self._prune(now_s)
+            self._last_prune_s = now_s
         in_flight = in_flight or {}
-        names = list(self._nodes)
-        rows = {name: i for i, name in enumerate(names)}
-        for node, _ in in_flight:
-            if node not in rows:
-                rows[node] = len(names)
-                names.append(node)
-        count = len(names)
-        good, bad, flying = np.zeros(count), np.zeros(count), np.zeros(count)
-        for i, evidence in enumerate(self._nodes.values()):
-            good[i], bad[i] = evidence.at(now_s, self.half_life_s)
-        by_workload: dict[str, dict[str, tuple[float, float, int]]] = {}
-        for (workload, node), evidence in self._pairs.items():
-            by_workload.setdefault(workload, {})[node] = (*evidence.at(now_s, self.half_life_s), 0)
+        self._assign_rows({node for node, _ in in_flight})
+        size = len(self._row_names)
+        good, bad, at_s = np.zeros(size), np.zeros(size), np.zeros(size)
+        rows = self._rows
+        for name, evidence in self._nodes.items():
+            row = rows[name]
+            good[row], bad[row], at_s[row] = evidence.good, evidence.bad, evidence.at_s
+        flying = np.zeros(size)
+        pair_flying: dict[str, dict[int, int]] = {}
         for (node, workload), pods in in_flight.items():
             flying[rows[node]] += pods
             if workload is not None:
-                entries = by_workload.setdefault(workload, {})
-                g, b, _ = entries.get(node, (0.0, 0.0, 0))
-                entries[node] = (g, b, pods)
-        workloads = {
-            workload: _workload_evidence(entries, rows) for workload, entries in by_workload.items()
-        }
+                pair_flying.setdefault(workload, {})[rows[node]] = pods
+        for workload in self._dirty_workloads:
+            nodes = self._workload_nodes.get(workload)
+            if nodes is None:
+                self._workload_cache.pop(workload, None)
+            else:
+                self._workload_cache[workload] = self._workload_evidence(workload, nodes)
+        self._dirty_workloads.clear()
         return RewardSnapshot(
             built_at_s=now_s,
             half_life_s=self.half_life_s,
-            node_names=tuple(names),
-            node_rows=rows,
+            node_names=tuple(self._row_names),
+            node_rows=MappingProxyType(dict(rows)),
             node_good=_frozen(good),
             node_bad=_frozen(bad),
+            node_at_s=_frozen(at_s),
             node_in_flight=_frozen(flying),
-            workloads=workloads,
+            workloads=MappingProxyType(dict(self._workload_cache)),
+            pair_in_flight=MappingProxyType(
+                {
+                    workload: (
+                        _frozen(np.fromiter(entries, np.intp, len(entries))),
+                        _frozen(np.fromiter(entries.values(), np.float64, len(entries))),
+                    )
+                    for workload, entries in pair_flying.items()
+                }
+            ),
         )
 
     # ---- persistence ---------------------------------------------------------------------
@@ -342,7 +400,34 @@ class RewardModel:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _assign_rows(self, extra: set[str]) -> None:
+        """Rows for the nodes with evidence and `extra` (in flight); free the others' rows."""
+        wanted = extra | self._nodes.keys()
+        for name in [name for name in self._rows if name not in wanted]:
+            row = self._rows.pop(name)
+            self._row_names[row] = None
+            self._free_rows.append(row)
+        for name in wanted:
+            if name not in self._rows:
+                row = self._free_rows.pop() if self._free_rows else len(self._row_names)
+                if row == len(self._row_names):
+                    self._row_names.append(name)
+                else:
+                    self._row_names[row] = name
+                self._rows[name] = row
+
+    def _workload_evidence(self, workload: str, nodes: set[str]) -> WorkloadEvidence:
+        entries = [(self._rows[node], self._pairs[(workload, node)]) for node in nodes]
+        count = len(entries)
+        return WorkloadEvidence(
+            rows=_frozen(np.fromiter((row for row, _ in entries), np.intp, count)),
+            good=_frozen(np.fromiter((e.good for _, e in entries), np.float64, count)),
+            bad=_frozen(np.fromiter((e.bad for _, e in entries), np.float64, count)),
+            at_s=_frozen(np.fromiter((e.at_s for _, e in entries), np.float64, count)),
+        )
+
     def _add_pair(self, workload: str, node: str, good: float, bad: float, at_s: float) -> None:
+        self._dirty_workloads.add(workload)
         key = (workload, node)
         pair = self._pairs.get(key)
         if pair is None:
@@ -367,6 +452,7 @@ class RewardModel:
         for node in list(self._workload_nodes.get(workload, ())):
             self._remove_pair((workload, node))
         self._workload_nodes.pop(workload, None)
+        self._dirty_workloads.add(workload)
         self.evictions.workloads += 1
 
     def _evict_pair(self, key: tuple[str, str]) -> None:
@@ -376,6 +462,7 @@ class RewardModel:
     def _remove_pair(self, key: tuple[str, str]) -> None:
         self._pairs.pop(key, None)
         workload, node = key
+        self._dirty_workloads.add(workload)
         nodes = self._workload_nodes.get(workload)
         if nodes is not None:
             nodes.discard(node)
@@ -390,27 +477,15 @@ class RewardModel:
         ]
         for key in faded:
             self._remove_pair(key)
+        referenced = set().union(*self._workload_nodes.values())
         faded_nodes = [
             name
             for name, evidence in self._nodes.items()
-            if sum(evidence.at(now_s, self.half_life_s)) < PRUNE_BELOW
-            and not any(name in nodes for nodes in self._workload_nodes.values())
+            if name not in referenced and sum(evidence.at(now_s, self.half_life_s)) < PRUNE_BELOW
         ]
         for name in faded_nodes:
             del self._nodes[name]
         self.evictions.faded += len(faded) + len(faded_nodes)
-
-
-def _workload_evidence(
-    entries: Mapping[str, tuple[float, float, int]], rows: Mapping[str, int]
-) -> WorkloadEvidence:
-    values = list(entries.items())
-    return WorkloadEvidence(
-        rows=_frozen(np.fromiter((rows[n] for n, _ in values), np.intp, len(values))),
-        good=_frozen(np.fromiter((v[0] for _, v in values), np.float64, len(values))),
-        bad=_frozen(np.fromiter((v[1] for _, v in values), np.float64, len(values))),
-        in_flight=_frozen(np.fromiter((v[2] for _, v in values), np.float64, len(values))),
-    )
 
 
 def _rounded(counts: tuple[float, float]) -> list[float]:

@@ -167,7 +167,7 @@ def timestamp_s(text: object) -> float | None:
 # ---- one pod's history ------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _PodTrack:
     node: str
     workload: str | None
@@ -183,6 +183,12 @@ class _PodTrack:
     never_started_counted: bool = False
     terminal: bool = False
     outcomes: int = 0  # outcomes charged so far (0: an unproven placement, "in flight")
+    flying: bool = False  # counted in PodOutcomes' in-flight counts
+
+    @property
+    def unproven(self) -> bool:
+        """Placed, not judged yet, and not waiting on its image or spec."""
+        return self.outcomes == 0 and not self.terminal and self.excused is None
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -212,6 +218,7 @@ class PodOutcomes:
         self.known_until_s = float(known_until_s)
         self.max_pods = max_pods
         self._pods: OrderedDict[str, _PodTrack] = OrderedDict()
+        self._flying: dict[tuple[str, str | None], int] = {}  # kept in step with each track
         self.ignored: dict[str, int] = {}  # reason -> signals not counted against a node
         self.forgotten_pods = 0
 
@@ -231,7 +238,7 @@ class PodOutcomes:
                 seen.add(uid)
                 outcomes.extend(self._observe(uid, pod, now_s, may_have_past=True))
         for uid in [uid for uid in self._pods if uid not in seen]:
-            del self._pods[uid]
+            self._drop(uid)
         self.known_until_s = max(self.known_until_s, now_s)
         return outcomes
 
@@ -244,7 +251,7 @@ class PodOutcomes:
         # MODIFIED one not followed yet (forgotten, or filtered before) may have.
         outcomes = self._observe(uid, pod, now_s, may_have_past=event_type != "ADDED")
         if event_type == "DELETED":
-            self._pods.pop(uid, None)
+            self._drop(uid)
         self.known_until_s = max(self.known_until_s, now_s)
         return outcomes
 
@@ -277,20 +284,19 @@ class PodOutcomes:
                     outcomes,
                     f"no container started {now_s - track.bound_at_s:.0f} s after binding",
                 )
+            if track.flying and not track.unproven:
+                self._refresh_flight(track)
         self.known_until_s = max(self.known_until_s, now_s)
         return outcomes
 
     def in_flight(self) -> dict[tuple[str, str | None], int]:
         """(node, workload) -> pods placed there that have no outcome yet."""
-        counts: dict[tuple[str, str | None], int] = {}
-        for track in self._pods.values():
-            if track.outcomes == 0 and not track.terminal and track.excused is None:
-                counts[track.key] = counts.get(track.key, 0) + 1
-        return counts
+        return dict(self._flying)
 
     def forget(self) -> None:
         """Drop every pod's history (a reset of the learned rewards)."""
         self._pods.clear()
+        self._flying.clear()
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -312,9 +318,11 @@ class PodOutcomes:
                 name=pod_name(pod),
                 bound_at_s=_bound_at_s(pod, now_s),
             )
+            if uid in self._pods:
+                self._drop(uid)
             self._pods[uid] = track
             while len(self._pods) > self.max_pods:
-                self._pods.popitem(last=False)
+                self._drop(next(iter(self._pods)))
                 self.forgotten_pods += 1
         else:
             self._pods.move_to_end(uid)
@@ -323,7 +331,27 @@ class PodOutcomes:
         since_s = self.known_until_s if (first_sight and may_have_past) else -math.inf
         outcomes: list[Outcome] = []
         self._update(track, pod, now_s, since_s, first_sight, outcomes)
+        if uid in self._pods:
+            self._refresh_flight(track)
         return outcomes
+
+    def _refresh_flight(self, track: _PodTrack) -> None:
+        """Keep the in-flight counts in step with the track."""
+        flying = track.unproven
+        if flying == track.flying:
+            return
+        track.flying = flying
+        count = self._flying.get(track.key, 0) + (1 if flying else -1)
+        if count > 0:
+            self._flying[track.key] = count
+        else:
+            self._flying.pop(track.key, None)
+
+    def _drop(self, uid: str) -> None:
+        track = self._pods.pop(uid, None)
+        if track is not None and track.flying:
+            track.outcomes += 1  # no longer unproven: it is gone
+            self._refresh_flight(track)
 
     def _update(
         self,

@@ -5,9 +5,11 @@ A background source of the `Reward` plugin (`LiveSource`). The Kubernetes pod wa
 call turns pod states into outcomes (`PodOutcomes`) and evidence (`RewardModel`) under one
 lock, in microseconds. The source's own thread wakes every `publish_interval_s` to
 
-1. judge what time alone decides (healthy intervals, readiness and start graces: `sweep`);
+1. judge what time alone decides (healthy intervals, readiness and start graces: `sweep`,
+   every `SWEEP_EVERY_S`);
 2. publish an immutable `RewardSnapshot` as the state signal `rewards` when anything changed
-   (and at least every `REPUBLISH_S`, as evidence fades) - the request path reads only that;
+   (and at least every `REPUBLISH_S`) - the request path reads only that, and decays its
+   counts to the request's time itself;
 3. every `save_interval_s`, save the evidence to its ConfigMap (`store`), off the lock.
 
 At start the saved evidence is loaded (and merged with whatever the watch delivered first:
@@ -51,7 +53,8 @@ from extender.state import ClusterState
 log = logging.getLogger(__name__)
 
 REWARD_SIGNAL = "rewards"
-REPUBLISH_S = 30.0  # evidence fades: republish at least this often even when nothing happened
+REPUBLISH_S = 30.0  # in-flight pods and pruning: republish at least this often
+SWEEP_EVERY_S = 10.0  # time-based outcomes (healthy intervals, graces) are judged this often
 MAX_HELD_EVENTS = 100_000  # pod events held while the saved evidence loads
 PREFIX = "power_aware_extender_reward"
 
@@ -120,6 +123,7 @@ class RewardSource:
         self.held_events_dropped = 0
         self._dirty = True
         self._last_publish_s = -float("inf")
+        self._last_sweep_s = -float("inf")
         self._last_save_s = clock()
         self.snapshot: RewardSnapshot | None = None
         self.outcome_counts: dict[str, int] = {}
@@ -153,7 +157,8 @@ class RewardSource:
         now_s = self._clock()
         published = None
         with self._lock:
-            if self._held is None:
+            if self._held is None and now_s - self._last_sweep_s >= SWEEP_EVERY_S:
+                self._last_sweep_s = now_s
                 self._record(self.outcomes.sweep(now_s))
             if force_publish or self._dirty or now_s - self._last_publish_s >= REPUBLISH_S:
                 published = self._publish_locked(now_s)
@@ -265,6 +270,9 @@ class RewardSource:
                 log.exception("reward source: unexpected error")
 
     # ---- what /status and /metrics read ---------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
 
     def status(self) -> dict[str, Any]:
         now_s = self._clock()
@@ -405,7 +413,8 @@ class _RewardCollector:
         yield evictions
         snapshot = source.snapshot
         if snapshot is not None:
-            mean = posterior_mean(snapshot.node_good, snapshot.node_bad)
+            good, bad = snapshot.node_counts(source.now())
+            mean = posterior_mean(good, bad)
             reward = GaugeMetricFamily(
                 f"{PREFIX}_node",
                 "Posterior mean chance that a placement on the node goes well (all workloads)",
@@ -416,9 +425,9 @@ class _RewardCollector:
                 "Decayed outcomes behind the node's reward (good + bad)",
                 labels=["node"],
             )
-            for i, node in enumerate(snapshot.node_names):
-                reward.add_metric([node], float(mean[i]))
-                evidence.add_metric([node], float(snapshot.node_good[i] + snapshot.node_bad[i]))
+            for node, row in snapshot.node_rows.items():
+                reward.add_metric([node], float(mean[row]))
+                evidence.add_metric([node], float(good[row] + bad[row]))
             yield reward
             yield evidence
         persistence = status["persistence"]
