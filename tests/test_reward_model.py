@@ -33,16 +33,15 @@ def pair_reward(model: RewardModel, now_s: float, workload: str, node: str) -> f
     row = snapshot.node_rows.get(node, -1)
     node_good, node_bad = snapshot.node_counts(now_s)
     good, bad = snapshot.pair_counts(workload, node, now_s)
-    return float(
-        reward_index(
-            pair_evidence(
-                np.array([good]), node_good[[row]] if row >= 0 else np.zeros(1), CONSTANTS
-            ),
-            pair_evidence(np.array([bad]), node_bad[[row]] if row >= 0 else np.zeros(1), CONSTANTS),
-            np.zeros(1),
-            CONSTANTS,
-        )[0]
+    zero = np.zeros(1)
+    good_, bad_ = pair_evidence(
+        np.array([good]),
+        np.array([bad]),
+        node_good[[row]] if row >= 0 else zero,
+        node_bad[[row]] if row >= 0 else zero,
+        CONSTANTS,
     )
+    return float(reward_index(good_, bad_, zero, CONSTANTS)[0])
 
 
 def node_bad(model: RewardModel, node: str, now_s: float) -> float:
@@ -103,13 +102,27 @@ def test_a_workloads_failures_do_not_leak_to_another_workload() -> None:
     now_s = 60.0
     assert pair_reward(model, now_s, "shop/Deployment/web", "node-x") < 0.4
     assert pair_reward(model, now_s, "shop/Deployment/web", "node-y") == 1.0
-    # The other workload on the same node keeps (nearly) full marks: only node_share of the
-    # node's other evidence reaches it.
+    # The other workload on the same node keeps (nearly) full marks: the node's other evidence
+    # reaches it as one observation at most.
     assert pair_reward(model, now_s, "shop/Deployment/api", "node-x") > 0.97
-    # A workload new to the node is a little wary of a node that crashes others...
-    assert 0.9 < pair_reward(model, now_s, "shop/Deployment/new", "node-x") < 1.0
-    # ... and not at all of a node that does not.
+    # A workload new to either node: no reason for doubt (half of node-x's outcomes are good;
+    # a node that crashes everything is below).
+    assert pair_reward(model, now_s, "shop/Deployment/new", "node-x") > 0.95
     assert pair_reward(model, now_s, "shop/Deployment/new", "node-y") == 1.0
+
+
+def test_a_busy_healthy_node_does_not_drown_a_workloads_failures() -> None:
+    # Thousands of healthy pods of other workloads on the node count as one observation at
+    # most for the workload that keeps failing there.
+    model = RewardModel(half_life_s=6 * HOUR)
+    successes(model, "node-x", "shop/Deployment/api", 5000, at_s=0.0)
+    failures(model, "node-x", "shop/Deployment/web", 14, at_s=0.0)
+    assert pair_reward(model, 60.0, "shop/Deployment/web", "node-x") < 0.3
+    assert pair_reward(model, 60.0, "shop/Deployment/api", "node-x") == 1.0
+    # A node that crashes everything is suspect to a new workload, but one observation's worth.
+    model = RewardModel(half_life_s=6 * HOUR)
+    failures(model, "node-y", "shop/Deployment/web", 500, at_s=0.0)
+    assert 0.75 < pair_reward(model, 60.0, "shop/Deployment/new", "node-y") < 0.85
 
 
 def test_memory_caps_hold_and_the_least_recent_goes_first() -> None:

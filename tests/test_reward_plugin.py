@@ -103,7 +103,7 @@ def test_a_node_that_crashes_a_workload_loses_points_for_it_only(
         if node != "node-03":
             assert rows[node]["reward"] == 1.0 and rows[node]["reward_evidence"] == 0.0
 
-    # Another workload on the same node: hardly touched (node_share of the node's evidence).
+    # Another workload on the same node: hardly touched (the node's evidence is a weak prior).
     other = explain(url, request_pod("api", "api-6f8b9c7d54-new01"), NODES)["node-03"]
     assert other["workload"] == "shop/Deployment/api"
     assert other["reward"] > 0.8 > 0.3 > bad["reward"]
@@ -141,6 +141,27 @@ def test_the_filter_fails_the_bad_node_with_a_reason_but_never_every_node(
         timeout=10,
     ).json()
     assert answer["NodeNames"] == ["node-04", "node-10"] and not answer.get("FailedNodes")
+
+
+def test_a_bad_node_is_probed_by_a_pod_or_two_at_a_time(service: tuple[str, Runtime]) -> None:
+    url, runtime = service
+    source = source_of(runtime)
+    # Seven failures: the bound just clears the threshold, so the node may be tried again...
+    crash_on(source, "node-12", "probe", restarts=7, pod="probe-6f8b9c7d54-aaaaa")
+    source.run_once(force_publish=True)
+    body = {"Pod": request_pod("probe", "probe-6f8b9c7d54-new03"), "Nodes": None}
+    answer = httpx.post(f"{url}/filter", json={**body, "NodeNames": NODES}, timeout=10).json()
+    assert "node-12" in answer["NodeNames"]
+    # ... by a pod or two: placed there and not judged yet, they hold the next ones back.
+    for probe in ("bbbbb", "ccccc"):
+        name = f"probe-6f8b9c7d54-{probe}"
+        metadata = pods.deployment_pod_metadata(name, f"uid-{name}", "probe", HASH, "shop")
+        source.pod_event("ADDED", pods.bound_pod(metadata, "node-12", at_s=time.time()))
+    source.run_once(force_publish=True)
+    rows = explain(url, body["Pod"], NODES)
+    assert rows["node-12"]["reward_in_flight"] == 2 and not rows["node-12"]["passes"]
+    answer = httpx.post(f"{url}/filter", json={**body, "NodeNames": NODES}, timeout=10).json()
+    assert "node-12" in answer["FailedNodes"]
 
 
 def test_status_and_metrics_show_what_was_learned(service: tuple[str, Runtime]) -> None:

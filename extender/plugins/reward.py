@@ -12,9 +12,11 @@ per node x workload, and
   good *and* for one with no evidence, low only when recent evidence says the node fails
   this workload (`extender.rewards.model` explains the choice and its failure modes);
 - as a filter (when enabled), fails a candidate whose reward for the pod's workload is at most
-  `filterThreshold` with at least `filterMinEvidence` recent outcomes of that workload there,
-  and says so; unresolvable (preemption cannot repair a node). When that would fail every
-  candidate, it fails none: a workload that fails everywhere is failing, not its nodes.
+  `filterThreshold` with at least `filterMinEvidence` recent outcomes of that workload there
+  (its pods placed there and not judged yet count too, and shrink the bound's optimism, so a
+  bad node is probed by a pod or two at a time, not a burst), and says so; unresolvable
+  (preemption cannot repair a node). When that would fail every candidate, it fails none: a
+  workload that fails everywhere is failing, not its nodes.
 
 The workload is the pod's controller (Deployment, StatefulSet, Job...) or its `app` label
 (`extender.rewards.outcomes.workload_of`); a pod without either is scored on its nodes'
@@ -64,7 +66,8 @@ class RewardArgs:
 
     half_life_s: float = 21_600.0  # evidence halves every 6 h: a repaired node recovers
     exploration: float = 2.0  # sds of optimism in the reward bound
-    node_share: float = 0.1  # weight of the node's other workloads' evidence for a workload
+    node_share: float = 0.1  # weight per outcome of the node's other workloads' evidence ...
+    node_evidence_max: float = 1.0  # ... up to this many outcomes in all
     filter_threshold: float = 0.3  # the filter fails a node whose reward is at most this ...
     filter_min_evidence: float = 5.0  # ... with at least this many recent outcomes there
     healthy_interval_s: float = 600.0  # continuous readiness that counts as one good outcome
@@ -102,7 +105,11 @@ class RewardArgs:
         self.constants()
 
     def constants(self) -> ScoringConstants:
-        return ScoringConstants(exploration=self.exploration, node_share=self.node_share)
+        return ScoringConstants(
+            exploration=self.exploration,
+            node_share=self.node_share,
+            node_evidence_max=self.node_evidence_max,
+        )
 
     def settings(self) -> RewardSettings:
         return settings_from_args(self)
@@ -198,8 +205,10 @@ class Reward(Plugin):
         if rewards.workload is None:
             return PASS_ALL
         args = self.args
+        # Pods placed and not judged yet count as evidence at the reward they were placed on
+        # (as in the index): a bad node is probed by a pod or two at a time, not a burst.
         failing = np.flatnonzero(
-            (rewards.evidence >= args.filter_min_evidence)
+            (rewards.evidence + rewards.in_flight >= args.filter_min_evidence)
             & (rewards.reward <= args.filter_threshold)
         )
         if failing.size == 0 or failing.size == len(cycle):
@@ -304,12 +313,8 @@ def candidate_rewards(
     if workload is None:
         reward = reward_index(node_good, node_bad, node_flying, constants)
         return CandidateRewards(None, reward, node_good, node_bad, node_flying, node, constants)
-    reward = reward_index(
-        pair_evidence(pair_good, node_good, constants),
-        pair_evidence(pair_bad, node_bad, constants),
-        pair_flying,
-        constants,
-    )
+    good, bad = pair_evidence(pair_good, pair_bad, node_good, node_bad, constants)
+    reward = reward_index(good, bad, pair_flying, constants)
     return CandidateRewards(workload, reward, pair_good, pair_bad, pair_flying, node, constants)
 
 

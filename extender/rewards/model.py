@@ -11,11 +11,14 @@ below `PRUNE_BELOW` is dropped (checked every `PRUNE_EVERY_S`).
 
 **Posterior.** The chance that a placement goes well is a Beta(1 + good, 1 + bad) posterior (a
 uniform prior: one imagined good and one imagined bad outcome). For a (workload, node) pair
-the node's evidence from *other* workloads joins at `node_share` of its weight, so a node that
-crashes everything looks suspect to a workload it has never run, while a node that crashes one
-workload hardly touches the others:
+the node's evidence from *other* workloads joins as a weak prior: `node_share` of an
+observation per outcome, but at most `node_evidence_max` observations in all (in the
+proportions of the node's good and bad), so a node that crashes everything looks a little
+suspect to a workload it has never run, while a busy node's thousands of healthy pods cannot
+drown one workload's own failures there:
 
-    good_pair' = good_pair + node_share * (good_node - good_pair)       (bad alike)
+    weight = min(node_share * other, node_evidence_max)        other = node's - pair's outcomes
+    good_pair' = good_pair + weight * other_good / other         (bad alike)
 
 **Exploration: an optimistic index, not Thompson sampling.** The score is an upper confidence
 bound of the posterior, `mean + exploration * sd` clipped to 0..1 (the normal approximation of
@@ -76,12 +79,15 @@ class ScoringConstants:
 
     exploration: float = 2.0
     node_share: float = 0.1
+    node_evidence_max: float = 1.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.exploration) and self.exploration >= 0):
             raise ValueError(f"exploration must be >= 0, got {self.exploration!r}")
         if not (math.isfinite(self.node_share) and 0 <= self.node_share <= 1):
             raise ValueError(f"nodeShare must be 0..1, got {self.node_share!r}")
+        if not (math.isfinite(self.node_evidence_max) and self.node_evidence_max >= 0):
+            raise ValueError(f"nodeEvidenceMax must be >= 0, got {self.node_evidence_max!r}")
 
 
 def posterior_mean(good: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -101,9 +107,21 @@ def reward_index(
     return np.clip(mean + constants.exploration * sd, 0.0, 1.0)
 
 
-def pair_evidence(pair: np.ndarray, node: np.ndarray, constants: ScoringConstants) -> np.ndarray:
-    """A pair's count with the node's other evidence mixed in at `node_share`."""
-    return pair + constants.node_share * np.maximum(node - pair, 0.0)
+def pair_evidence(
+    pair_good: np.ndarray,
+    pair_bad: np.ndarray,
+    node_good: np.ndarray,
+    node_bad: np.ndarray,
+    constants: ScoringConstants,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A pair's (good, bad) with the node's other evidence joined as a bounded prior."""
+    other_good = np.maximum(node_good - pair_good, 0.0)
+    other_bad = np.maximum(node_bad - pair_bad, 0.0)
+    other = other_good + other_bad
+    weight = np.minimum(constants.node_share * other, constants.node_evidence_max)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.where(other > 0, weight / other, 0.0)
+    return pair_good + scale * other_good, pair_bad + scale * other_bad
 
 
 # ---- the snapshot the request path reads --------------------------------------------------------
