@@ -42,6 +42,11 @@ run by default; policies are registered by name in `bench.sim.runner`. `multizon
 counts every policy's CO2 (`co2_kg`, and `mean_intensity_g_per_kwh`, `co2_above_idle_kg` and,
 with `--deferrable-share`, the deferrable pods' waits, printed under the table);
 `power-aware+carbon` runs the extender with the Carbon plugin there.
+run by default; policies are registered by name in `bench.sim.runner`. `--preset faults`
+(`bench.sim.faults`) hides node faults that fail some workloads' pods and adds
+`power-aware+rewards` (the extender's Reward plugin learning where pods fail); its figures
+(failed pod starts, restarts, energy wasted on failing pods, the repaired node's reuse) are
+printed under the table and written to the summary.
 
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
@@ -252,6 +257,16 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     print("columns:")
     for header, _, meaning in COLUMNS:
         print(f"  {header:<19} {meaning}")
+    # A preset's own figures (failed pod starts, restarts...), for the policies that have any.
+    extra = [r for r in results if r.kpis or r.failed_pod_starts]
+    if extra:
+        print("preset figures:")
+        for result in extra:
+            figures = {"failed_pod_starts": result.failed_pod_starts, **result.kpis}
+            print(
+                f"  {result.policy:<{width}} "
+                + ", ".join(f"{name} {value:g}" for name, value in figures.items())
+            )
 
 
 def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:

@@ -176,6 +176,7 @@ class Runtime:
             prometheus_url=self.config.prometheus_url,
             kube_api=self.kube_api,
             registry=self.metrics.registry,
+            pod_watch=next((s for s in self.live_sources if hasattr(s, "add_pod_listener")), None),
         )
         self.plugin_sources = [
             source for plugin in self.profile.plugins for source in plugin.background(context)

@@ -155,12 +155,15 @@ class Assessment:
         """One JSON-ready record per candidate: each plugin's inputs, raw value, points, weight.
 
         The plugins' own fields (`u`, `increase_w`, `energy_level`, ...) sit at the top of the
-        record; `plugins` holds, per score plugin, its raw value, its 0..10 points and weight.
+        record; `plugins` holds, per score plugin, its raw value, its 0..10 points, its weight
+        and its contribution to the score (weight x points / total weight: one term of the
+        weighted mean, before rounding).
         """
         cycle = self.cycle
         columns: dict[str, Sequence[object]] = {}
         for plugin in self.profile.plugins:
             columns.update(plugin.explain(cycle))
+        total_weight = self.profile.total_weight or 1.0
         per_plugin = [
             (entry.name, finite_or_none(entry.raw), entry.points.tolist(), entry.weight)
             for entry in self.scores.values()
@@ -170,7 +173,12 @@ class Assessment:
             record: dict[str, object] = {"node": name}
             record.update((field, values[i]) for field, values in columns.items())
             record["plugins"] = {
-                plugin: {"raw": raw[i], "points": points[i], "weight": weight}
+                plugin: {
+                    "raw": raw[i],
+                    "points": points[i],
+                    "weight": weight,
+                    "contribution": weight * points[i] / total_weight,
+                }
                 for plugin, raw, points, weight in per_plugin
             }
             record["score"] = int(self.score[i])

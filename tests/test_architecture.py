@@ -38,6 +38,8 @@ def room(module: str) -> str:
     if parts[0] == "extender":
         if len(parts) > 1 and parts[1] in ("plugins", "sources"):
             return f"extender.{parts[1]}"
+        if len(parts) > 1 and parts[1] == "rewards":  # the Reward plugin's learning source
+            return "extender.sources"
         return (
             "extender.model"
             if len(parts) > 1 and parts[1] in EXTENDER_MODEL

@@ -220,9 +220,12 @@ def test_watch_with_selector_reports_leaving_as_deleted(core: client.CoreV1Api) 
         _preload_content=False,
     )
     events = [json.loads(line) for line in response.data.decode().splitlines()]
+    # kube-apiserver's watch cache sends the object as it was before it left the selection,
+    # at the resourceVersion of the change (cacheWatcher.convertToWatchEvent).
     assert [(e["type"], e["object"]["metadata"]["labels"]) for e in events] == [
-        ("DELETED", {"pool": "brown"})
+        ("DELETED", {"pool": "green"})
     ]
+    assert events[0]["object"]["metadata"]["resourceVersion"] == str(int(rv) + 1)
 
 
 def test_watch_from_expired_version_is_410_gone(kube: FakeKube, core: client.CoreV1Api) -> None:

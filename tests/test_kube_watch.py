@@ -350,3 +350,44 @@ def test_node_info_and_bound_time_conversions() -> None:
         == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
     )
     assert pod_bound_at_s(pod("p", "n"), now_s=123.0) == 123.0
+
+
+class _Listener:
+    """A pod listener as the Reward plugin's source is one; the first call fails."""
+
+    def __init__(self) -> None:
+        self.lists: list[list[str]] = []
+        self.events: list[tuple[str, str, str | None]] = []
+
+    def pods_listed(self, pods: list[dict[str, Any]]) -> None:
+        self.lists.append(sorted(p["metadata"]["name"] for p in pods))
+        if len(self.lists) == 1:
+            raise RuntimeError("a listener's bug must not stop the watch")
+
+    def pod_event(self, event_type: str, pod: dict[str, Any]) -> None:
+        phase = (pod.get("status") or {}).get("phase")
+        self.events.append((event_type, pod["metadata"]["name"], phase))
+
+
+def test_pod_listeners_see_every_bound_pod_finished_ones_included(
+    kube: FakeKube, state: ClusterState, watcher: ClusterWatcher
+) -> None:
+    kube.create("nodes", node("node-a"))
+    kube.create("pods", pod("web", "node-a", cpu="1"))
+    kube.create("pods", pod("pending", None))
+    listener = _Listener()
+    watcher.add_pod_listener(listener)
+    watcher.start()
+    with pytest.raises(RuntimeError, match="before starting"):
+        watcher.add_pod_listener(_Listener())
+    wait_until(lambda: listener.lists == [["web"]], "the first list, despite the failure")
+    wait_until(lambda: assumed_cpu(state, "node-a") == pytest.approx(1.0), "the bound pod")
+
+    # A pod that fails stays in the selection (MODIFIED, phase Failed): the listener sees how
+    # it ended, and the state drops its assumed load as before.
+    kube.patch("pods", "web", {"status": {"phase": "Failed", "reason": "Evicted"}}, "default")
+    wait_until(lambda: ("MODIFIED", "web", "Failed") in listener.events, "the Failed pod")
+    wait_until(lambda: assumed_cpu(state, "node-a") == 0.0, "its load gone")
+    kube.delete("pods", "web", "default")
+    wait_until(lambda: listener.events[-1][:2] == ("DELETED", "web"), "the deletion")
+    assert all(name != "pending" for _, name, _ in listener.events)  # not bound: not selected

@@ -32,8 +32,12 @@ def _rights(
 
 # What each component does with the API (the code that does it in parentheses).
 NEEDED: dict[str, set[Right]] = {
-    # Node and Pod list+watch: node view and recently bound pods (extender.sources.kube_watch).
-    "power-extender": _rights(CLUSTER, "", ("nodes", "pods"), READ),
+    # Node and Pod list+watch: node view and recently bound pods (extender.sources.kube_watch);
+    # the Reward plugin's learned rewards in its own ConfigMap (extender.rewards.store): create
+    # it once, get and replace it by name.
+    "power-extender": _rights(CLUSTER, "", ("nodes", "pods"), READ)
+    | _rights(NAMESPACE, "", ("configmaps",), ("create",))
+    | _rights(NAMESPACE, "", ("configmaps",), ("get", "update"), ("power-extender-rewards",)),
     # Reads nodes, patches the energy-status label and powerless taint (controllers.energy_adapter).
     "energy-adapter": _rights(CLUSTER, "", ("nodes",), ("get", "list", "patch")),
     # Publishes the bundle as ConfigMaps (training.publish): create new shards, list to find
@@ -141,7 +145,7 @@ def test_no_write_verb_without_a_named_reason() -> None:
         for account, rights in NEEDED.items()
     }
     assert writes == {
-        "power-extender": [],
+        "power-extender": [("configmaps", "create"), ("configmaps", "update")],
         "energy-adapter": [("nodes", "patch")],
         "power-model-trainer": [
             ("configmaps", "create"),
@@ -162,9 +166,14 @@ def test_no_write_verb_without_a_named_reason() -> None:
         ],
     }
     # Updates and deletes of existing objects are limited by name wherever the name is known.
-    for account in ("power-model-trainer", "power-aware-scheduler", "power-node-controller"):
+    for account in (
+        "power-extender",
+        "power-model-trainer",
+        "power-aware-scheduler",
+        "power-node-controller",
+    ):
         for right in NEEDED[account]:
-            if right[3] in ("update", "delete", "get"):
+            if right[3] in ("update", "delete", "get") and right[2] not in ("nodes", "pods"):
                 assert right[4], f"{account}: {right} should be limited by resourceNames"
 
 

@@ -500,10 +500,12 @@ def _granted(account: str, namespace: str) -> set[tuple[str, str, str]]:
 
 
 def test_extender_only_reads_nodes_and_pods() -> None:
+    # ... and keeps the Reward plugin's learned rewards in one ConfigMap of its own
+    # (tests/test_least_privilege.py checks that ConfigMap is named).
     granted = _granted("power-extender", SCHEDULER_NAME)
     assert granted == {
         ("", resource, verb) for resource in ("nodes", "pods") for verb in ("get", "list", "watch")
-    }
+    } | {("", "configmaps", verb) for verb in ("create", "get", "update")}
 
 
 def test_energy_adapter_only_reads_and_patches_nodes() -> None:

@@ -121,7 +121,13 @@ def test_a_new_plugin_needs_only_its_module_and_a_line_of_configuration(tmp_path
         failed = httpx.post(f"{url}/filter", json=request, timeout=10).json()["FailedNodes"]
     rows = {row["node"]: row for row in explain["nodes"]}
     assert explain["weights"] == {"PowerIncrease": 0.6, "EnergyLevel": 0.4, "PreferNames": 0.5}
-    assert rows["node-02"]["plugins"]["PreferNames"] == {"raw": 10.0, "points": 10.0, "weight": 0.5}
+    # contribution: weight x points / total weight (0.6 + 0.4 + 0.5)
+    assert rows["node-02"]["plugins"]["PreferNames"] == {
+        "raw": 10.0,
+        "points": 10.0,
+        "weight": 0.5,
+        "contribution": pytest.approx(0.5 * 10.0 / 1.5),
+    }
     assert rows["node-01"]["plugins"]["PreferNames"]["points"] == 0.0
     assert rows["node-02"]["suffix_match"] is True and rows["node-01"]["suffix_match"] is False
     assert failed == {"node-03": "the test said so"}
@@ -138,8 +144,9 @@ def test_a_plugins_background_source_feeds_it_through_the_state(tmp_path: Path) 
         rows = httpx.post(f"{url}/explain", json=request, timeout=10).json()["nodes"]
         status = httpx.get(f"{url}/status", timeout=10).json()
     bonus = {row["node"]: row["plugins"]["Bonus"] for row in rows}
-    assert bonus["node-01"] == {"raw": 10.0, "points": 10.0, "weight": 1.0}
-    assert bonus["node-02"] == {"raw": None, "points": 0.0, "weight": 1.0}
+    # Bonus weighs 1 beside the defaults' 0.6 + 0.4: half the score.
+    assert bonus["node-01"] == {"raw": 10.0, "points": 10.0, "weight": 1.0, "contribution": 5.0}
+    assert bonus["node-02"] == {"raw": None, "points": 0.0, "weight": 1.0, "contribution": 0.0}
     assert status["plugins"] == {"Bonus": {"note": "bonus points from a background source"}}
 
 

@@ -56,6 +56,7 @@ from bench.sim.cluster import (
     solar_w,
 )
 from bench.sim.kube_default import NodeLedger, PodRequest
+from bench.sim.pod_faults import PodFaults
 from bench.sim.policies import Policy
 from bench.sim.workload import Trace
 from livedata.labels import ENERGY_LABEL, POWERLESS
@@ -254,6 +255,7 @@ class Simulation:
         policy: Policy,
         settings: SimSettings,
         meters: Sequence[Meter] = (),
+        faults: PodFaults | None = None,
     ) -> None:
         self.cluster = cluster
         self.meters = tuple(meters)
@@ -285,12 +287,14 @@ class Simulation:
         ]
         self.running = RunningPods()
         self.pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
+        self.faults = faults
         self.next_arrival = 0  # the first pod of the trace not yet arrived
         self.placed = self.unplaced = self.moved = 0
         self.decisions: list[DecisionRecord] = []
         self.slowdowns: list[float] = []
         self.waits_s: list[float] = []
-        # Pods evicted by power management wait again: since when, and the work they have left.
+        # Pods evicted by power management, or whose start failed (`faults`) and were
+        # re-created, wait again: since when, and (evicted ones) the work they have left.
         self.queued_at_s: dict[int, float] = {}
         self.work_left_s: dict[int, float] = {}
 
@@ -346,9 +350,15 @@ class Simulation:
         if every is not None and tick % every == 0 and self.running.count:
             self._reschedule(t0_s)
         # 2. running pods progress (processor sharing on overcommitted nodes)
+        if self.faults is not None:
+            self.faults.running(self.running)  # the failing pods of this tick, before any ends
         wanted_cores, hosts_pods = self._progress_pods(t1_s)
+        if self.faults is not None:
+            self.faults.tick(t1_s, self.policy)
         # 3. utilisation, temperatures, power (the state over this tick)
         power = self._advance_nodes(t0_s, wanted_cores, hosts_pods)
+        if self.faults is not None:
+            self.faults.account(power.total_w, wanted_cores, self.settings.tick_s)
         self._tally(tick, power, wanted_cores)
         for meter in self.meters:
             meter.tick(t0_s, self.settings.tick_s, power.total_w)
@@ -414,11 +424,16 @@ class Simulation:
         self.ledger.add(node, self.requests[pod])
         cpu_cores = self.trace.cpu_m[pod] / 1000.0
         self.policy.bound(node, uid, cpu_cores, now_s)
+        # Evicted pods resume with the work they had left.
+        work_s = self.work_left_s.pop(pod, self.trace.duration_s[pod])
+        if self.faults is not None:
+            # A start that a node's fault will fail runs only until it is given up.
+            work_s = self.faults.started(pod, node, uid, now_s) or work_s
         self.running.add(
             pod,
             node,
             used_cores=cpu_cores * self.trace.usage_ratio[pod],
-            work_s=self.work_left_s.pop(pod, self.trace.duration_s[pod]),
+            work_s=work_s,
             now_s=now_s,
         )
         self.placed += 1
@@ -475,6 +490,12 @@ class Simulation:
                 strict=True,
             ):
                 self.ledger.remove(node, self.requests[pod])
+                if self.faults is not None and self.faults.ended(pod, node, t1_s, self.policy):
+                    # The failed start is given up; its controller re-creates the pod.
+                    self.policy.gone(self.trace.names[pod])
+                    self.pending[pod] = (t1_s + self.settings.retry_interval_s, 0)
+                    self.queued_at_s[pod] = t1_s
+                    continue
                 self.policy.gone(self.trace.names[pod])
                 self.slowdowns.append((t1_s - started_s) / self.trace.duration_s[pod])
             running.drop(done)
@@ -569,6 +590,9 @@ class Simulation:
     def result(self) -> PolicyResult:
         """The run summed up; pods still pending at the end count as unplaced."""
         cluster, tick_s, n_ticks = self.cluster, self.settings.tick_s, self.n_ticks
+        failed_pod_starts, kpis = (
+            (0, {}) if self.faults is None else self.faults.summary(self.n_ticks * tick_s)
+        )
         every = self.series_every_ticks
         series_w = self.total_power_w[: n_ticks - n_ticks % every].reshape(-1, every).mean(axis=1)
         slowdowns = np.array(self.slowdowns) if self.slowdowns else np.ones(1)
@@ -598,6 +622,8 @@ class Simulation:
             decisions=self.decisions,
             nodes=len(cluster),
             pod_waits_s=np.array(self.waits_s),
+            failed_pod_starts=failed_pod_starts,
+            kpis=kpis,
         )
         for meter in self.meters:
             meter.finish(result)
@@ -614,9 +640,14 @@ def simulate(
     *,
     progress: bool = False,
     meters: Sequence[Meter] = (),
+    faults: PodFaults | None = None,
 ) -> PolicyResult:
-    """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy."""
-    run = Simulation(cluster, trace, policy, settings, meters)
+    """Run `trace` on `cluster` with `policy`; deterministic for a deterministic policy.
+
+    `meters` count what a preset measures beside energy (e.g. CO2); `faults` (a preset's,
+    fresh for each run) fails some pod starts on some nodes.
+    """
+    run = Simulation(cluster, trace, policy, settings, meters, faults)
     run.start()
     bar = tqdm(
         total=run.n_ticks,

@@ -100,6 +100,12 @@ class Policy:
     def gone(self, uid: str) -> None:
         """The pod finished (the Pod watch's event)."""
 
+    def pod_crashed(self, uid: str, node: int, now_s: float, restarts: int, reason: str) -> None:
+        """A container of the pod crashed and was restarted (the Pod watch's event)."""
+
+    def pod_replaced(self, uid: str, node: int, now_s: float) -> None:
+        """The pod was evicted after crashing too often, to be re-created (before `gone`)."""
+
     def telemetry(self, readings: Sequence[tuple[str, Mapping[str, float], float]]) -> None:
         """A Prometheus poll round: (node, feature values, observed_at_s)."""
 

@@ -7,6 +7,7 @@ module under `bench/sim/` and registers itself there; this module imports each o
 
 from __future__ import annotations
 
+from bench.sim import faults as _faults  # noqa: F401  (the faults preset, power-aware+rewards)
 from bench.sim import power_policies as _power_policies  # noqa: F401  (registers its policies)
 from bench.sim.scenario import Preset, register_preset
 

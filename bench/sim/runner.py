@@ -19,6 +19,7 @@ import numpy as np
 
 from bench.sim.cluster import SimCluster, curve_power_w
 from bench.sim.engine import PolicyResult, simulate
+from bench.sim.pod_faults import FaultPlan, PodFaults
 from bench.sim.policies import (
     CheapestPolicy,
     DefaultPolicy,
@@ -82,6 +83,7 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
             scenario.sim_settings,
             progress=progress,
             meters=[make() for make in scenario.meters],
+            faults=_faults_of(scenario),
         )
         preset = PRESETS.get(scenario.settings.preset)
         if preset is not None and preset.evaluate is not None:
@@ -93,6 +95,15 @@ def run_policy(name: str, scenario: Scenario, *, progress: bool) -> tuple[Policy
                 "extender_mean_ms": round(1000.0 * policy.request_s / max(1, policy.requests), 3),
             }
     return result, figures
+
+
+def _faults_of(scenario: Scenario) -> PodFaults | None:
+    """Fresh fault bookkeeping for one run, when the preset has hidden faults."""
+    plan = scenario.world.get("faults")
+    if not isinstance(plan, FaultPlan):
+        return None
+    spec = scenario.cluster.spec
+    return plan.run(spec.idle_share * spec.max_power_w)
 
 
 # ---- one extender service per extender policy (fresh state, simulated clock) ------------------

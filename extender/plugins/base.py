@@ -93,7 +93,9 @@ class SourceContext:
 
     `mode` is `demo`, `snapshot` or `live`; `prometheus_url` and `kube_api` (a `kubernetes`
     ApiClient) are set in live mode only. `registry` is the service's `/metrics` registry, for
-    a source's own metrics (prefix `power_aware_extender_`).
+    a source's own metrics (prefix `power_aware_extender_`). `pod_watch` (live mode) is the
+    Kubernetes pod watch: `pod_watch.add_pod_listener(listener)` hands a source every pod list
+    and event it sees (`extender.sources.kube_watch.PodListener`).
     """
 
     state: ClusterState
@@ -102,6 +104,7 @@ class SourceContext:
     prometheus_url: str | None = None
     kube_api: Any = None
     registry: Any = None
+    pod_watch: Any = None
 
 
 class Plugin:

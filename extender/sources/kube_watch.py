@@ -17,6 +17,11 @@ This is the edge where the extender learns what kube-scheduler knows and the met
   (`extender.node_requests.NodeRequests`, for the Consolidation plugin) after each list and
   change.
 
+Pod listeners (`ClusterWatcher.add_pod_listener`, e.g. the `Reward` plugin's source) get every
+pod list and event too, to learn what became of the pods; with one, the pod watch also keeps
+Succeeded and Failed pods (a pod leaving a field selection arrives as DELETED with its previous
+content, so the end of a pod would otherwise be invisible).
+
 Each resource runs the reflector pattern of client-go in one daemon thread: list (replacing what
 the state holds), then watch from the list's resourceVersion with a server-side timeout, resume
 the watch where it ended, and relist on `410 Gone`. Errors and dropped streams are retried with
@@ -34,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from kubernetes import client, watch
@@ -57,10 +62,21 @@ LIST_READ_TIMEOUT_S = 60.0
 # Only pods bound to a node and still running can add load; the server filters the rest out
 # (a pod that finishes leaves the selection and arrives as DELETED).
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+# With a pod listener: every bound pod, finished ones included (what kube-scheduler's own
+# informer leaves out is what a listener learns from).
+BOUND_POD_FIELD_SELECTOR = "spec.nodeName!="
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
 HTTP_GONE = 410
 
 Clock = Callable[[], float]
+
+
+class PodListener(Protocol):
+    """Gets the pod watch's lists and events (on the watch's thread: return quickly)."""
+
+    def pods_listed(self, pods: list[dict[str, Any]]) -> None: ...
+
+    def pod_event(self, event_type: str, pod: dict[str, Any]) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +190,7 @@ class _ListWatchLoop:
         self.name = name
         self.status = LoopStatus()
         self._list_func = list_func
-        self._list_kwargs = dict(list_kwargs)
+        self.list_kwargs = dict(list_kwargs)
         self._on_list = on_list
         self._on_event = on_event
         self._stop = stop_event
@@ -226,7 +242,7 @@ class _ListWatchLoop:
 
     def _list(self) -> str:
         response = self._list_func(
-            **self._list_kwargs,
+            **self.list_kwargs,
             _preload_content=False,
             _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S),
         )
@@ -259,7 +275,7 @@ class _ListWatchLoop:
         try:
             for event in stream_watch.stream(
                 self._connect_watch,
-                **self._list_kwargs,
+                **self.list_kwargs,
                 resource_version=resource_version,
                 timeout_seconds=self._watch_timeout_s,
                 allow_watch_bookmarks=True,
@@ -339,6 +355,7 @@ class ClusterWatcher:
         self._requested_m: dict[str, int] = {}
         self._requests_changed = True  # publish (empty) after the first list
         self.invalid_pods_total = 0
+        self._pod_listeners: list[PodListener] = []
         common = {
             "stop_event": self._stop,
             "clock": clock,
@@ -364,6 +381,17 @@ class ClusterWatcher:
         )
 
     # ---- lifecycle ------------------------------------------------------------------------
+
+    def add_pod_listener(self, listener: PodListener) -> None:
+        """Pass every pod list and event to `listener` too (before `start`).
+
+        The pod watch then selects every bound pod, Succeeded and Failed ones included; what
+        the state is told does not change (finished pods are never assumed load).
+        """
+        if self._pods.thread.is_alive():
+            raise RuntimeError("add pod listeners before starting the watch")
+        self._pod_listeners.append(listener)
+        self._pods.list_kwargs["field_selector"] = BOUND_POD_FIELD_SELECTOR
 
     def start(self) -> None:
         self._nodes.thread.start()
@@ -428,6 +456,8 @@ class ClusterWatcher:
             self._pod_removed(uid, publish=False)
         self._publish_pods()
         self._publish_requests()
+        for listener in self._pod_listeners:
+            _tell(listener.pods_listed, pods)
 
     def _pod_event(self, event_type: str, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
@@ -438,6 +468,8 @@ class ClusterWatcher:
         elif event_type in ("ADDED", "MODIFIED"):
             self._pod_seen(uid, pod)
         self._publish_requests()
+        for listener in self._pod_listeners:
+            _tell(listener.pod_event, event_type, pod)
 
     def _pod_seen(self, uid: str, pod: dict[str, Any], *, publish: bool = True) -> None:
         spec = pod.get("spec") or {}
@@ -511,3 +543,11 @@ class ClusterWatcher:
             self._requests_changed = False
             cores = MappingProxyType({n: m / 1000.0 for n, m in self._requested_m.items()})
         self._state.set_signal(REQUESTED_CPU_SIGNAL, NodeRequests(cores))
+
+
+def _tell(callback: Callable[..., None], *args: Any) -> None:
+    """Call a pod listener; its failure is logged, never stops the watch."""
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("pod listener %s failed", getattr(callback, "__qualname__", callback))

@@ -452,6 +452,13 @@ def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _at_version(obj: JsonObject | None, resource_version: int) -> JsonObject:
+    assert obj is not None
+    copied = copy.deepcopy(obj)
+    copied["metadata"]["resourceVersion"] = str(resource_version)
+    return copied
+
+
 def _with_type(resource: ResourceType, obj: JsonObject) -> JsonObject:
     return {"kind": resource.kind, "apiVersion": resource.api_version, **obj}
 
@@ -1135,8 +1142,9 @@ class FakeKube:
                 elif is_in and was_in:
                     event_type, obj = change.kind, change.new
                 elif was_in:
-                    # Deleted, or changed so that it left the selection.
-                    event_type, obj = "DELETED", change.new or change.old
+                    # Deleted, or changed so that it left the selection: as the real watch
+                    # cache does, the *previous* content, at the event's resourceVersion.
+                    event_type, obj = "DELETED", _at_version(change.old, change.resource_version)
                 else:
                     continue
                 assert obj is not None
