@@ -257,34 +257,43 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
     print("columns:")
     for header, _, meaning in COLUMNS:
         print(f"  {header:<19} {meaning}")
-    # A preset's own figures (failed pod starts, restarts...), for the policies that have any.
-    extra = [r for r in results if r.kpis or r.failed_pod_starts]
-    if extra:
-        print("preset figures:")
-        for result in extra:
-            figures = {"failed_pod_starts": result.failed_pod_starts, **result.kpis}
-            print(
-                f"  {result.policy:<{width}} "
-                + ", ".join(f"{name} {value:g}" for name, value in figures.items())
-            )
 
 
 def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
-    """The preset's own figures (CO2 and each `PolicyResult.kpis`), when it has any."""
-    if not any(r.co2_kg > 0 or r.kpis for r in results):
+    """The preset's own figures, for the presets that have any: CO2 when the preset counts it
+    (multizone), failed pod starts (faults) and each `PolicyResult.kpis` (power states...)."""
+    counts_co2 = any(r.co2_kg > 0 for r in results)
+    counts_failures = any(r.failed_pod_starts for r in results)
+    keys = sorted({key for r in results for key in r.kpis})
+    headers = (["co2 kg", "vs default"] if counts_co2 else []) + (
+        ["failed_pod_starts"] if counts_failures else []
+    )
+    if not headers + keys:
         return
     baseline = report["policies"].get("default")
     width = max(20, *(len(r.policy) for r in results))
-    keys = sorted({key for r in results for key in r.kpis})
-    print(f"{'policy':<{width}} {'co2 kg':>8} {'vs default':>10} " + " ".join(keys))
+    widths = [max(10, len(h)) for h in headers + keys]
+    print("preset figures:")
+    print(
+        f"{'policy':<{width}} "
+        + " ".join(f"{h:>{w}}" for h, w in zip(headers + keys, widths, strict=True))
+    )
     for result in results:
-        versus = (
-            f"{result.co2_kg / baseline['co2_kg']:.3f}"
-            if baseline and baseline["co2_kg"] > 0
-            else "-"
+        values: list[str] = []
+        if counts_co2:
+            values.append(f"{result.co2_kg:.3f}")
+            values.append(
+                f"{result.co2_kg / baseline['co2_kg']:.3f}"
+                if baseline and baseline["co2_kg"] > 0
+                else "-"
+            )
+        if counts_failures:
+            values.append(f"{result.failed_pod_starts:d}")
+        values += [f"{result.kpis[key]:g}" if key in result.kpis else "-" for key in keys]
+        print(
+            f"{result.policy:<{width}} "
+            + " ".join(f"{v:>{w}}" for v, w in zip(values, widths, strict=True))
         )
-        values = " ".join(f"{result.kpis.get(key, '-')!s:>{len(key)}}" for key in keys)
-        print(f"{result.policy:<{width}} {result.co2_kg:>8.3f} {versus:>10} {values}")
 
 
 # ---- CLI ------------------------------------------------------------------------------------
