@@ -34,19 +34,20 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    {"default": {"energy_kwh": ..., "unplaced_pods": ..., "pod_wait_s": {"p50", "p99",
    "max"}, "power_cycles_per_node_day": ..., "co2_kg": ..., "delay_violations": ...,
    "failed_pod_starts": ...}, ...}}`: every policy reports every key (0 where it does not
-   apply), plus more figures (below).
+   apply), plus more figures (`pods_waiting_over_30_s`, the energy's parts, below).
 
 Presets (--preset, `bench.sim.presets`) name the kind of cluster and workload and the policies
 run by default; policies are registered by name in `bench.sim.runner`. `multizone`
 (`bench.sim.carbon`) deals the nodes over grid zones with hourly carbon intensity series and
 counts every policy's CO2 (`co2_kg`, and `mean_intensity_g_per_kwh`, `co2_above_idle_kg` and,
 with `--deferrable-share`, the deferrable pods' waits, printed under the table);
-`power-aware+carbon` runs the extender with the Carbon plugin there.
-run by default; policies are registered by name in `bench.sim.runner`. `--preset faults`
+`power-aware+carbon` runs the extender with the Carbon plugin there. `edge`
+(`bench.sim.edge`) places the nodes in sites with measured round trips and gives pods
+`delay_<node>` limits (`delay_violations`). `faults`
 (`bench.sim.faults`) hides node faults that fail some workloads' pods and adds
 `power-aware+rewards` (the extender's Reward plugin learning where pods fail); its figures
 (failed pod starts, restarts, energy wasted on failing pods, the repaired node's reuse) are
-printed under the table and written to the summary.
+printed under the table ("preset figures") and written to the summary.
 
 What the figures mean: by default every node stays on and pays its idle power (no power-off),
 so savings come only from where the dynamic power is spent: on nodes whose curves add fewer
@@ -221,6 +222,7 @@ COLUMNS: tuple[tuple[str, int, str], ...] = (
     ("above envelope kWh", 18, "drawn above the curves' convex envelopes (partly loaded nodes)"),
     ("unplaced", 8, "pods never placed within --max-pending"),
     ("wait p99 s", 10, "99th percentile of arrival-to-placement time"),
+    ("waits > 30 s", 12, "placements more than 30 s after arrival (or eviction)"),
     ("wait max s", 10, "longest arrival-to-placement time"),
     ("moved", 5, "running pods moved by a rescheduling policy"),
     ("slowdown", 8, "mean (run time / work): > 1 when nodes are overcommitted"),
@@ -243,6 +245,7 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
             f"{result.above_envelope_energy_kwh:.2f}",
             f"{result.unplaced_pods:d}",
             f"{entry['pod_wait_s']['p99']:.0f}",
+            f"{result.pods_waiting_over_30_s:d}",
             f"{entry['pod_wait_s']['max']:.0f}",
             f"{result.moved_pods:d}",
             f"{result.mean_slowdown:.3f}",

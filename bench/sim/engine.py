@@ -159,6 +159,12 @@ class PolicyResult:
         }
 
     @property
+    def pods_waiting_over_30_s(self) -> int:
+        """Placements that came more than 30 s after the pod's arrival (or eviction): the
+        power-management target is a p99 wait of 30 s, and this says how many miss it."""
+        return int((self.pod_waits_s > 30.0).sum())
+
+    @property
     def dynamic_energy_kwh(self) -> float:
         """Energy above idle: the part placement can change while every node stays on."""
         return self.energy_kwh - self.idle_energy_kwh
@@ -168,6 +174,7 @@ class PolicyResult:
             "energy_kwh": round(self.energy_kwh, 4),
             "unplaced_pods": self.unplaced_pods,
             "pod_wait_s": self.pod_wait_summary_s(),
+            "pods_waiting_over_30_s": self.pods_waiting_over_30_s,
             "power_cycles_per_node_day": round(self.power_cycles_per_node_day, 3),
             "co2_kg": round(self.co2_kg, 4),
             "delay_violations": self.delay_violations,
