@@ -27,6 +27,7 @@ ORDER = (
     "extender.sources",
     "extender.plugins",
     "extender.service",
+    "controllers.probes",
     "controllers.energy_adapter",
     "controllers.node_power",
     "bench",
