@@ -20,6 +20,7 @@ import pytest
 
 from livedata.metrics_table import FEATURES
 from predictor.bundle import read_bundle
+from tests.support import fit_cli
 from tests.support.prometheus import (
     free_port,
     require_prometheus,
@@ -59,14 +60,7 @@ MIN_ROWS = 200
 LONELY = "node-lonely"
 
 
-def run_fit_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "training.fit", *args, "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+run_fit_cli = fit_cli.run_fit
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from livedata.collect_config import (
     group_matcher,
     render_query,
 )
+from tests.support import fit_cli
 from tests.support.prometheus import PrometheusServer, require_prometheus, start_prometheus
 from training.collect import collect_to_directory
 from training.dataset import stream_metrics
@@ -56,25 +56,13 @@ from training.fit.fleet import FallbackPool, FallbackSample, fallback_rows_per_n
 from training.fit.node import NodeRows
 from training.synth import node_names, write_fleet_files
 
-REPO = Path(__file__).resolve().parents[1]
 NODES = 6
 ROWS = 900  # 15 h at 60 s
 MIN_ROWS = "300"
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
 def run_fit(*args: str, tmpdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "training.fit", *args, "--min-rows", MIN_ROWS, "--quiet"],
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return fit_cli.run_fit(*args, "--min-rows", MIN_ROWS, tmpdir=tmpdir)
 
 
 def _report(bundle: Path) -> dict:
@@ -121,7 +109,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus
     work = tmp_path_factory.mktemp("fleet")
     loaded = backfill_prometheus(NODES, ROWS, str(work), seed=5)
     with start_prometheus(work) as prometheus:
-        yield prometheus, _iso(loaded["first_s"] + 300), _iso(loaded["last_s"])
+        yield prometheus, fit_cli.iso(loaded["first_s"] + 300), fit_cli.iso(loaded["last_s"])
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,7 @@ collected spill behind.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,29 +19,18 @@ import pytest
 
 from bench.training_scale import backfill_prometheus
 from predictor.bundle import Bundle, read_bundle
+from tests.support import fit_cli
 from tests.support.prometheus import PrometheusServer, require_prometheus, start_prometheus
 
 pytestmark = pytest.mark.prometheus
 
-REPO = Path(__file__).resolve().parents[1]
 NODES = 4
 ROWS = 900  # 15 h at bench.training_scale's 60 s step
 MIN_ROWS = "300"
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
 def run_fit(*args: str, tmpdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "training.fit", *args, "--min-rows", MIN_ROWS, "--quiet"],
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return fit_cli.run_fit(*args, "--min-rows", MIN_ROWS, tmpdir=tmpdir)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +40,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("fleet")
     loaded = backfill_prometheus(NODES, ROWS, str(work), seed=5)
     with start_prometheus(work) as prometheus:  # the backfilled data directory, reopened
-        yield prometheus, _iso(loaded["first_s"] + 300), _iso(loaded["last_s"])
+        yield prometheus, fit_cli.iso(loaded["first_s"] + 300), fit_cli.iso(loaded["last_s"])
 
 
 def _predict_w(bundle: Bundle, node: str) -> np.ndarray:
