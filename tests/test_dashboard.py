@@ -18,8 +18,10 @@ from their batteries (node-c becomes powerless). The node power controller
 (`python -m controllers.node_power --apply`, the dry-run driver) powers off idle node-c, wakes
 it for a pod that fits nowhere else, and powers it off again once that pod is gone; node-b is
 opted in with the redfish driver but has no entry in the BMC Secret, so its power-off fails
-before anything is touched. A client plays kube-scheduler (filter, prioritize, a pod that may
-wait for cleaner power, one bad request) while the queries run.
+before anything is touched; node-a comes cordoned in the middle of a drain a previous leader
+began, with the kill switch set since, and the drain is given up. A client plays
+kube-scheduler (filter, prioritize, a pod that may wait for cleaner power, one bad request)
+while the queries run.
 """
 
 from __future__ import annotations
@@ -53,12 +55,15 @@ from extender.app import create_app
 from extender.config import ExtenderConfig
 from livedata.labels import (
     DEFER_UNTIL_ANNOTATION,
+    POWER_DRAINING,
     POWER_DRIVER_LABEL,
     POWER_DRIVER_REDFISH,
+    POWER_MANAGEMENT_DISABLED_ANNOTATION,
     POWER_MANAGEMENT_ENABLED,
     POWER_MANAGEMENT_LABEL,
     POWER_STATE_ANNOTATION,
     POWER_STATE_REASON_ANNOTATION,
+    POWER_STATE_SINCE_ANNOTATION,
     REGION_LABEL,
 )
 from tests.support.bundles import PowerCurveSpec, make_bundle
@@ -225,15 +230,26 @@ def _deferrable_pod() -> dict[str, Any]:
 
 def _node(name: str) -> dict[str, Any]:
     labels = {REGION_LABEL: ZONES[name]}
+    annotations = {}
+    unschedulable = False
+    if name == "node-a":  # a drain a previous leader began, and the operator's kill switch
+        labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
+        annotations |= {
+            POWER_STATE_ANNOTATION: POWER_DRAINING,
+            POWER_STATE_SINCE_ANNOTATION: pods.rfc3339(time.time() - 120),
+            POWER_MANAGEMENT_DISABLED_ANNOTATION: "true",
+        }
+        unschedulable = True  # cordoned by that drain
     if name == "node-b":  # opted in, with a driver whose BMC Secret entry is missing
         labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
         labels |= {POWER_DRIVER_LABEL: POWER_DRIVER_REDFISH}
+        annotations |= {"power-aware-scheduler/max-power-w": "1"}
     if name == "node-c":  # opted in, the controller's default (dry-run) driver
         labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
-    annotations = {"power-aware-scheduler/max-power-w": "1"} if name == "node-b" else {}
     now = pods.rfc3339(time.time())
     return {
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"unschedulable": unschedulable},
         "status": {
             "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
             "conditions": [
@@ -429,6 +445,8 @@ def _power_cycle(kube: FakeKube) -> None:
         lambda: "power-off not started" in annotation("node-b", POWER_STATE_REASON_ANNOTATION),
         "node-b's power-off failing on its missing BMC Secret entry",
     )
+    assert state("node-a") == "on"  # its drain given up: kill switch
+    assert "kill switch" in annotation("node-a", POWER_STATE_REASON_ANNOTATION)
 
 
 @pytest.fixture(scope="module")
@@ -654,12 +672,21 @@ def test_the_world_shows_what_the_later_rows_are_about(world: World) -> None:
     actions = values(
         "sum by (action, result) (power_aware_node_power_actions_total)", "action", "result"
     )
-    # node-c drained (nothing to evict) and powered off twice, woken once; node-b refused.
-    assert actions == {"drain ok": 2.0, "power_off ok": 2.0, "wake ok": 1.0, "drain failed": 1.0}
+    # node-c drained (nothing to evict) and powered off twice, woken once; node-b's drain
+    # refused by its driver; node-a's drain given up.
+    assert actions == {
+        "drain ok": 2.0,
+        "power_off ok": 2.0,
+        "wake ok": 1.0,
+        "drain failed": 1.0,
+        "abort ok": 1.0,
+    }
     errors = values(
         "sum by (driver, kind) (power_aware_node_power_driver_errors_total)", "driver", "kind"
     )
     assert errors == {"redfish config": 1.0}
+    causes = values("sum by (cause) (power_aware_node_power_drain_failures_total)", "cause")
+    assert causes == {"disabled": 1.0}
     assert values("max(power_aware_node_power_wake_latency_seconds_count)") == {"": 1.0}
     assert values("max(power_aware_node_power_saved_watts)") == {"": 80.0}  # the fleet's idle
     assert values("max(power_aware_node_power_leader)") == {"": 1.0}
@@ -733,7 +760,8 @@ SECTIONS = {
         "power_aware_node_power_pending_pods",
         "power_aware_node_power_arrival_cores_per_second",
         "power_aware_node_power_wake_latency_seconds_bucket",  # wake latency
-        "power_aware_node_power_driver_errors_total",
+        "power_aware_node_power_driver_errors_total",  # failures
+        "power_aware_node_power_drain_failures_total",
         "power_aware_node_power_leader",  # leader, dry run, rounds
         "power_aware_node_power_apply",
         "power_aware_node_power_rounds_total",
