@@ -411,7 +411,8 @@ def _node_power_controller(root: Path, kubeconfig: Path, bundle: Path) -> Iterat
 
 
 def _power_cycle(kube: FakeKube) -> None:
-    """node-c off, woken for a pod that fits on no other node, off again once it is gone."""
+    """node-c off, woken for a pod that fits on no other node, off again once it is gone; by
+    then node-b's power-off has failed and node-a's drain has been given up."""
 
     def annotation(node: str, key: str) -> str:
         return (kube.get("nodes", node)["metadata"].get("annotations") or {}).get(key, "")
