@@ -1,16 +1,27 @@
 """The Grafana dashboard (manifests/dashboards/) against what the services really export.
 
 Every query of every panel, and the query of every template variable, is run against a real
-Prometheus that scrapes a real running extender and energy adapter: each must parse and return
-series. The test walks the dashboard JSON, so a panel added later is checked without touching
-this file; a panel on a metric nothing exports fails here, naming the panel.
+Prometheus that scrapes a real running extender, energy adapter and node power controller:
+each must parse and return series. The test walks the dashboard JSON, so a panel added later is
+checked without touching this file; a panel on a metric nothing exports fails here, naming the
+panel.
 
 The world: three tiny exporters stand in for node_exporter + ipmi_exporter on node-a, node-b
 and node-c (node-a and node-c with a battery); the fake Kubernetes API serves the three nodes
-(node-b with a power cap it always exceeds); the bundle has models for node-a and node-b, so
-the fleet fallback serves node-c. The extender runs in live mode (Prometheus + Kubernetes), the
-energy adapter labels the nodes from their batteries (node-c becomes powerless), and a client
-plays kube-scheduler (filter, prioritize, one bad request) while the queries run.
+(node-b with a power cap it always exceeds; node-a and node-b in grid zone eu-north, node-c in
+eu-south) and pods with a history (a crash-looping one on node-b, a finished Job on node-a, an
+image that cannot be pulled); the bundle has models for node-a and node-b, so the fleet
+fallback serves node-c. The extender runs in live mode (Prometheus + Kubernetes) with a
+profile that adds Carbon (a static intensity file with a forecast), Delay (a static RTT file)
+and Reward (the pod watch, evidence saved to a ConfigMap). The energy adapter labels the nodes
+from their batteries (node-c becomes powerless). The node power controller
+(`python -m controllers.node_power --apply`, the dry-run driver) powers off idle node-c, wakes
+it for a pod that fits nowhere else, and powers it off again once that pod is gone; node-b is
+opted in with the redfish driver but has no entry in the BMC Secret, so its power-off fails
+before anything is touched; node-a comes cordoned in the middle of a drain a previous leader
+began, with the kill switch set since, and the drain is given up. A client plays
+kube-scheduler (filter, prioritize, a pod that may wait for cleaner power, one bad request)
+while the queries run.
 """
 
 from __future__ import annotations
@@ -18,12 +29,17 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -31,17 +47,31 @@ import pytest
 import yaml
 from kubernetes import client
 
+from bench.support import pods
 from bench.support.prometheus import RELOADABLE, set_scrape_targets
 from controllers import energy_adapter as ea
 from extender.__main__ import prepare
 from extender.app import create_app
 from extender.config import ExtenderConfig
+from livedata.labels import (
+    DEFER_UNTIL_ANNOTATION,
+    POWER_DRAINING,
+    POWER_DRIVER_LABEL,
+    POWER_DRIVER_REDFISH,
+    POWER_MANAGEMENT_DISABLED_ANNOTATION,
+    POWER_MANAGEMENT_ENABLED,
+    POWER_MANAGEMENT_LABEL,
+    POWER_STATE_ANNOTATION,
+    POWER_STATE_REASON_ANNOTATION,
+    POWER_STATE_SINCE_ANNOTATION,
+    REGION_LABEL,
+)
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import FakeHost, serve, wait_until
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import DEFAULT_NAMESPACES, FakeKube
 from tests.support.manifests import dashboard
-from tests.support.prometheus import PrometheusServer, start_prometheus
-from tests.support.server import serve_app
+from tests.support.prometheus import PrometheusServer, free_port, start_prometheus
+from tests.support.server import REPO_ROOT, serve_app
 
 # How the test stands in for Grafana's variables: every node, and windows that hold several
 # scrapes of the 1 s test interval. A query using a variable not listed here fails the
@@ -59,6 +89,42 @@ CURVES = {
     "node-b": PowerCurveSpec(90.0, 350.0, exponent=2, info={"metrics": {"mape_pct": 2.0}}),
 }
 FLEET = PowerCurveSpec(80.0, 250.0, info={"metrics": {"mape_pct": 38.6, "mae_w": 40.0}})
+NAMESPACE = "power-aware-scheduler"
+ZONES = {"node-a": "eu-north", "node-b": "eu-north", "node-c": "eu-south"}
+# Grid intensity now (g/kWh) and hourly from the current hour: wind makes both zones cleaner two
+# hours from now, so a pod that may wait six hours is held for that window.
+CARBON_NOW = {"eu-north": 300.0, "eu-south": 450.0}
+CARBON_FORECAST = {
+    "eu-north": (300.0, 290.0, 90.0, 100.0, 300.0, 300.0),
+    "eu-south": (450.0, 440.0, 150.0, 160.0, 450.0, 450.0),
+}
+RTT_FILE = """\
+nodes: [node-a, node-b, node-c]
+rttMs:
+  - [0, 0.4, 12]
+  - [0.4, 0, 12.5]
+  - [12, 12.5, 0]
+"""
+POD_HASH = "6f8b9c7d54"
+# The node power controller's flags: acting (--apply) with the dry-run driver (the whole cycle
+# except the power switch), deciding at once (no unneeded time), with a short cool-down, quick
+# rounds and a long backoff (a node that failed is not tried again meanwhile).
+NODE_POWER_FLAGS = (
+    "--apply",
+    f"--namespace={NAMESPACE}",
+    "--default-driver=dry-run",
+    "--scan-interval=0.5",
+    "--scale-down-unneeded-time=0",
+    "--node-cooldown=3s",
+    "--min-on-nodes=1",
+    "--max-off-fraction=1",
+    "--min-headroom-cores=1",
+    "--boot-time=60s",
+    "--retry-backoff=1h",
+    "--max-retry-backoff=1h",
+    "--identity=power-node-controller-0",
+    "--listen-host=127.0.0.1",
+)
 
 
 # ---- the dashboard's structure ----------------------------------------------------------------
@@ -111,6 +177,15 @@ def test_every_panel_is_well_formed_and_uses_known_variables() -> None:
         assert panel["targets"], where
         ref_ids = [target["refId"] for target in panel["targets"]]
         assert len(ref_ids) == len(set(ref_ids)), where
+    taken: dict[tuple[int, int], str] = {}  # grid cell (x, y) -> the panel there
+    for panel in board["panels"]:
+        where = f"panel {panel['id']} {panel['title']!r}"
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, f"{where}: outside the 24 columns"
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{where} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = where
     for where, expr in queries():
         left = re.findall(r"\$\{?\w+\}?", as_prometheus_sees_it(expr))
         assert not left, f"{where}: variables {left} have no test value in GRAFANA_VARIABLES"
@@ -125,8 +200,8 @@ class World:
     extender_url: str
 
 
-def _scheduler_body(names: list[str]) -> bytes:
-    pod = {
+def _scheduler_body(names: list[str], pod: dict[str, Any] | None = None) -> bytes:
+    pod = pod or {
         "metadata": {"name": "probe", "namespace": "default", "uid": "probe-1"},
         "spec": {
             "schedulerName": "power-aware-scheduler",
@@ -134,6 +209,245 @@ def _scheduler_body(names: list[str]) -> bytes:
         },
     }
     return orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+
+
+def _deferrable_pod() -> dict[str, Any]:
+    """A batch pod that may wait up to six hours for cleaner power."""
+    return {
+        "metadata": {
+            "name": "nightly-report",
+            "namespace": "default",
+            "uid": "deferrable-1",
+            "creationTimestamp": pods.rfc3339(time.time() - 30),
+            "annotations": {DEFER_UNTIL_ANNOTATION: "6h"},
+        },
+        "spec": {
+            "schedulerName": "power-aware-scheduler",
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+        },
+    }
+
+
+def _node(name: str) -> dict[str, Any]:
+    labels = {REGION_LABEL: ZONES[name]}
+    annotations = {}
+    unschedulable = False
+    if name == "node-a":  # a drain a previous leader began, and the operator's kill switch
+        labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
+        annotations |= {
+            POWER_STATE_ANNOTATION: POWER_DRAINING,
+            POWER_STATE_SINCE_ANNOTATION: pods.rfc3339(time.time() - 120),
+            POWER_MANAGEMENT_DISABLED_ANNOTATION: "true",
+        }
+        unschedulable = True  # cordoned by that drain
+    if name == "node-b":  # opted in, with a driver whose BMC Secret entry is missing
+        labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
+        labels |= {POWER_DRIVER_LABEL: POWER_DRIVER_REDFISH}
+        annotations |= {"power-aware-scheduler/max-power-w": "1"}
+    if name == "node-c":  # opted in, the controller's default (dry-run) driver
+        labels |= {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}
+    now = pods.rfc3339(time.time())
+    return {
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"unschedulable": unschedulable},
+        "status": {
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        },
+    }
+
+
+def _write_plugin_files(root: Path) -> Path:
+    """The extender's profile with Carbon, Delay and Reward, and the files they read."""
+    hour_s = time.time() // 3600 * 3600
+    carbon = root / "carbon.yaml"
+    carbon.write_text(
+        yaml.safe_dump(
+            {
+                "intensities": [
+                    {
+                        "zone": zone,
+                        "signal": "average",
+                        "g_per_kwh": CARBON_NOW[zone],
+                        "forecast": [
+                            {
+                                "start": pods.rfc3339(hour_s + 3600 * k),
+                                "end": pods.rfc3339(hour_s + 3600 * (k + 1)),
+                                "g_per_kwh": value,
+                            }
+                            for k, value in enumerate(values)
+                        ],
+                    }
+                    for zone, values in CARBON_FORECAST.items()
+                ]
+            }
+        )
+    )
+    rtt = root / "rtt.yaml"
+    rtt.write_text(RTT_FILE)
+    profile = root / "profile.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "power-aware-scheduler/v1alpha1",
+                "kind": "ExtenderConfiguration",
+                "plugins": {
+                    "filter": {"enabled": [{"name": "Carbon"}, {"name": "Delay"}]},
+                    "score": {
+                        "enabled": [
+                            {"name": "Carbon", "weight": 0.2},
+                            {"name": "Reward", "weight": 0.2},
+                        ]
+                    },
+                },
+                "pluginConfig": [
+                    {
+                        "name": "Carbon",
+                        "args": {
+                            "pollSeconds": 1,
+                            "sources": [{"kind": "file", "path": str(carbon)}],
+                        },
+                    },
+                    {"name": "Delay", "args": {"rttFile": str(rtt), "refreshIntervalS": 1}},
+                    {
+                        "name": "Reward",
+                        "args": {
+                            "configMapNamespace": NAMESPACE,
+                            "saveIntervalS": 1,
+                            "publishIntervalS": 0.2,
+                        },
+                    },
+                ],
+            }
+        )
+    )
+    return profile
+
+
+def _pods_with_a_history(kube: FakeKube, extender_url: str) -> None:
+    """Pods as the kubelets report them, for the reward source to learn from and the node power
+    controller to see as load: a web Deployment using 6 of node-a's 8 cores, a Job that
+    finished there, a batch pod on node-b killed for memory three times, and a pod on node-b
+    whose image cannot be pulled (not the node's fault)."""
+    wait_until(
+        lambda: _reward_status(extender_url).get("persistence", {}).get("loaded"),
+        "the reward source loading its ConfigMap",
+    )
+    began_s = time.time() - 60
+
+    def bound(deployment: str, node: str, cpu: str) -> dict[str, Any]:
+        name = f"{deployment}-{POD_HASH}-x1"
+        metadata = pods.deployment_pod_metadata(name, name, deployment, POD_HASH)
+        pod = pods.bound_pod(metadata, node, at_s=began_s)
+        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+        return kube.create("pods", pod, "default")
+
+    def report(pod: dict[str, Any]) -> dict[str, Any]:
+        name = pod["metadata"]["name"]
+        return kube.replace("pods", name, pod, "default", subresource="status")
+
+    web = bound("web", "node-a", "6")
+    report(pods.running_pod(web, started_at_s=began_s + 1))
+    job = report(pods.running_pod(bound("report", "node-a", "1"), started_at_s=began_s + 1))
+    report(pods.succeeded_pod(job, started_at_s=began_s + 1, finished_at_s=began_s + 20))
+    batch = report(pods.running_pod(bound("batch", "node-b", "3"), started_at_s=began_s + 1))
+    report(
+        pods.crash_looping_pod(
+            batch,
+            restarts=3,
+            reason="OOMKilled",
+            exit_code=137,
+            finished_at_s=began_s + 30,
+            started_at_s=began_s + 20,
+        )
+    )
+    report(pods.waiting_pod(bound("api", "node-b", "0"), "ImagePullBackOff", "Back-off pulling"))
+    wait_until(
+        lambda: _reward_status(extender_url).get("outcomes") == {"oom_killed": 3, "succeeded": 1},
+        "the reward source learning from the pods",
+    )
+
+
+def _reward_status(extender_url: str) -> dict[str, Any]:
+    return httpx.get(f"{extender_url}/status", timeout=10).json()["plugins"]["Reward"]
+
+
+@contextlib.contextmanager
+def _node_power_controller(root: Path, kubeconfig: Path, bundle: Path) -> Iterator[str]:
+    """`python -m controllers.node_power` in a subprocess; yields its metrics address."""
+    secret = root / "bmc-secret"  # the mounted BMC Secret, without an entry for node-b
+    secret.mkdir()
+    port = free_port()
+    log = root / "node-power.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "controllers.node_power", *NODE_POWER_FLAGS,
+                f"--kubeconfig={kubeconfig}", f"--bundle={bundle}",
+                f"--bmc-secret-dir={secret}", f"--listen-port={port}",
+            ],
+            cwd=REPO_ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield f"127.0.0.1:{port}"
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nnode power controller log:\n{log.read_text()}") from None
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _power_cycle(kube: FakeKube) -> None:
+    """node-c off, woken for a pod that fits on no other node, off again once it is gone; by
+    then node-b's power-off has failed and node-a's drain has been given up."""
+
+    def annotation(node: str, key: str) -> str:
+        return (kube.get("nodes", node)["metadata"].get("annotations") or {}).get(key, "")
+
+    def state(node: str) -> str:
+        return annotation(node, POWER_STATE_ANNOTATION)
+
+    wait_until(lambda: state("node-c") == "off", "the controller powering off idle node-c")
+    burst = {
+        "metadata": {"name": "burst-1", "namespace": "default", "labels": {"app": "burst"}},
+        "spec": {
+            "schedulerName": "power-aware-scheduler",
+            "containers": [
+                {"name": "c", "image": "burst", "resources": {"requests": {"cpu": "6"}}}
+            ],
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"},
+            ],
+        },
+    }
+    kube.create("pods", burst, "default")  # 6 cores: room on no node that is on
+    wait_until(lambda: state("node-c") in ("waking", "on"), "node-c woken for the pending pod")
+    # The pod goes (scheduled elsewhere, or given up) while node-c boots, or at the latest
+    # within its cool-down: node-c comes on, stays the cool-down, then goes off again.
+    kube.delete("pods", "burst-1", "default")
+    wait_until(lambda: state("node-c") == "off", "node-c powered off again")
+    wait_until(
+        lambda: "power-off not started" in annotation("node-b", POWER_STATE_REASON_ANNOTATION),
+        "node-b's power-off failing on its missing BMC Secret entry",
+    )
+    assert state("node-a") == "on"  # its drain given up: kill switch
+    assert "kill switch" in annotation("node-a", POWER_STATE_REASON_ANNOTATION)
 
 
 @pytest.fixture(scope="module")
@@ -157,16 +471,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             root, scrape_targets=[e.target for e in exporters.values()], extra_args=RELOADABLE
         )
         stack.callback(prometheus.stop)
-        kube = stack.enter_context(FakeKube())
+        kube = stack.enter_context(FakeKube(namespaces=(*DEFAULT_NAMESPACES, NAMESPACE)))
         for name in hosts:
-            annotations = {"power-aware-scheduler/max-power-w": "1"} if name == "node-b" else {}
-            kube.create(
-                "nodes",
-                {
-                    "metadata": {"name": name, "annotations": annotations},
-                    "status": {"allocatable": {"cpu": "8"}},
-                },
-            )
+            kube.create("nodes", _node(name))
+        kubeconfig = kube.write_kubeconfig(root / "kubeconfig")
         collect_config = root / "collect.yaml"
         # All exporters share the host 127.0.0.1, which node_uname_info cannot tell apart:
         # map each instance (host and port) to its node.
@@ -182,8 +490,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 port=0,
                 bundle_dir=bundle.directory,
                 prometheus_url=prometheus.url,
-                kubeconfig=kube.write_kubeconfig(root / "kubeconfig"),
+                kubeconfig=kubeconfig,
                 collect_config=collect_config,
+                config_file=_write_plugin_files(root),
                 refresh_interval_s=0.5,
                 telemetry_ttl_s=10.0,
                 curve_refresh_interval_s=0.2,
@@ -192,6 +501,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         runtime.start_background()
         stack.callback(runtime.stop)
         extender_url = stack.enter_context(serve_app(create_app(runtime)))
+        _pods_with_a_history(kube, extender_url)
+        node_power = stack.enter_context(_node_power_controller(root, kubeconfig, bundle.directory))
 
         adapter = ea.EnergyAdapter(
             ea.AdapterSettings(
@@ -219,8 +530,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 *(e.target for e in exporters.values()),
                 extender_url.removeprefix("http://"),
                 f"127.0.0.1:{health.server_address[1]}",
+                node_power,
             ],
         )
+        _power_cycle(kube)
         traffic = stack.enter_context(_scheduler_traffic(extender_url, list(hosts)))
         wait_until(lambda: traffic.answered > 0, "the extender answering the scheduler's calls")
         yield World(prometheus, extender_url)
@@ -233,7 +546,8 @@ class _Traffic:
 
 @contextlib.contextmanager
 def _scheduler_traffic(url: str, names: list[str]) -> Iterator[_Traffic]:
-    """kube-scheduler's calls in a loop (filter, prioritize) plus one request it cannot read."""
+    """kube-scheduler's calls in a loop (filter, prioritize; filter for a pod that may wait for
+    cleaner power) plus one request it cannot read."""
     traffic = _Traffic()
     stop = threading.Event()
 
@@ -243,6 +557,7 @@ def _scheduler_traffic(url: str, names: list[str]) -> Iterator[_Traffic]:
             while not stop.is_set():
                 session.post("/filter", content=_scheduler_body(names))
                 session.post("/prioritize", content=_scheduler_body(names))
+                session.post("/filter", content=_scheduler_body(names, _deferrable_pod()))
                 traffic.answered += 1
                 stop.wait(0.05)
 
@@ -328,19 +643,177 @@ def test_the_world_shows_what_the_panels_are_about(world: World) -> None:
     assert failures["PowerCap"] > 0  # node-b's 1 W cap
 
 
-def test_queries_cover_every_section_of_the_issue() -> None:
-    # What an operator opens the dashboard for (issue 16): each has at least one query.
-    text = " ".join(expr for _, expr in queries())
-    for metric in (
-        "power_aware_extender_node_predicted_power_watts",  # predicted vs measured
+def _values(prometheus: PrometheusServer, expr: str, *labels: str) -> dict[str, float]:
+    """An instant query's values by the given labels (joined with a space), NaN left out."""
+    _, result = _instant(prometheus, expr)
+    values = {
+        " ".join(series["metric"].get(label, "") for label in labels): float(series["value"][1])
+        for series in result
+    }
+    return {key: value for key, value in values.items() if value == value}
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_the_world_shows_what_the_later_rows_are_about(world: World) -> None:
+    # Node power, carbon, delay and rewards: the series say what the world did.
+    def values(expr: str, *labels: str) -> dict[str, float]:
+        return _values(world.prometheus, expr, *labels)
+
+    # A round reports what it read before it acts: the gauges show node-c off a round after
+    # the power cycle that put it there is counted.
+    wait_until(
+        lambda: (
+            values("max(power_aware_node_power_cycles_total)") == {"": 2.0}
+            and values("max by (state) (power_aware_node_power_nodes)", "state")
+            == {"on": 2.0, "off": 1.0, "draining": 0.0, "waking": 0.0}
+        ),
+        "both of node-c's power-offs scraped, and node-c off",
+    )
+    actions = values(
+        "sum by (action, result) (power_aware_node_power_actions_total)", "action", "result"
+    )
+    # node-c drained (nothing to evict) and powered off twice, woken once; node-b's drain
+    # refused by its driver; node-a's drain given up.
+    assert actions == {
+        "drain ok": 2.0,
+        "power_off ok": 2.0,
+        "wake ok": 1.0,
+        "drain failed": 1.0,
+        "abort ok": 1.0,
+    }
+    errors = values(
+        "sum by (driver, kind) (power_aware_node_power_driver_errors_total)", "driver", "kind"
+    )
+    assert errors == {"redfish config": 1.0}
+    causes = values("sum by (cause) (power_aware_node_power_drain_failures_total)", "cause")
+    assert causes == {"disabled": 1.0}
+    assert values("max(power_aware_node_power_wake_latency_seconds_count)") == {"": 1.0}
+    assert values("max(power_aware_node_power_saved_watts)") == {"": 80.0}  # the fleet's idle
+    assert values("max(power_aware_node_power_leader)") == {"": 1.0}
+    assert values("max(power_aware_node_power_apply)") == {"": 1.0}
+    (free,) = values("max(power_aware_node_power_free_cores)").values()
+    assert 6.5 < free <= 7.0  # 2 cores on node-a, 5 on node-b less 100m for its pod asking none
+    (arrival,) = values("max(power_aware_node_power_arrival_cores_per_second)").values()
+    (target,) = values("max(power_aware_node_power_headroom_target_cores)").values()
+    assert arrival > 0 and target == pytest.approx(max(1.0, 60 * arrival))  # --boot-time=60s
+
+    zones = values("max by (zone) (power_aware_extender_carbon_intensity_g_per_kwh)", "zone")
+    assert zones == CARBON_NOW
+    horizons = values(
+        "min by (zone) (power_aware_extender_carbon_forecast_horizon_seconds)", "zone"
+    )
+    assert set(horizons) == set(CARBON_NOW) and all(h > 4 * 3600 for h in horizons.values())
+    decisions = values(
+        "sum by (decision) (power_aware_extender_carbon_deferral_decisions_total)", "decision"
+    )
+    assert set(decisions) == {"held"}  # the forecast's cleaner window, two hours from now
+
+    assert values("max by (state) (power_aware_extender_delay_rtt_pairs)", "state") == {
+        "known": 3.0,
+        "expired": 0.0,
+    }
+    reads = values("sum by (outcome) (power_aware_extender_delay_rtt_reads_total)", "outcome")
+    assert reads["ok"] > 0  # Prometheus answered (no Goldpinger series here: nothing mapped)
+
+    reward = values("max by (node) (power_aware_extender_reward_node)", "node")
+    assert set(reward) == {"node-a", "node-b"}  # node-c never ran a pod: no evidence
+    assert reward["node-b"] < 0.5 < reward["node-a"]
+    evidence = values("max by (node) (power_aware_extender_reward_node_evidence)", "node")
+    assert evidence == {"node-a": pytest.approx(1, rel=1e-2), "node-b": pytest.approx(3, rel=1e-2)}
+    outcomes = values("sum by (kind) (power_aware_extender_reward_outcomes_total > 0)", "kind")
+    assert outcomes == {"oom_killed": 3.0, "succeeded": 1.0}
+    ignored = values(
+        "sum by (reason) (power_aware_extender_reward_ignored_signals_total)", "reason"
+    )
+    assert ignored == {"ImagePullBackOff": 1.0}
+    assert values("max(power_aware_extender_reward_saves_total)")[""] > 0
+
+
+# What an operator opens the dashboard for, row by row: the sections of issue 16, then a row
+# per feature that came later. Each metric must be queried by a panel of its row.
+SECTIONS = {
+    "Power: predicted vs measured": (
+        "power_aware_extender_node_predicted_power_watts",
         "ipmi_dcmi_power_consumption_watts",
-        "power_aware_extender_node_score_sum",  # scores and decisions per node
+    ),
+    "Scores and decisions per node": (
+        "power_aware_extender_node_score_sum",
         "power_aware_extender_node_filter_failures_total",
-        "power_aware_extender_request_errors_total",  # refusals and latency
+    ),
+    "Requests, refusals and latency": (
+        "power_aware_extender_request_errors_total",
         "power_aware_extender_request_duration_seconds_bucket",
-        "power_aware_extender_bundle_reloads_total",  # model swaps and fallback nodes
+    ),
+    "Models: swaps and fallback nodes": (
+        "power_aware_extender_bundle_reloads_total",
         "power_aware_extender_nodes_by_model",
-        "power_aware_extender_node_energy_level",  # energy levels
-        "energy_adapter_nodes",
-    ):
-        assert metric in text, metric
+    ),
+    "Energy levels": ("power_aware_extender_node_energy_level", "energy_adapter_nodes"),
+    "Node power controller": (
+        "power_aware_node_power_nodes",  # nodes per power state
+        "power_aware_node_power_managed_nodes",
+        "power_aware_node_power_actions_total",  # actions by kind and result
+        "power_aware_node_power_cycles_total",
+        "power_aware_node_power_saved_watts",  # watts saved by nodes off
+        "power_aware_node_power_free_cores",  # headroom: free cores vs target
+        "power_aware_node_power_headroom_target_cores",
+        "power_aware_node_power_pending_pods",
+        "power_aware_node_power_arrival_cores_per_second",
+        "power_aware_node_power_wake_latency_seconds_bucket",  # wake latency
+        "power_aware_node_power_driver_errors_total",  # failures
+        "power_aware_node_power_drain_failures_total",
+        "power_aware_node_power_leader",  # leader, dry run, rounds
+        "power_aware_node_power_apply",
+        "power_aware_node_power_rounds_total",
+        "power_aware_node_power_last_round_timestamp_seconds",
+    ),
+    "Carbon": (
+        "power_aware_extender_carbon_intensity_g_per_kwh",  # intensity per zone
+        "power_aware_extender_carbon_deferral_decisions_total",  # deferral decisions
+        "power_aware_extender_carbon_intensity_age_seconds",  # data age
+        "power_aware_extender_carbon_forecast_horizon_seconds",
+        "power_aware_extender_carbon_source_polls_total",
+        "power_aware_extender_carbon_source_last_success_timestamp_seconds",
+        "power_aware_extender_carbon_nodes_scored_neutral_total",
+    ),
+    "Delay: round-trip times": (
+        "power_aware_extender_delay_rtt_pairs",  # known / expired
+        "power_aware_extender_delay_rtt_age_seconds",
+        "power_aware_extender_delay_rtt_reads_total",
+        "power_aware_extender_delay_rtt_file_errors_total",
+        "power_aware_extender_delay_unmapped_series",
+    ),
+    "Rewards": (
+        "power_aware_extender_reward_node",  # reward per node
+        "power_aware_extender_reward_node_evidence",  # evidence per node
+        "power_aware_extender_reward_outcomes_total",  # outcomes by kind
+        "power_aware_extender_reward_ignored_signals_total",
+        "power_aware_extender_reward_evictions_total",
+        "power_aware_extender_reward_saves_total",
+        "power_aware_extender_reward_save_failures_total",
+        "power_aware_extender_reward_resets_total",
+    ),
+}
+
+
+def queries_by_row() -> dict[str, str]:
+    """Row title -> the PromQL of the panels under it (up to the next row), space-joined."""
+    by_row: dict[str, list[str]] = {}
+    current: list[str] = by_row.setdefault("", [])
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            current = by_row.setdefault(panel["title"], [])
+            current += [t["expr"] for inner in panel.get("panels", []) for t in inner["targets"]]
+        else:
+            current += [target["expr"] for target in panel["targets"]]
+    return {title: " ".join(exprs) for title, exprs in by_row.items()}
+
+
+def test_queries_cover_every_section_of_the_issue() -> None:
+    by_row = queries_by_row()
+    assert not by_row.pop(""), "every panel belongs to a row"
+    assert list(by_row) == list(SECTIONS), "the rows, in order"
+    for title, metrics in SECTIONS.items():
+        for metric in metrics:  # the whole name: _node is not _node_evidence
+            assert re.search(rf"\b{metric}\b", by_row[title]), f"{title}: {metric}"

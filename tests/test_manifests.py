@@ -250,8 +250,9 @@ def test_dashboard_is_provisioned_for_the_grafana_sidecar() -> None:
 
 
 def test_metrics_are_scrapeable_where_the_dashboard_expects_them() -> None:
-    # The dashboard reads the extender's and the energy adapter's /metrics: both pods say where.
-    for name in ("power-extender", "energy-adapter"):
+    # The dashboard reads the extender's, the energy adapter's and the node power controller's
+    # /metrics: their pods say where.
+    for name in ("power-extender", "energy-adapter", "power-node-controller"):
         deployment = find_object("Deployment", name, SCHEDULER_NAME)
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
