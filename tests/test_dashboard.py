@@ -692,6 +692,8 @@ def test_the_world_shows_what_the_later_rows_are_about(world: World) -> None:
     assert values("max(power_aware_node_power_saved_watts)") == {"": 80.0}  # the fleet's idle
     assert values("max(power_aware_node_power_leader)") == {"": 1.0}
     assert values("max(power_aware_node_power_apply)") == {"": 1.0}
+    # Only node-c is managed: node-a has the kill switch, node-b backs off after its failure.
+    assert values("max(power_aware_node_power_managed_nodes)") == {"": 1.0}
     (free,) = values("max(power_aware_node_power_free_cores)").values()
     assert 6.5 < free <= 7.0  # 2 cores on node-a, 5 on node-b less 100m for its pod asking none
     (arrival,) = values("max(power_aware_node_power_arrival_cores_per_second)").values()

@@ -30,7 +30,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -212,8 +212,9 @@ class NodePowerController:
         view = self._read(now_s)
         result.view = view
         arrival = self.arrivals.observe(self.pods.items(), now_s)
+        considered = self._with_backoff(view.nodes, now_s)
         decisions = decide(
-            self._with_backoff(view.nodes, now_s),
+            considered,
             pending_beyond_waking(view.pending, view.nodes),
             arrival,
             self.unneeded_since,
@@ -222,7 +223,7 @@ class NodePowerController:
         )
         result.decisions = decisions
         self.unneeded_since = dict(decisions.unneeded_since)
-        self._report_inputs(view, decisions, arrival)
+        self._report_inputs(view, considered, decisions, arrival)
         if not self.settings.apply:
             self._announce(decisions, view)
             return
@@ -357,13 +358,21 @@ class NodePowerController:
 
     # ---- reporting ------------------------------------------------------------------------
 
-    def _report_inputs(self, view: ClusterView, decisions: Decisions, arrival: float) -> None:
+    def _report_inputs(
+        self,
+        view: ClusterView,
+        considered: Sequence[NodeView],
+        decisions: Decisions,
+        arrival: float,
+    ) -> None:
+        """Gauges of what the round decided from; `considered` are the nodes as the policy saw
+        them (a node backing off after a failure is not managed until its retry)."""
         counts = dict.fromkeys(POWER_STATES, 0)
         for node in view.nodes:
             counts[node.state] += 1
         for state, count in counts.items():
             self.metrics.nodes.labels(state=state).set(count)
-        self.metrics.managed_nodes.set(sum(1 for n in view.nodes if n.managed))
+        self.metrics.managed_nodes.set(sum(1 for n in considered if n.managed))
         off = {n.name for n in view.nodes if n.state == POWER_OFF}
         self.metrics.saved_watts.set(saved_watts(self._idle_w, off))
         self.metrics.pending_pods.set(len(view.pending))
