@@ -29,12 +29,15 @@ from extender.limits import (
     InputLimits,
 )
 from livedata.logs import LOG_FORMATS
+from predictor.core_scaling import MAX_CORE_RATIO, MIN_CORE_RATIO, shipped_core_exponents
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
 ENV_PREFIX = "PAS_"
 
 MODES = ("demo", "snapshot", "live")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 class ConfigError(ValueError):
@@ -76,6 +79,10 @@ class ExtenderConfig:
     bundle_poll_interval_s: float = 2.0
     # How often the background refresher checks for new telemetry or a new bundle.
     curve_refresh_interval_s: float = 1.0
+    # Nodes with no data at all are scored with the bundle's fleet fallback curve; scale it by
+    # the node's allocatable CPU against the own-model nodes' median (predictor.core_scaling),
+    # so a 4-core and a 128-core newcomer do not share one curve. Off: today's single curve.
+    fallback_core_scaling: bool = True
     # Live mode is ready when at least this share of known nodes has fresh telemetry.
     ready_min_fresh_share: float = 0.5
     # HTTPS (kube-scheduler's enableHTTPS + tlsConfig): certificate and key in PEM; with a
@@ -165,6 +172,7 @@ class ExtenderConfig:
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m extender`` argument parser; every default comes from ExtenderConfig."""
     d = ExtenderConfig()
+    exponents = shipped_core_exponents()
     parser = argparse.ArgumentParser(
         prog="python -m extender",
         description=(
@@ -246,6 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=d.curve_refresh_interval_s,
         help="seconds between checks for new telemetry or bundle to re-tabulate power curves",
+    )
+    model.add_argument(
+        "--fallback-core-scaling",
+        action=argparse.BooleanOptionalAction,
+        default=d.fallback_core_scaling,
+        help="scale the bundle's fleet fallback curve (nodes with no model of their own) by "
+        "the node's allocatable CPU against the median of the nodes that have one: dynamic "
+        f"range by ratio^{exponents.dynamic:.2f}, idle by ratio^{exponents.idle:.2f} "
+        f"(SPECpower fits), ratio clipped to {MIN_CORE_RATIO:g}..{MAX_CORE_RATIO:g}; "
+        "/explain shows the scale per node. --no-fallback-core-scaling (or "
+        f"{ENV_PREFIX}FALLBACK_CORE_SCALING=false): one fleet curve for every such node",
     )
     cluster = parser.add_argument_group("cluster source (default: built-in demo cluster)")
     cluster.add_argument(
@@ -391,7 +410,16 @@ def _apply_environment(parser: argparse.ArgumentParser, env: Mapping[str, str]) 
             continue
         raw = env[name]
         if isinstance(action, argparse._StoreTrueAction):
-            value: object = raw.strip().lower() in ("1", "true", "yes", "on")
+            value: object = raw.strip().lower() in TRUE_WORDS
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            # Default on: a typo must not silently turn it off, so only known words count.
+            word = raw.strip().lower()
+            if word not in TRUE_WORDS + FALSE_WORDS:
+                raise ConfigError(
+                    f"environment variable {name}={raw!r}: expected one of "
+                    f"{', '.join(TRUE_WORDS + FALSE_WORDS)}"
+                )
+            value = word in TRUE_WORDS
         else:
             try:
                 value = action.type(raw) if action.type else raw

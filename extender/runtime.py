@@ -33,6 +33,7 @@ from extender.profile import Profile, ProfileError, load_profile
 from extender.sources.snapshot import demo_snapshot, load_into, read_snapshot
 from extender.state import ClusterState
 from livedata.metrics_table import POWER_W
+from predictor.core_scaling import CLIPPED, SCALED, shipped_core_exponents
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
 from predictor.reload import BundleWatcher, ModelHolder, ModelState
@@ -84,7 +85,18 @@ class Runtime:
         )
         # Snapshot telemetry is fixed and never goes stale (contract 3).
         self.telemetry_ttl_s: float | None = config.telemetry_ttl_s if self.mode == "live" else None
-        self.holder = ModelHolder(self._telemetry_for_curves, CurveBuilder(), clock=clock)
+        # Fleet-fallback curves scaled by core count: the builder needs the exponents and the
+        # nodes' allocatable CPU, and the curves are rebuilt when the node set changes too.
+        self.fallback_core_scaling = config.fallback_core_scaling
+        builder = CurveBuilder(
+            fallback_core_exponents=shipped_core_exponents() if self.fallback_core_scaling else None
+        )
+        self.holder = ModelHolder(
+            self._telemetry_for_curves,
+            builder,
+            clock=clock,
+            node_cores_source=self._node_cores_for_curves if self.fallback_core_scaling else None,
+        )
         self.watcher = BundleWatcher(
             config.bundle_dir,
             self._on_bundle_swap,
@@ -95,6 +107,7 @@ class Runtime:
         self.kube_api: Any = None  # the Kubernetes ApiClient, in live mode
         self.plugin_sources: list[LiveSource] = []
         self._curves_telemetry_version: int | None = None
+        self._curves_layout_version: int | None = None
         self._checked_view_version: int | None = None
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
@@ -204,6 +217,13 @@ class Runtime:
         self._curves_telemetry_version = version
         return {name: values for name, (values, _observed_at_s) in snapshot.items()}
 
+    def _node_cores_for_curves(self) -> Mapping[str, float]:
+        # Called by the holder under its write lock, like the telemetry: the layout version
+        # recorded here is the node set the published table's core scaling saw.
+        version, cores = self.state.node_cores_snapshot()
+        self._curves_layout_version = version
+        return cores
+
     def _on_bundle_swap(self, predictor: Predictor) -> None:
         started = time.perf_counter()
         self.holder.install(predictor)
@@ -237,7 +257,13 @@ class Runtime:
             return False
         self._checked_view_version = view_version
         version = self.state.telemetry_version()
-        if version == self._curves_telemetry_version:
+        # With core scaling, a node joining or resizing moves the anchor or a node's ratio
+        # while the telemetry may not move at all.
+        layout_moved = (
+            self.fallback_core_scaling
+            and self.state.layout_version() != self._curves_layout_version
+        )
+        if version == self._curves_telemetry_version and not layout_moved:
             return False
         started = time.perf_counter()
         try:
@@ -275,11 +301,16 @@ class Runtime:
         if len(new) > MAX_NODES_LOGGED:
             shown += f" and {len(new) - MAX_NODES_LOGGED} more (GET /status lists them)"
         error = _fallback_error_text(model)
+        scaling = _core_scaling_text(model, new)
         log.warning(
             f"{len(new)} {'more ' if len(named) > len(new) else ''}node(s) have no model of their "
-            f"own in bundle {version} and are scored with its fleet fallback model{error}: "
-            f"{shown}",
-            extra={"bundle_version": version, "fallback_nodes": len(named)},
+            f"own in bundle {version} and are scored with its fleet fallback model{error}, "
+            f"{scaling}: {shown}",
+            extra={
+                "bundle_version": version,
+                "fallback_nodes": len(named),
+                "fallback_core_scaling": self.fallback_core_scaling,
+            },
         )
 
     def _refresh_loop(self) -> None:
@@ -432,6 +463,8 @@ class Runtime:
                     "names": fallback_names[:MAX_NODES_LISTED],
                     "heldout_mape_pct": _fallback_metric(model, "mape_pct"),
                     "heldout_mae_w": _fallback_metric(model, "mae_w"),
+                    # Each fallback curve scaled by the node's CPU count, or why not.
+                    "core_scaling": model.curves.fallback_scaling.summary(),
                 },
             }
         watcher = self.watcher.status()
@@ -500,6 +533,27 @@ def _fallback_error_text(model: ModelState) -> str:
     figures.append(f"MAE {mae_w:.1f} W" if mae_w is not None else None)
     shown = ", ".join(f for f in figures if f)
     return f" (held-out {shown})" if shown else " (no held-out error in its manifest)"
+
+
+def _core_scaling_text(model: ModelState, names: list[str]) -> str:
+    """How the named fallback nodes' curves were scaled by core count, for the log line."""
+    scaling = model.curves.fallback_scaling
+    if scaling.exponents is None:
+        return "unscaled (fallback core scaling is off)"
+    counts: dict[str, int] = {}
+    for name in names:
+        row = model.curves.row_of(name)
+        reason = scaling.reason[row] if row >= 0 else None
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    scaled = counts.pop(SCALED, 0) + counts.pop(CLIPPED, 0)
+    anchor = (
+        f"the median {scaling.anchor_cores:g} cores of {scaling.anchor_nodes} own-model node(s)"
+        if scaling.anchor_cores is not None
+        else "no own-model node with a known CPU count"
+    )
+    unscaled = "".join(f", {count} not ({reason})" for reason, count in sorted(counts.items()))
+    return f"{scaled} scaled by their CPU count against {anchor}{unscaled}"
 
 
 def _profile(config: ExtenderConfig) -> Profile:

@@ -510,6 +510,19 @@ class ClusterState:
         with self._lock:
             return self._telemetry_version
 
+    def layout_version(self) -> int:
+        """The version of the node set and the nodes' info alone (contract addition)."""
+        with self._lock:
+            return self._layout_version
+
+    def node_cores_snapshot(self) -> tuple[int, dict[str, float]]:
+        """(layout version, {node: allocatable CPU in cores}) of the nodes a source reported;
+        the version changes with the node set or a node's info (contract addition)."""
+        with self._lock:
+            return self._layout_version, {
+                name: node.allocatable_cpu for name, node in self._nodes.items()
+            }
+
     def node_names(self) -> list[str]:
         with self._lock:
             return list(self._nodes)

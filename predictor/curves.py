@@ -18,6 +18,11 @@ Each row also carries the highest load its node's model was trained on (the mani
 `max_util_measured`, NaN when unknown or for the fleet fallback), read once when the row is
 built, so `/explain` can name the predictions above it as extrapolated without touching the
 bundle on the request path.
+
+A node served by the fleet fallback (no data of its own at all) gets the fleet's curve scaled
+by its allocatable CPU against the own-model nodes' median (`predictor.core_scaling`), when
+the builder is given exponents and the nodes' CPU counts; each row records the scale applied,
+or why none (`CurveTable.fallback_scaling`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ from types import MappingProxyType
 import numpy as np
 
 from predictor.bundle import ModelEntry, thermal_slopes
+from predictor.core_scaling import (
+    CoreExponents,
+    FallbackScaling,
+    node_cores_of,
+    scaled_grid_w,
+)
 from predictor.model import UTIL_FEATURE, Predictor
 
 FALLBACK = "fallback"  # model_kind of a row served by the bundle's fleet fallback
@@ -62,6 +73,9 @@ class CurveTable:
     model_mape_pct: np.ndarray | None = None
     # [rows] highest load the row's model was trained on (NaN: unknown); None: all unknown
     max_util_measured: np.ndarray | None = None
+    # How each fallback row was scaled by its node's CPU count, or why not; None: not asked
+    # (every fallback row then says "off").
+    fallback_scaling: FallbackScaling | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
     _fallback_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -80,6 +94,12 @@ class CurveTable:
             object.__setattr__(self, "max_util_measured", np.full(rows, np.nan))
         elif self.max_util_measured.shape != (rows,):
             raise ValueError(f"curve table of {rows} nodes: max_util_measured length differs")
+        if self.fallback_scaling is None:
+            object.__setattr__(
+                self, "fallback_scaling", FallbackScaling.unscaled(self.model_kind, FALLBACK)
+            )
+        elif len(self.fallback_scaling.reason) != rows:
+            raise ValueError(f"curve table of {rows} nodes: fallback_scaling length differs")
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
         object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
         mape_pct = self.model_mape_pct
@@ -195,18 +215,33 @@ class CurveTable:
 
 
 class CurveBuilder:
-    """Builds ``CurveTable``s, recomputing only nodes whose telemetry or model changed."""
+    """Builds ``CurveTable``s, recomputing only nodes whose telemetry, model or scale changed.
 
-    def __init__(self, *, max_batch_rows: int = MAX_BATCH_ROWS) -> None:
+    ``fallback_core_exponents``: scale the fleet fallback's curve by each node's CPU count
+    (`predictor.core_scaling`) when ``build`` is given the nodes' allocatable CPU; None: never.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_batch_rows: int = MAX_BATCH_ROWS,
+        fallback_core_exponents: CoreExponents | None = None,
+    ) -> None:
         self.max_batch_rows = max_batch_rows
+        self.fallback_core_exponents = fallback_core_exponents
 
     def build(
         self,
         predictor: Predictor,
         telemetry: Mapping[str, Mapping[str, float]],
         previous: CurveTable | None,
+        node_cores: Mapping[str, float] | None = None,
     ) -> CurveTable:
-        """A table for every node in ``telemetry`` that has a model and usable telemetry."""
+        """A table for every node in ``telemetry`` that has a model and usable telemetry.
+
+        ``node_cores``: allocatable CPU (cores) of the nodes the cluster knows, for scaling
+        fallback curves; None: unknown (fallback rows then stay unscaled).
+        """
         n_features = len(predictor.features)
         reusable = (
             previous if previous is not None and previous.version == predictor.version else None
@@ -214,11 +249,11 @@ class CurveBuilder:
         skipped: dict[str, str] = {}
         names: list[str] = []
         kinds: list[str] = []
+        keys: list[str] = []
         mape_pct: list[float] = []
         measured: list[float] = []
         rows: list[np.ndarray] = []
         reuse_from: list[int] = []  # previous row per node, -1 = compute
-        to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
 
         for node, values in telemetry.items():
             key = predictor.model_key(node)
@@ -232,15 +267,23 @@ class CurveBuilder:
             old = -1 if reusable is None else reusable.row_of(node)
             if old >= 0 and not np.array_equal(reusable.feature_rows[old], row):
                 old = -1
-            position = len(names)
             names.append(node)
             kinds.append(predictor.model_kind(node) or "")
+            keys.append(key)
             mape_pct.append(heldout_mape_pct(predictor.entry(node)))
             measured.append(max_util_measured(predictor, node))
             rows.append(row)
             reuse_from.append(old)
+
+        scaling = self._fallback_scaling(predictor, names, kinds, node_cores)
+        to_compute: dict[str, list[int]] = {}  # model key -> positions in `names`
+        for position, old in enumerate(reuse_from):
+            # A row is reused only if it was scaled exactly alike (the anchor or the node's
+            # CPU count may have moved while its telemetry did not).
+            if old >= 0 and not scaling.same_scale(position, reusable.fallback_scaling, old):
+                reuse_from[position] = old = -1
             if old < 0:
-                to_compute.setdefault(key, []).append(position)
+                to_compute.setdefault(keys[position], []).append(position)
 
         feature_rows = np.array(rows, dtype=np.float32).reshape(len(names), n_features)
         grid = np.empty((len(names), GRID_POINTS), dtype=np.float64)
@@ -251,6 +294,13 @@ class CurveBuilder:
         util_col = predictor.features.index(UTIL_FEATURE)
         for key, positions in to_compute.items():
             self._tabulate(predictor, key, positions, names, feature_rows, util_col, grid)
+        rescale = np.flatnonzero(
+            (reuse < 0) & ((scaling.idle_factor != 1.0) | (scaling.dynamic_factor != 1.0))
+        )
+        if rescale.size:
+            grid[rescale] = scaled_grid_w(
+                grid[rescale], scaling.idle_factor[rescale], scaling.dynamic_factor[rescale]
+            )
 
         keep = np.isfinite(grid).all(axis=1)
         for position in np.flatnonzero(~keep):
@@ -273,6 +323,31 @@ class CurveBuilder:
             reused_rows=len(names) - computed,
             computed_rows=computed,
             model_mape_pct=np.asarray(mape_pct, dtype=np.float64).reshape(len(names))[keep],
+            fallback_scaling=scaling.select(keep),
+        )
+
+    def _fallback_scaling(
+        self,
+        predictor: Predictor,
+        names: list[str],
+        kinds: list[str],
+        node_cores: Mapping[str, float] | None,
+    ) -> FallbackScaling:
+        """Each row's scale: fallback rows by their CPU count against the anchor."""
+        cores = node_cores or {}
+        # The anchor is the fleet the fallback was learned from: nodes with a fitted model of
+        # their own. A scaled fallback ships as a node's own file but was not fitted on the
+        # node's data and did not shape the fleet curve, so it does not count.
+        own_cores = [
+            cores[node]
+            for node, entry in predictor.bundle.nodes.items()
+            if node in cores and "scaled_fallback" not in entry.info
+        ]
+        return FallbackScaling.for_rows(
+            self.fallback_core_exponents,
+            node_cores_of(names, cores),
+            np.array([kind == FALLBACK for kind in kinds], dtype=bool),
+            np.asarray(own_cores, dtype=np.float64),
         )
 
     def _tabulate(

@@ -251,6 +251,7 @@ class ModelState:
 
 
 TelemetrySource = Callable[[], Mapping[str, Mapping[str, float]]]
+NodeCoresSource = Callable[[], Mapping[str, float]]  # node -> allocatable CPU (cores)
 
 
 class ModelHolder:
@@ -267,8 +268,12 @@ class ModelHolder:
         builder: CurveBuilder | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        node_cores_source: NodeCoresSource | None = None,
     ) -> None:
         self._telemetry_source = telemetry_source
+        # The nodes' allocatable CPU, for scaling fleet-fallback curves by core count; None:
+        # the builder is not given any (fallback curves stay unscaled).
+        self._node_cores_source = node_cores_source
         self._builder = builder or CurveBuilder()
         self._clock = clock  # the service's clock, so curve ages agree with telemetry ages
         self._write_lock = threading.Lock()
@@ -281,7 +286,7 @@ class ModelHolder:
     def install(self, predictor: Predictor) -> None:
         """Build curves for a new predictor from current telemetry, then publish both."""
         with self._write_lock:
-            curves = self._builder.build(predictor, self._telemetry_source(), None)
+            curves = self._build(predictor, None)
             self._state = ModelState(predictor, curves, self._clock())
 
     def refresh(self) -> CurveTable | None:
@@ -290,6 +295,14 @@ class ModelHolder:
             state = self._state
             if state is None:
                 return None
-            curves = self._builder.build(state.predictor, self._telemetry_source(), state.curves)
+            curves = self._build(state.predictor, state.curves)
             self._state = ModelState(state.predictor, curves, self._clock())
             return curves
+
+    def _build(self, predictor: Predictor, previous: CurveTable | None) -> CurveTable:
+        telemetry = self._telemetry_source()
+        if self._node_cores_source is None:
+            return self._builder.build(predictor, telemetry, previous)
+        return self._builder.build(
+            predictor, telemetry, previous, node_cores=self._node_cores_source()
+        )

@@ -18,6 +18,7 @@ import pytest
 
 from extender.metrics import DecisionCounters
 from extender.state import ClusterState, NodeInfo
+from predictor.core_scaling import shipped_core_exponents
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.server import extender_service, write_snapshot
 
@@ -101,14 +102,28 @@ def test_fallback_nodes_are_visible_in_explain_status_logs_and_metrics(
         "names": ["node-c"],
         "heldout_mape_pct": FALLBACK_MAPE_PCT,
         "heldout_mae_w": 41.0,
+        # Every node has 8 cores: node-c's curve is scaled by (8 / 8)^b = 1.
+        "core_scaling": {
+            "enabled": True,
+            "idle_exponent": shipped_core_exponents().idle,
+            "dynamic_exponent": shipped_core_exponents().dynamic,
+            "exponents_source": shipped_core_exponents().source,
+            "anchor_cores": 8.0,
+            "anchor_nodes": 2,
+            "ratio_band": [0.25, 4.0],
+            "nodes_by_reason": {"scaled": 1},
+        },
     }
+    assert rows["node-c"]["fallback_scale"]["ratio"] == 1.0
+    assert rows["node-a"]["fallback_scale"] is None
 
     # The logs: once, at install, naming the node and the error.
     lines = [r.getMessage() for r in caplog.records if "fleet fallback model" in r.getMessage()]
     assert lines == [
         "1 node(s) have no model of their own in bundle "
         f"{status['bundle_version']} and are scored with its fleet fallback model (held-out "
-        "MAPE 38.6 %, MAE 41.0 W): node-c"
+        "MAPE 38.6 %, MAE 41.0 W), 1 scaled by their CPU count against the median 8 cores of "
+        "2 own-model node(s): node-c"
     ]
 
     # /metrics: nodes by model, the fallback's error, and per node the model and its error.
@@ -240,4 +255,7 @@ def test_nodes_joining_the_fallback_later_are_named_once(
     lines = lines[1:]
     assert len(lines) == 1, lines
     assert lines[0].startswith("1 more node(s) have no model of their own in bundle ")
-    assert lines[0].endswith("(held-out MAPE 38.6 %, MAE 41.0 W): node-e")
+    assert lines[0].endswith(
+        "(held-out MAPE 38.6 %, MAE 41.0 W), 1 scaled by their CPU count against the median 8 "
+        "cores of 2 own-model node(s): node-e"
+    )

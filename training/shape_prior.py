@@ -16,7 +16,12 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   looked like this node where it has data, weighted by how alike they are
   (`local_mean_increments`): above a node's highest load this is the extrapolation;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
-  fallback of a node with too few rows to fit: log D = a + b log idle.
+  fallback of a node with too few rows to fit: log D = a + b log idle;
+- how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
+  fleet fallback of a node with no rows at all: the extender scales the fleet's curve by the
+  node's allocatable CPU with these two power-law exponents. The service must not import
+  training, so they ship as data beside their user (`predictor/data/core_scaling.json`,
+  written by `python -m training.shape_prior core-scaling`; a test refits and compares).
 
 `default_shape_prior()` learns it from the curves shipped with the package
 (`training/data/specpower_shapes.csv`, 116 servers), once per process. Benchmarks learn one from
@@ -26,6 +31,8 @@ a subset (`from_shapes_table`) to measure on servers the prior never saw.
 from __future__ import annotations
 
 import functools
+import json
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from io import StringIO
@@ -181,3 +188,90 @@ class ShapePrior:
 def default_shape_prior() -> ShapePrior:
     """The prior learned from every server shipped in `training/data/specpower_shapes.csv`."""
     return ShapePrior.from_shapes_table(load_shapes_table())
+
+
+DERIVE_CORE_SCALING = (
+    "python -m training.shape_prior core-scaling > predictor/data/core_scaling.json"
+)
+
+
+@dataclass(frozen=True)
+class CoreFit:
+    """Power laws in the CPU count across servers: idle ~ cores^b_idle, range ~ cores^b_dyn."""
+
+    idle_exponent: float  # least-squares slope of log idle_w on log cores
+    dynamic_exponent: float  # same for log (full_w - idle_w)
+    idle_log_correlation: float  # how much of idle power the core count explains (weakly)
+    dynamic_log_correlation: float
+    servers: int
+    median_cores: float
+
+
+def fit_core_exponents(cores: np.ndarray, idle_w: np.ndarray, full_w: np.ndarray) -> CoreFit:
+    """Fit both exponents by least squares in log-log space over servers (at least 3)."""
+    cores = np.asarray(cores, dtype=np.float64)
+    idle_w = np.asarray(idle_w, dtype=np.float64)
+    full_w = np.asarray(full_w, dtype=np.float64)
+    if not (cores.shape == idle_w.shape == full_w.shape) or cores.ndim != 1 or len(cores) < 3:
+        raise ValueError(
+            f"core exponents need at least 3 servers with cores, idle and full-load watts, got "
+            f"arrays of shapes {cores.shape}, {idle_w.shape}, {full_w.shape}"
+        )
+    if not ((cores > 0).all() and (idle_w > 0).all() and (full_w > idle_w).all()):
+        raise ValueError("every server needs cores > 0, idle watts > 0 and full load > idle")
+    log_cores = np.log(cores)
+    log_idle = np.log(idle_w)
+    log_dynamic = np.log(full_w - idle_w)
+    return CoreFit(
+        idle_exponent=float(np.polyfit(log_cores, log_idle, 1)[0]),
+        dynamic_exponent=float(np.polyfit(log_cores, log_dynamic, 1)[0]),
+        idle_log_correlation=float(np.corrcoef(log_cores, log_idle)[0, 1]),
+        dynamic_log_correlation=float(np.corrcoef(log_cores, log_dynamic)[0, 1]),
+        servers=len(cores),
+        median_cores=float(np.median(cores)),
+    )
+
+
+def core_exponents_from_table(table: pd.DataFrame) -> CoreFit:
+    """The fit on rows of the shipped table's format (`cores`, `watts_idle`, `watts_max`)."""
+    missing = [c for c in ("cores", "watts_idle", "watts_max") if c not in table.columns]
+    if missing:
+        raise ValueError(f"shape table lacks the columns {', '.join(missing)}")
+    return fit_core_exponents(
+        table["cores"].to_numpy(np.float64),
+        table["watts_idle"].to_numpy(np.float64),
+        table["watts_max"].to_numpy(np.float64),
+    )
+
+
+def core_scaling_document(fit: CoreFit) -> dict[str, object]:
+    """What `predictor/data/core_scaling.json` holds: the exponents and where they came from."""
+    return {
+        "about": (
+            "How a server's idle power and dynamic range (full load - idle) grow with its CPU "
+            "count, as power laws fitted in log-log space over SPECpower_ssj2008 servers. The "
+            "extender scales the bundle's fleet fallback curve by a node's allocatable CPU "
+            "with them (predictor.core_scaling)."
+        ),
+        "source": f"training/data/{SHAPES_FILE} ({fit.servers} SPECpower_ssj2008 servers)",
+        "derived_by": DERIVE_CORE_SCALING,
+        "servers": fit.servers,
+        "median_cores": fit.median_cores,
+        "idle_exponent": round(fit.idle_exponent, 6),
+        "dynamic_exponent": round(fit.dynamic_exponent, 6),
+        "idle_log_correlation": round(fit.idle_log_correlation, 4),
+        "dynamic_log_correlation": round(fit.dynamic_log_correlation, 4),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["core-scaling"]:
+        print(f"usage: {DERIVE_CORE_SCALING}", file=sys.stderr)
+        return 2
+    document = core_scaling_document(core_exponents_from_table(load_shapes_table()))
+    print(json.dumps(document, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

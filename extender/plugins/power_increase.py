@@ -17,7 +17,8 @@ and 8.1-9.5 % with the ratio, as much as always taking the cheapest node does. I
 `minIncreaseW` count as that much. A node without telemetry (none, stale, or no allocatable
 CPU) or without a curve scores 0, so a missing metric never looks best. `/explain` also says
 which model predicts each node (its own or the bundle's fleet fallback) and that model's
-held-out error, so a node scored by a rough fallback is visible where its score is.
+held-out error, so a node scored by a rough fallback is visible where its score is, and how
+its fallback curve was scaled by its CPU count (`fallback_scale`), or why it was not.
 
 It also gives, per node, the highest load its model was trained on
 (`max_util_measured`, from the bundle, read when curves are built) and whether the prediction
@@ -93,12 +94,20 @@ class PowerIncrease(Plugin):
 def model_columns(cycle: Cycle) -> dict[str, list[object]]:
     """Which model predicts each candidate: `model` is "own" (the node's), "fallback" (the
     bundle's fleet model, for nodes without one) or None (no curve), `model_mape_pct` that
-    model's held-out MAPE from the bundle's manifest (None when it has none)."""
+    model's held-out MAPE from the bundle's manifest (None when it has none), and for a
+    fallback node `fallback_scale`: the core-count scale its curve got (ratio to the own-model
+    nodes' median, idle and dynamic factors) or why none (None for other nodes)."""
     rows = cycle.nodes.curve_idx
     curves = cycle.curves
     if curves is None or len(curves) == 0:
-        return {"model": [None] * len(rows), "model_mape_pct": [None] * len(rows)}
+        return {
+            "model": [None] * len(rows),
+            "model_mape_pct": [None] * len(rows),
+            "fallback_scale": [None] * len(rows),
+        }
     has_row = rows >= 0
     kinds = [curves.model_kind[row] if row >= 0 else None for row in rows.tolist()]
     mape_pct = np.where(has_row, curves.model_mape_pct[np.where(has_row, rows, 0)], np.nan)
-    return {"model": kinds, "model_mape_pct": finite_or_none(mape_pct)}
+    scaling = curves.fallback_scaling
+    scale = [scaling.describe(row) if row >= 0 else None for row in rows.tolist()]
+    return {"model": kinds, "model_mape_pct": finite_or_none(mape_pct), "fallback_scale": scale}

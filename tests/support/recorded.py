@@ -131,9 +131,16 @@ def recorded_requests() -> Iterator[tuple[str, dict]]:
         yield f"pod{p}-objects", {"Pod": pod, "Nodes": {"items": items}, "NodeNames": None}
 
 
-def answer_all(bundle_dir: Path, snapshot_file: Path) -> dict[str, dict[str, object]]:
+def answer_all(
+    bundle_dir: Path, snapshot_file: Path, *, fallback_core_scaling: bool = True
+) -> dict[str, dict[str, object]]:
     """What this checkout's extender answers to every recorded request, per verb."""
-    runtime = Runtime(ExtenderConfig(bundle_dir=bundle_dir, cluster_file=snapshot_file).validate())
+    config = ExtenderConfig(
+        bundle_dir=bundle_dir,
+        cluster_file=snapshot_file,
+        fallback_core_scaling=fallback_core_scaling,
+    )
+    runtime = Runtime(config.validate())
     runtime.load_cluster()
     if not runtime.load_bundle():
         raise RuntimeError(f"cannot load {bundle_dir}")
