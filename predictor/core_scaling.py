@@ -28,11 +28,15 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # only for the annotation: predictor.model does not import this module
+    from predictor.model import Predictor
 
 CORE_SCALING_FILE = "core_scaling.json"
 # The ratio is clipped to this band: SPECpower's servers span 2..64 cores, and a power law fitted
@@ -273,4 +277,30 @@ def node_cores_of(names: tuple[str, ...] | list[str], cores: Mapping[str, float]
     """[names] allocatable CPU per name from a mapping; NaN when missing or unusable."""
     return np.fromiter(
         (usable_cores(cores.get(name)) for name in names), dtype=np.float64, count=len(names)
+    )
+
+
+def fallback_scaling_for(
+    predictor: Predictor,
+    names: Sequence[str],
+    is_fallback: Sequence[bool],
+    node_cores: Mapping[str, float] | None,
+    exponents: CoreExponents | None,
+) -> FallbackScaling:
+    """Each named node's scale: fallback rows by their CPU count against the anchor (the curve
+    tables and the node power controller's idle watts both scale this way)."""
+    cores = node_cores or {}
+    # The anchor is the fleet the fallback was learned from: nodes with a fitted model of
+    # their own. A scaled fallback ships as a node's own file but was not fitted on the
+    # node's data and did not shape the fleet curve, so it does not count.
+    own_cores = [
+        cores[node]
+        for node, entry in predictor.bundle.nodes.items()
+        if node in cores and "scaled_fallback" not in entry.info
+    ]
+    return FallbackScaling.for_rows(
+        exponents,
+        node_cores_of(list(names), cores),
+        np.asarray(is_fallback, dtype=bool),
+        np.asarray(own_cores, dtype=np.float64),
     )

@@ -40,7 +40,7 @@ from predictor.bundle import ModelEntry, thermal_slopes
 from predictor.core_scaling import (
     CoreExponents,
     FallbackScaling,
-    node_cores_of,
+    fallback_scaling_for,
     scaled_grid_w,
 )
 from predictor.model import UTIL_FEATURE, Predictor
@@ -334,20 +334,12 @@ class CurveBuilder:
         node_cores: Mapping[str, float] | None,
     ) -> FallbackScaling:
         """Each row's scale: fallback rows by their CPU count against the anchor."""
-        cores = node_cores or {}
-        # The anchor is the fleet the fallback was learned from: nodes with a fitted model of
-        # their own. A scaled fallback ships as a node's own file but was not fitted on the
-        # node's data and did not shape the fleet curve, so it does not count.
-        own_cores = [
-            cores[node]
-            for node, entry in predictor.bundle.nodes.items()
-            if node in cores and "scaled_fallback" not in entry.info
-        ]
-        return FallbackScaling.for_rows(
+        return fallback_scaling_for(
+            predictor,
+            names,
+            [kind == FALLBACK for kind in kinds],
+            node_cores,
             self.fallback_core_exponents,
-            node_cores_of(names, cores),
-            np.array([kind == FALLBACK for kind in kinds], dtype=bool),
-            np.asarray(own_cores, dtype=np.float64),
         )
 
     def _tabulate(

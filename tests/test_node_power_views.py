@@ -33,6 +33,7 @@ from livedata.labels import (
     SAFE_TO_EVICT_ANNOTATION,
     SCALE_DOWN_DISABLED_ANNOTATION,
 )
+from predictor.core_scaling import shipped_core_exponents
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import two_nodes, wait_until
 from tests.support.power_cluster import budget, node, pod, stamp
@@ -247,6 +248,28 @@ def test_idle_watts_at_nominal_temperatures_from_the_bundle(tmp_path: Path) -> N
     assert watts["unknown"] == pytest.approx(150.0, abs=0.5)  # the fallback model
     assert idle.bundle_version is not None
     assert math.isnan(IdlePower(None).idle_w(["a"])["a"])
+
+
+def test_fallback_nodes_idle_watts_scale_with_their_cpu_count(tmp_path: Path) -> None:
+    # As the extender scales their curves: against the own-model nodes' median CPU (16 here).
+    curves = {"a": PowerCurveSpec(100.0, 300.0), "b": PowerCurveSpec(60.0, 200.0)}
+    make_bundle(tmp_path / "bundle", curves, fallback=PowerCurveSpec(150.0, 400.0))
+    exponents = shipped_core_exponents()
+    idle = IdlePower(tmp_path / "bundle", core_exponents=exponents)
+    idle.refresh()
+    cores = {"a": 16.0, "b": 16.0, "big": 32.0, "small": 8.0, "unknown-size": 0.0}
+    watts = idle.idle_w(["a", "b", "big", "small", "unknown-size"], cores)
+    assert watts["a"] == pytest.approx(100.0, abs=0.5)  # own models are never scaled
+    assert watts["b"] == pytest.approx(60.0, abs=0.5)
+    assert watts["big"] == pytest.approx(150.0 * 2**exponents.idle, abs=0.5)
+    assert watts["small"] == pytest.approx(150.0 * 0.5**exponents.idle, abs=0.5)
+    assert watts["unknown-size"] == pytest.approx(150.0, abs=0.5)  # unreadable allocatable
+    scaling = idle.status()["fallback_core_scaling"]
+    assert scaling["anchor_cores"] == 16.0 and scaling["anchor_nodes"] == 2
+    # Off (the default of the class; the CLI turns it on): one fleet curve for every size.
+    unscaled = IdlePower(tmp_path / "bundle")
+    unscaled.refresh()
+    assert unscaled.idle_w(["big"], cores)["big"] == pytest.approx(150.0, abs=0.5)
 
 
 @pytest.mark.prometheus

@@ -44,6 +44,7 @@ from livedata.labels import (
     POWER_STATE_ANNOTATION,
 )
 from livedata.logs import LOG_FORMATS, configure_logging
+from predictor.core_scaling import shipped_core_exponents
 
 log = logging.getLogger(__package__)
 
@@ -157,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=32.0,
         help="CPU temperature above ambient at half load (default: %(default)s)",
+    )
+    model.add_argument(
+        "--fallback-core-scaling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scale the idle watts of nodes on the bundle's fleet fallback by their allocatable "
+        "CPU against the median of the nodes with a model of their own, as the extender scales "
+        "their curves (default: on; keep it as the extender's --fallback-core-scaling)",
     )
 
     policy = parser.add_argument_group("policy")
@@ -503,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.bundle,
         prometheus=prometheus,
         nominal=NominalConditions(args.nominal_ambient_c, args.nominal_cpu_above_ambient_c),
+        core_exponents=shipped_core_exponents() if args.fallback_core_scaling else None,
     )
     elector = None
     if args.leader_elect and (args.apply or not args.once):

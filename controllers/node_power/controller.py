@@ -59,6 +59,7 @@ from controllers.node_power.views import (
     ArrivalTracker,
     ClusterView,
     cluster_view,
+    node_allocatable,
     pending_beyond_waking,
 )
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_STATES, POWER_WAKING
@@ -234,7 +235,8 @@ class NodePowerController:
         nodes = self.nodes.items()
         self.idle_power.refresh()
         names = [(n.get("metadata") or {}).get("name", "") for n in nodes]
-        self._idle_w = self.idle_power.idle_w(names)
+        cores = {name: node_allocatable(n)[0] for name, n in zip(names, nodes, strict=True)}
+        self._idle_w = self.idle_power.idle_w(names, cores)
         view = cluster_view(
             nodes,
             self.pods.items(),

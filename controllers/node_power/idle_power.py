@@ -11,7 +11,9 @@ along the model's thermal slope to u = 0. Otherwise, and for nodes that are off 
 at nominal conditions: `nominal_ambient_c`, and CPUs `nominal_cpu_above_ambient_c` above it
 at half load, moved along the slope to u = 0, as the bundle's validation probes models.
 A node without a model (and a bundle without a fallback) has NaN idle watts: the policy ranks
-it last.
+it last. A node on the fleet fallback is scaled by its allocatable CPU as the extender scales
+its curve (`predictor.core_scaling`: idle ~ cores^0.17 against the own-model nodes' median),
+so a 64-core and an 8-core node without data do not look alike per core.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from livedata.instant import read_instant
 from livedata.metrics_table import CPU_UTIL
 from livedata.prometheus import CollectError
 from predictor.bundle import thermal_slopes
+from predictor.core_scaling import CoreExponents, fallback_scaling_for
 from predictor.model import Predictor
 from predictor.reload import BundleWatcher
 
@@ -51,10 +54,13 @@ class IdlePower:
         *,
         prometheus: CollectConfig | None = None,
         nominal: NominalConditions | None = None,
+        core_exponents: CoreExponents | None = None,
     ) -> None:
         self.bundle_dir = bundle_dir
         self.prometheus = prometheus
         self.nominal = nominal or NominalConditions()
+        self.core_exponents = core_exponents  # None: fallback nodes unscaled
+        self.fallback_scaling: dict[str, object] | None = None  # the last round's, for /status
         self._predictor: Predictor | None = None
         self._lock = threading.Lock()
         self._watcher = (
@@ -85,10 +91,14 @@ class IdlePower:
         if self._watcher is not None:
             status.update(self._watcher.status())
         status["temperatures_error"] = self.last_reading_error
+        status["fallback_core_scaling"] = self.fallback_scaling
         return status
 
-    def idle_w(self, nodes: Iterable[str]) -> dict[str, float]:
-        """Predicted idle watts of each node (NaN without a model)."""
+    def idle_w(
+        self, nodes: Iterable[str], cores: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """Predicted idle watts of each node (NaN without a model); `cores` (allocatable CPU
+        by node) scales the fallback nodes when `core_exponents` is set."""
         names = list(nodes)
         predictor = self._predictor
         if predictor is None:
@@ -107,6 +117,16 @@ class IdlePower:
             watts = predictor.run_model_w(key, np.stack([row for _, row in entries]))
             for (node, _), value in zip(entries, watts, strict=True):
                 result[node] = float(value) if math.isfinite(value) and value > 0 else math.nan
+        scaling = fallback_scaling_for(
+            predictor,
+            names,
+            [predictor.model_kind(node) == "fallback" for node in names],
+            cores,
+            self.core_exponents,
+        )
+        self.fallback_scaling = scaling.summary()
+        for node, factor in zip(names, scaling.idle_factor.tolist(), strict=True):
+            result[node] *= factor  # 1 for own models and unscaled fallback nodes
         return result
 
     def _idle_telemetry(
