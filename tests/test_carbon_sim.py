@@ -167,6 +167,24 @@ def test_a_deferrable_pod_waits_for_the_cleaner_hour_and_never_past_its_deadline
     assert placement.time_s <= 60.0 + 30  # nothing cleaner in time: placed at once
 
 
+def test_carbon_with_power_management_powers_nodes_off_and_keeps_placing_by_zone() -> None:
+    # A light quarter hour: the controller's policy empties and powers off nodes, while the
+    # extender still sees every node's zone (its Node view carries labels and power states).
+    cluster = build_cluster(12, 7)
+    trace = generate_trace(float(cluster.cores.sum()), hours=0.25, load=0.15, seed=1)
+    series = ZoneSeries(("clean", "dirty"), np.array([[60.0] * 4, [600.0] * 4]), "test")
+    node_zone = [0, 1] * 6
+    scenario = small_scenario(series, node_zone, trace)
+    both, _ = run_policy("power-aware+carbon+power-management", scenario, progress=False)
+    managed, _ = run_policy("power-aware+power-management", scenario, progress=False)
+    clean = {cluster.names[i] for i in range(12) if node_zone[i] == 0}
+    placed = [d.node for d in both.decisions if d.node and d.attempt > 0]
+    assert both.unplaced_pods == 0 and both.placed_pods >= len(trace)  # evicted: placed again
+    assert both.kpis["mean_nodes_off"] > 0 and both.power_cycles > 0
+    assert sum(node in clean for node in placed) / len(placed) > 0.9
+    assert both.co2_kg < managed.co2_kg  # the zones still weigh with nodes powered off
+
+
 def test_the_cli_fills_co2_for_every_policy_of_the_multizone_preset(tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
     args = [

@@ -55,12 +55,19 @@ from bench.sim.cluster import SimCluster
 from bench.sim.engine import PolicyResult
 from bench.sim.kube_default import NodeLedger, PodRequest
 from bench.sim.policies import Decision, ExtenderPolicy
+from bench.sim.power import PowerAwareExtenderPolicy
+from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE, power_management_for
 from bench.sim.runner import PolicySpec, extender_policy, register_policy
 from bench.sim.scenario import Preset, Scenario, register_preset
 from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
 from extender.state import NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
-from livedata.labels import CARBON_HOLD_REASON, DEFER_UNTIL_ANNOTATION, REGION_LABEL
+from livedata.labels import (
+    CARBON_HOLD_REASON,
+    DEFER_UNTIL_ANNOTATION,
+    POWER_STATE_ANNOTATION,
+    REGION_LABEL,
+)
 
 log = logging.getLogger("bench.sim.carbon")
 
@@ -391,12 +398,66 @@ def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[Car
             yield policy
 
 
+class CarbonPowerExtenderPolicy(CarbonExtenderPolicy, PowerAwareExtenderPolicy):
+    """The carbon policy on nodes the node power controller powers off and on: the Node watch
+    shows both a node's zone label and its power-state annotation."""
+
+    def power_state(self, node: int, state: str) -> None:
+        name = self.node_names[node]
+        annotations = {POWER_STATE_ANNOTATION: state}
+        self.state.upsert_node(
+            NodeInfo(name, float(self.node_cores[node]), self._labels(node), annotations)
+        )
+
+
+@contextlib.contextmanager
+def _carbon_power_policy(
+    scenario: Scenario, rng: np.random.Generator
+) -> Iterator[CarbonPowerExtenderPolicy]:
+    world = carbon_world(scenario)
+    assert scenario.bundle_dir is not None
+    with tempfile.TemporaryDirectory(prefix="carbon-profile-") as directory:
+        config = Path(directory) / "profile.yaml"
+        settings = scenario.settings
+        profile = carbon_profile(
+            settings.carbon_power_weight, settings.carbon_weight, settings.defer_margin
+        )
+        # power-aware+power-management's additions (Consolidation, its busyShare) on top.
+        management = yaml.safe_load(POWER_MANAGEMENT_PROFILE.read_text())
+        profile["plugins"]["score"]["enabled"] += management["plugins"]["score"]["enabled"]
+        profile["pluginConfig"] += management["pluginConfig"]
+        config.write_text(yaml.safe_dump(profile, sort_keys=False))
+        with extender_policy(
+            "power-aware+carbon+power-management",
+            scenario.cluster,
+            scenario.bundle_dir,
+            scenario.settings,
+            hears_labels=False,
+            config_file=config,
+            rng=rng,
+            policy_class=CarbonPowerExtenderPolicy,
+        ) as policy:
+            assert isinstance(policy, CarbonPowerExtenderPolicy)
+            policy.attach(world)
+            policy.power = power_management_for(scenario, policy)
+            yield policy
+
+
 register_policy(
     PolicySpec(
         "power-aware+carbon",
         "power-aware with the Carbon plugin: fewest predicted g CO2/h (watts x zone intensity), "
         "deferrable pods held for cleaner forecast windows",
         _carbon_policy,
+        needs_bundle=True,
+    )
+)
+register_policy(
+    PolicySpec(
+        "power-aware+carbon+power-management",
+        "power-aware+carbon with the Consolidation score and the node power controller's policy "
+        "(as power-aware+power-management; the controller's choices stay carbon-blind)",
+        _carbon_power_policy,
         needs_bundle=True,
     )
 )

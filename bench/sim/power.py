@@ -256,14 +256,14 @@ class PowerAwareExtenderPolicy(ExtenderPolicy):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._pods: dict[str, tuple[str, int]] = {}  # uid -> (node, millicores)
         self._requested_m: dict[str, int] = {}
-        self._publish()
+        self._publish_requests()
 
     def bound(self, node: int, uid: str, cpu_cores: float, now_s: float) -> None:
         super().bound(node, uid, cpu_cores, now_s)
         name, millicores = self.node_names[node], round(cpu_cores * 1000.0)
         self._pods[uid] = (name, millicores)
         self._requested_m[name] = self._requested_m.get(name, 0) + millicores
-        self._publish()
+        self._publish_requests()
 
     def gone(self, uid: str) -> None:
         super().gone(uid)
@@ -271,14 +271,14 @@ class PowerAwareExtenderPolicy(ExtenderPolicy):
         if entry is not None:
             name, millicores = entry
             self._requested_m[name] -= millicores
-            self._publish()
+            self._publish_requests()
 
     def power_state(self, node: int, state: str) -> None:
         name = self.node_names[node]
         annotations = {POWER_STATE_ANNOTATION: state}
         self.state.upsert_node(NodeInfo(name, float(self.node_cores[node]), {}, annotations))
 
-    def _publish(self) -> None:
+    def _publish_requests(self) -> None:
         cores = MappingProxyType({n: m / 1000.0 for n, m in self._requested_m.items() if m})
         self.state.set_signal(REQUESTED_CPU_SIGNAL, NodeRequests(cores))
 

@@ -56,14 +56,22 @@ def power_aware_with_power_management(
         policy_class=PowerAwareExtenderPolicy,
     ) as policy:
         assert isinstance(policy, PowerAwareExtenderPolicy)
-        settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
-        if bench.power_cooldown_s is not None:
-            settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
-        manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
-        if bench.arrival_windows_s:
-            manager.meter = ArrivalRateMeter(bench.arrival_windows_s)
-        policy.power = manager
+        policy.power = power_management_for(scenario, policy)
         yield policy
+
+
+def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -> PowerManagement:
+    """The node power controller's policy for `policy`'s extender, at the run's settings
+    (`--boot-time`, `--cooldown`, `--arrival-windows`)."""
+    assert scenario.bundle_dir is not None
+    bench = scenario.settings
+    settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
+    if bench.power_cooldown_s is not None:
+        settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
+    manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
+    if bench.arrival_windows_s:
+        manager.meter = ArrivalRateMeter(bench.arrival_windows_s)
+    return manager
 
 
 register_policy(
