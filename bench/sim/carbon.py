@@ -22,6 +22,12 @@ with lead time (`FORECAST_ERROR` at a day ahead: day-ahead carbon forecasts are 
 with errors of about 10 %). Nodes carry their zone in `topology.kubernetes.io/region`, as
 kube-scheduler's Node objects would.
 
+`power-aware+carbon+power-management` runs the same profile plus Consolidation, with the node
+power controller's policy powering nodes off and on (`bench.sim.power_policies`): a node off
+emits only its off power. The controller's choices stay carbon-blind (worst idle watts per
+core off first); which nodes empty is left to the scores. `co2_above_idle_kg` counts against
+every node's idle power, so it goes negative for policies that power nodes off.
+
 Deferrable pods (`--deferrable-share` of the trace, drawn from the seed) carry
 `power-aware-scheduler/defer-until: <--defer-hours>h` and a creationTimestamp at their
 arrival; they may wait until then plus `--max-pending` before counting as unplaced. A pod the
