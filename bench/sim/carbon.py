@@ -68,12 +68,7 @@ from bench.sim.scenario import Preset, Scenario, register_preset
 from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
 from extender.state import NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
-from livedata.labels import (
-    CARBON_HOLD_REASON,
-    DEFER_UNTIL_ANNOTATION,
-    POWER_STATE_ANNOTATION,
-    REGION_LABEL,
-)
+from livedata.labels import CARBON_HOLD_REASON, DEFER_UNTIL_ANNOTATION, REGION_LABEL
 
 log = logging.getLogger("bench.sim.carbon")
 
@@ -379,7 +374,15 @@ class CarbonExtenderPolicy(ExtenderPolicy):
 
 
 @contextlib.contextmanager
-def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[CarbonExtenderPolicy]:
+def _carbon_extender(
+    scenario: Scenario,
+    rng: np.random.Generator,
+    name: str,
+    policy_class: type[CarbonExtenderPolicy],
+    extra_profile: Path | None = None,
+) -> Iterator[CarbonExtenderPolicy]:
+    """The extender with the carbon profile (plus `extra_profile`'s score plugins and their
+    arguments), its carbon source played by the world."""
     world = carbon_world(scenario)
     assert scenario.bundle_dir is not None
     with tempfile.TemporaryDirectory(prefix="carbon-profile-") as directory:
@@ -388,65 +391,55 @@ def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[Car
         profile = carbon_profile(
             settings.carbon_power_weight, settings.carbon_weight, settings.defer_margin
         )
+        if extra_profile is not None:
+            extra = yaml.safe_load(extra_profile.read_text())
+            profile["plugins"]["score"]["enabled"] += extra["plugins"]["score"]["enabled"]
+            profile["pluginConfig"] += extra.get("pluginConfig", [])
         config.write_text(yaml.safe_dump(profile, sort_keys=False))
         with extender_policy(
-            "power-aware+carbon",
+            name,
             scenario.cluster,
             scenario.bundle_dir,
             scenario.settings,
             hears_labels=False,
             config_file=config,
             rng=rng,
-            policy_class=CarbonExtenderPolicy,
+            policy_class=policy_class,
         ) as policy:
             assert isinstance(policy, CarbonExtenderPolicy)
             policy.attach(world)
             yield policy
 
 
+@contextlib.contextmanager
+def _carbon_policy(scenario: Scenario, rng: np.random.Generator) -> Iterator[CarbonExtenderPolicy]:
+    with _carbon_extender(scenario, rng, "power-aware+carbon", CarbonExtenderPolicy) as policy:
+        yield policy
+
+
 class CarbonPowerExtenderPolicy(CarbonExtenderPolicy, PowerAwareExtenderPolicy):
     """The carbon policy on nodes the node power controller powers off and on: the Node watch
     shows both a node's zone label and its power-state annotation."""
 
-    def power_state(self, node: int, state: str) -> None:
-        name = self.node_names[node]
-        annotations = {POWER_STATE_ANNOTATION: state}
-        self.state.upsert_node(
-            NodeInfo(name, float(self.node_cores[node]), self._labels(node), annotations)
-        )
+    def node_labels(self, node: int) -> dict[str, str]:
+        return self._labels(node)
 
 
 @contextlib.contextmanager
 def _carbon_power_policy(
     scenario: Scenario, rng: np.random.Generator
-) -> Iterator[CarbonPowerExtenderPolicy]:
-    world = carbon_world(scenario)
-    assert scenario.bundle_dir is not None
-    with tempfile.TemporaryDirectory(prefix="carbon-profile-") as directory:
-        config = Path(directory) / "profile.yaml"
-        settings = scenario.settings
-        profile = carbon_profile(
-            settings.carbon_power_weight, settings.carbon_weight, settings.defer_margin
-        )
-        # power-aware+power-management's additions (Consolidation, its busyShare) on top.
-        management = yaml.safe_load(POWER_MANAGEMENT_PROFILE.read_text())
-        profile["plugins"]["score"]["enabled"] += management["plugins"]["score"]["enabled"]
-        profile["pluginConfig"] += management["pluginConfig"]
-        config.write_text(yaml.safe_dump(profile, sort_keys=False))
-        with extender_policy(
-            "power-aware+carbon+power-management",
-            scenario.cluster,
-            scenario.bundle_dir,
-            scenario.settings,
-            hears_labels=False,
-            config_file=config,
-            rng=rng,
-            policy_class=CarbonPowerExtenderPolicy,
-        ) as policy:
-            assert isinstance(policy, CarbonPowerExtenderPolicy)
-            policy.attach(world)
-            policy.power = power_management_for(scenario, policy)
-            yield policy
+) -> Iterator[CarbonExtenderPolicy]:
+    # power-aware+power-management's additions (Consolidation, its busyShare) on top.
+    with _carbon_extender(
+        scenario,
+        rng,
+        "power-aware+carbon+power-management",
+        CarbonPowerExtenderPolicy,
+        extra_profile=POWER_MANAGEMENT_PROFILE,
+    ) as policy:
+        assert isinstance(policy, CarbonPowerExtenderPolicy)
+        policy.power = power_management_for(scenario, policy)
+        yield policy
 
 
 register_policy(

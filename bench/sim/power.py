@@ -276,7 +276,14 @@ class PowerAwareExtenderPolicy(ExtenderPolicy):
     def power_state(self, node: int, state: str) -> None:
         name = self.node_names[node]
         annotations = {POWER_STATE_ANNOTATION: state}
-        self.state.upsert_node(NodeInfo(name, float(self.node_cores[node]), {}, annotations))
+        self.state.upsert_node(
+            NodeInfo(name, float(self.node_cores[node]), self.node_labels(node), annotations)
+        )
+
+    def node_labels(self, node: int) -> dict[str, str]:
+        """The labels the Node watch shows beside the annotation (a preset's world adds its own,
+        e.g. the multizone preset's zones)."""
+        return {}
 
     def _publish_requests(self) -> None:
         cores = MappingProxyType({n: m / 1000.0 for n, m in self._requested_m.items() if m})
