@@ -591,6 +591,14 @@ def build_parser() -> argparse.ArgumentParser:
         "stays on (default: controllers.node_power.policy's, 1800)",
     )
     power.add_argument(
+        "--off-margin-sd",
+        metavar="SD",
+        type=float,
+        default=None,
+        help="the node power controller's margin between waking and powering off, in standard "
+        "deviations of a boot time's arrivals (default: controllers.node_power.policy's, 2)",
+    )
+    power.add_argument(
         "--arrival-windows",
         metavar="S1,S2",
         type=_seconds_list,
@@ -644,6 +652,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "power_interval": ("power_interval_s", 1),
     "power_management_profile": ("power_management_profile", 1),
     "cooldown": ("power_cooldown_s", 1),
+    "off_margin_sd": ("off_margin_sd", 1),
     "arrival_windows": ("arrival_windows_s", 1),
 }
 
@@ -746,6 +755,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--boot-power-share must be 0..1, got {sim.boot_power_share}"
     if settings.power_cooldown_s is not None and not settings.power_cooldown_s >= 0:
         return f"--cooldown must be >= 0, got {settings.power_cooldown_s}"
+    if settings.off_margin_sd is not None and not settings.off_margin_sd >= 0:
+        return f"--off-margin-sd must be >= 0, got {settings.off_margin_sd}"
     profile = settings.power_management_profile
     if profile and not Path(profile).is_file():
         return f"--power-management-profile: no such file {profile}"

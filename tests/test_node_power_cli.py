@@ -56,6 +56,8 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
             "--max-off-fraction=0.25",
             "--boot-time=4m",
             "--boot-energy-kj=30",
+            "--off-margin-sd=1.5",
+            "--arrival-windows=2m,12m",
             "--empty-nodes-only",
             "--namespace=power",
         ]
@@ -66,6 +68,7 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
     assert (policy.unneeded_time_s, policy.utilization_threshold) == (1200.0, 0.4)
     assert (policy.cooldown_s, policy.min_on_nodes, policy.max_off_fraction) == (3600.0, 3, 0.25)
     assert (policy.boot_s, policy.boot_energy_j, policy.consolidate) == (240.0, 30000.0, False)
+    assert (policy.off_margin_sd, parsed.arrival_windows_s) == (1.5, (120.0, 720.0))
     assert parsed.namespace == "power"
     assert parsed.actuator.default_driver == "dry-run"
 
@@ -76,6 +79,8 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
         (["--max-off-fraction=2"], "must be between 0 and 1"),
         (["--scan-interval=10x"], "--scan-interval: bad duration"),
         (["--default-driver=wol"], "invalid choice"),
+        (["--arrival-windows=5m,0s"], "--arrival-windows: positive durations"),
+        (["--off-margin-sd=-1"], "argument --off-margin-sd: must be >= 0"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(

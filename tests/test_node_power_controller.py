@@ -134,6 +134,34 @@ def test_empty_nodes_go_off_and_the_controller_never_goes_below_its_floor(cleanu
     assert all(states[name][1] for name in off)  # off nodes stay cordoned
 
 
+def test_arrivals_are_measured_as_the_simulation_measures_them_and_keep_a_margin(
+    cleanup: list,
+) -> None:
+    """The controller feeds the policy's own meter (one boot time and six) with the pods' creation
+    times, and a node goes off only while the others keep the headroom plus the noise margin."""
+    # spare is empty; busy has 16 cores: 7 taken by a DaemonSet pod (not an arrival), and 4
+    # one-core pods created now.
+    agent = pod("agent", "busy", "7", owner="DaemonSet")
+    web = [pod(f"web-{i}", "busy", "1") for i in range(4)]
+    kube = make_kube([node("busy"), node("spare")], [agent, *web])
+    cleanup.append(kube)
+    # 4 cores in the last 300 s boot: 4 cores of headroom, which busy keeps (5 free) without
+    # spare. Two standard deviations of a boot time's arrivals: 2 x sqrt(4 / 1800 x 300) = 1.63.
+    for margin_sd, goes_off in ((2.0, False), (0.0, True)):
+        policy = PolicySettings(
+            unneeded_time_s=0, cooldown_s=0, boot_s=300, off_margin_sd=margin_sd, consolidate=False
+        )
+        controller = started_controller(kube, settings(policy=policy))
+        cleanup.append(controller)
+        assert controller.arrivals.meter.windows_s == (300.0, 1800.0)
+        caught_up(controller, kube)
+        decisions = controller.run_round(time.time()).decisions
+        assert decisions is not None
+        assert decisions.headroom_cores == pytest.approx(4.0, rel=1e-6)
+        assert decisions.off_headroom_cores == pytest.approx(4.0 + margin_sd * (2 / 3) ** 0.5)
+        assert [a.node for a in decisions.power_off] == (["spare"] if goes_off else [])
+
+
 # ---- a drain the budget refuses ------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from controllers.node_power.policy import (
+    ArrivalRate,
     ArrivalRateMeter,
     NodeView,
     PendingPod,
@@ -14,6 +15,7 @@ from controllers.node_power.policy import (
     PolicySettings,
     decide,
     headroom_cores,
+    off_headroom_cores,
 )
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON, POWER_WAKING
 
@@ -266,3 +268,42 @@ def test_a_node_is_unneeded_only_while_the_others_keep_the_headroom_without_it()
 def test_the_meter_for_a_boot_time_looks_back_one_boot_and_six() -> None:
     assert ArrivalRateMeter.for_boot_time(300.0).windows_s == (300.0, 1800.0)
     assert ArrivalRateMeter.for_boot_time(5.0).windows_s == (60.0, 360.0)
+
+
+def test_a_node_goes_off_only_past_a_margin_of_arrival_noise_over_the_wake_headroom() -> None:
+    """The hysteresis between waking and powering off: with none, a node goes off while the
+    others keep the headroom exactly, and the next pod wakes it again."""
+    nodes = [node("busy", pods=[pod(10)]), node("spare")]  # 6 + 16 cores free
+    # 0.016 cores/s over a 300 s boot: 4.8 cores of headroom, which busy keeps without spare.
+    # Pods of 1 core at 0.016/s: a boot time's arrivals vary by sqrt(0.016 x 300) = 2.19 cores.
+    noisy = ArrivalRate(0.016, square_cores_per_s=0.016)
+    assert noisy.sd_cores(300.0) == pytest.approx(math.sqrt(4.8))
+    no_margin = PolicySettings(off_margin_sd=0.0)
+    assert off_headroom_cores(noisy, no_margin) == pytest.approx(4.8)
+    assert decide(nodes, [], noisy, long_unneeded("spare"), NOW_S, no_margin).power_off
+    # Two standard deviations: 4.8 + 4.38 = 9.18 cores the others would have to keep.
+    held = decide(nodes, [], noisy, long_unneeded("spare"), NOW_S, SETTINGS)
+    assert held.off_headroom_cores == pytest.approx(4.8 + 2 * math.sqrt(4.8))
+    assert held.headroom_cores == pytest.approx(4.8)
+    assert not held.power_off and held.unneeded_since == {}  # its clock stops too
+    # Nothing wakes while the free CPU is between the two: the dead band.
+    assert not held.wake
+    # A bare rate (no noise known) has no margin.
+    assert decide(nodes, [], 0.016, long_unneeded("spare"), NOW_S, SETTINGS).power_off
+    with pytest.raises(ValueError, match="off_margin_sd"):
+        PolicySettings(off_margin_sd=-1.0)
+
+
+def test_the_meter_measures_the_noise_of_arrivals_from_their_squared_requests() -> None:
+    meter = ArrivalRateMeter(windows_s=(60.0, 600.0))
+    for i in range(60):  # alternately 1 and 3 cores, every 10 s for ten minutes
+        meter.add(i * 10.0 + 5.0, 1.0 if i % 2 else 3.0)
+    estimate = meter.estimate(600.0)
+    assert estimate.cores_per_s == pytest.approx(120 / 600)
+    # Compound Poisson: the variance over t seconds is t x (sum of squared requests per second).
+    assert estimate.square_cores_per_s == pytest.approx((30 * 1 + 30 * 9) / 600)
+    assert estimate.sd_cores(300.0) == pytest.approx(math.sqrt(0.5 * 300))
+    # Late arrivals (out of time order) count in their windows; what is older leaves.
+    meter.add(590.0, 6.0)
+    assert meter.estimate(600.0).cores_per_s == pytest.approx((3 * 1 + 3 * 3 + 6) / 60)
+    assert meter.estimate(5000.0) == ArrivalRate(0.0, 0.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controllers.node_power.idle_power import IdlePower, NominalConditions
-from controllers.node_power.policy import NodeView, PendingPod, PodInfo
+from controllers.node_power.policy import ArrivalRateMeter, NodeView, PendingPod, PodInfo
 from controllers.node_power.views import (
     ArrivalTracker,
     Budget,
@@ -214,18 +214,22 @@ def test_pending_pods_already_covered_by_waking_nodes_are_left_out() -> None:
 
 def test_arrival_rate_counts_pods_created_in_the_window_once() -> None:
     now = time.time()
-    tracker = ArrivalTracker(window_s=100.0)
+    tracker = ArrivalTracker(ArrivalRateMeter(windows_s=(100.0,)))
     pods = [
         created(pod("new-1", "a", "2"), now - 10),
         created(pod("new-2", None, "1", pending=True), now - 50),
         created(pod("old-1", "a", "8"), now - 500),
         created(pod("agent", "a", "4", owner="DaemonSet"), now - 5),
     ]
-    assert tracker.observe(pods, now) == pytest.approx(3 / 100)
-    # new-1 is deleted: it still arrived; later, everything leaves the window.
-    assert tracker.observe(pods[1:], now + 20) == pytest.approx(3 / 100)
-    assert tracker.observe(pods[1:], now + 60) == pytest.approx(2 / 100)
-    assert tracker.observe([], now + 200) == 0.0
+    first = tracker.observe(pods, now)
+    assert first.cores_per_s == pytest.approx(3 / 100)
+    assert first.square_cores_per_s == pytest.approx((2**2 + 1**2) / 100)  # the noise's scale
+    # Seen again, nothing counts twice; new-1 is deleted: it still arrived. Later, everything
+    # leaves the window.
+    assert tracker.observe(pods, now + 1).cores_per_s == pytest.approx(3 / 100)
+    assert tracker.observe(pods[1:], now + 20).cores_per_s == pytest.approx(3 / 100)
+    assert tracker.observe(pods[1:], now + 60).cores_per_s == pytest.approx(2 / 100)
+    assert tracker.observe([], now + 200).cores_per_s == 0.0
 
 
 # ---- idle watts from a real bundle --------------------------------------------------------

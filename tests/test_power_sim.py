@@ -24,9 +24,11 @@ from bench.sim.kube_default import (
 )
 from bench.sim.policies import DefaultPolicy
 from bench.sim.power import NodeState, PowerAwareExtenderPolicy, PowerManagement, PowerManager
-from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE
+from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE, power_management_for
 from bench.sim.runner import extender_policy
+from bench.sim.scenario import Scenario
 from bench.sim.workload import OWNED_SHARE, Trace, generate_trace, load_trace_csv
+from controllers.node_power.policy import ArrivalRateMeter, PolicySettings
 from extender.config import DEFAULT_BUNDLE_DIR
 from extender.node_requests import REQUESTED_CPU_SIGNAL
 from extender.plugins.power_state import POWER_STATE, PowerStateCode
@@ -334,6 +336,25 @@ def test_power_management_runs_the_controllers_policy_through_the_extender() -> 
     assert all(sum(p.daemon for p in v.pods) == len(DAEMONSET_PODS) for v in views)
     true_idle = cluster.spec.idle_share * cluster.spec.max_power_w
     assert not np.allclose([v.idle_w for v in views], true_idle)  # learned, not the truth
+
+
+def test_the_controllers_knobs_reach_its_policy_in_the_simulation() -> None:
+    """--cooldown, --off-margin-sd and --arrival-windows set what `decide` is given."""
+    cluster = build_cluster(12, 7)
+    trace = generate_trace(float(cluster.cores.sum()), hours=0.1, load=0.2, seed=1)
+    bench = BenchSettings(
+        nodes=12, power_cooldown_s=7200.0, off_margin_sd=0.5, arrival_windows_s=(60.0, 600.0)
+    )
+    scenario = Scenario(bench, SimSettings(boot_s=120.0), cluster, trace, DEFAULT_BUNDLE_DIR)
+    manager = power_management_for(scenario, None)  # type: ignore[arg-type]
+    policy = manager.policy_settings
+    assert (policy.boot_s, policy.cooldown_s, policy.off_margin_sd) == (120.0, 7200.0, 0.5)
+    assert manager.meter.windows_s == (60.0, 600.0)
+    plain = Scenario(BenchSettings(nodes=12), SimSettings(boot_s=120.0), cluster, trace)
+    plain.bundle_dir = DEFAULT_BUNDLE_DIR
+    defaults = power_management_for(plain, None)  # type: ignore[arg-type]
+    assert defaults.policy_settings == PolicySettings(boot_s=120.0)  # the controller's defaults
+    assert defaults.meter.windows_s == ArrivalRateMeter.for_boot_time(120.0).windows_s
 
 
 def test_cli_reports_power_figures_for_both_power_policies(tmp_path: Path) -> None:

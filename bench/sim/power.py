@@ -347,7 +347,7 @@ class PowerManagement(PowerManager):
         decisions = decide(
             self.node_views(sim, now_s),
             pending,
-            self.meter.rate(now_s),
+            self.meter.estimate(now_s),
             self.unneeded_since,
             now_s,
             self.policy_settings,

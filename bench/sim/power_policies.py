@@ -62,12 +62,14 @@ def power_aware_with_power_management(
 
 def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -> PowerManagement:
     """The node power controller's policy for `policy`'s extender, at the run's settings
-    (`--boot-time`, `--cooldown`, `--arrival-windows`)."""
+    (`--boot-time`, `--cooldown`, `--off-margin-sd`, `--arrival-windows`)."""
     assert scenario.bundle_dir is not None
     bench = scenario.settings
     settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
     if bench.power_cooldown_s is not None:
         settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
+    if bench.off_margin_sd is not None:
+        settings = dataclasses.replace(settings, off_margin_sd=bench.off_margin_sd)
     manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
     if bench.arrival_windows_s:
         manager.meter = ArrivalRateMeter(bench.arrival_windows_s)

@@ -66,6 +66,8 @@ class BenchSettings:
     # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
     power_management_profile: str = ""
     power_cooldown_s: float | None = None
+    # ...its margin between waking and powering off (None: PolicySettings' default)...
+    off_margin_sd: float | None = None
     # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
     arrival_windows_s: tuple[float, ...] = ()
 

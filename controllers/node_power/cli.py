@@ -83,6 +83,26 @@ def _duration(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def _durations(flag: str) -> Callable[[str], tuple[float, ...]]:
+    """'5m,30m' -> (300.0, 1800.0); each a positive duration."""
+    one = _duration(flag)
+
+    def parse(text: str) -> tuple[float, ...]:
+        values = tuple(one(part.strip()) for part in text.split(",") if part.strip())
+        if not values or not all(v > 0 for v in values):
+            raise argparse.ArgumentTypeError(f"{flag}: positive durations, got {text!r}")
+        return values
+
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -255,12 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="(default: %(default)s)",
     )
     policy.add_argument(
-        "--arrival-window",
-        type=_duration("--arrival-window"),
-        default="10m",
-        metavar="DURATION",
-        help="the arrival rate of requested CPU is measured over this window (default: "
-        "%(default)s)",
+        "--arrival-windows",
+        type=_durations("--arrival-windows"),
+        default=(),
+        metavar="DURATION,...",
+        help="the arrival rate of requested CPU is the highest mean rate over these windows "
+        "(default: one --boot-time and six, as the energy simulation measures it)",
+    )
+    policy.add_argument(
+        "--off-margin-sd",
+        type=_non_negative,
+        default=2.0,
+        metavar="SD",
+        help="a node goes off only while the others keep the headroom plus this many standard "
+        "deviations of the CPU that arrives in a boot time: the margin between waking and "
+        "powering off, so the next few pods do not wake it again (default: %(default)s)",
     )
 
     act = parser.add_argument_group("acting")
@@ -420,6 +449,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             headroom_factor=args.headroom_factor,
             boot_energy_j=args.boot_energy_kj * 1000.0,
             wake_horizon_s=args.wake_horizon,
+            off_margin_sd=args.off_margin_sd,
         )
     except ValueError as error:
         raise ValueError(f"policy flags: {error}") from None
@@ -440,7 +470,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         scheduler_name=args.scheduler_name,
         namespace=args.namespace or default_namespace(),
         scan_interval_s=args.scan_interval,
-        arrival_window_s=args.arrival_window,
+        arrival_windows_s=args.arrival_windows,
         max_drain_parallelism=args.max_drain_parallelism,
         max_bulk_power_off=args.max_empty_bulk_power_off,
         api_timeout_s=args.api_timeout,

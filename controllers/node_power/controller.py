@@ -50,6 +50,8 @@ from controllers.node_power.lease import LeaderElector
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import (
     Action,
+    ArrivalRate,
+    ArrivalRateMeter,
     Decisions,
     NodeView,
     PolicySettings,
@@ -85,15 +87,19 @@ class ControllerSettings:
     scheduler_name: str = "power-aware-scheduler"
     namespace: str = "power-aware-scheduler"
     scan_interval_s: float = 10.0
-    arrival_window_s: float = 600.0
+    # The arrival-rate meter's windows; empty: `ArrivalRateMeter.for_boot_time(policy.boot_s)`,
+    # as the simulation measures it.
+    arrival_windows_s: tuple[float, ...] = ()
     max_drain_parallelism: int = 1
     max_bulk_power_off: int = 10
     api_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("scan_interval_s", "arrival_window_s", "api_timeout_s"):
+        for name in ("scan_interval_s", "api_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not all(w > 0 for w in self.arrival_windows_s):
+            raise ValueError(f"arrival_windows_s must be positive, got {self.arrival_windows_s}")
         if self.max_drain_parallelism < 0 or self.max_bulk_power_off < 0:
             raise ValueError("max_drain_parallelism and max_bulk_power_off must be >= 0")
 
@@ -146,7 +152,11 @@ class NodePowerController:
             self.metrics,
             self.may_write,
         )
-        self.arrivals = ArrivalTracker(settings.arrival_window_s)
+        self.arrivals = ArrivalTracker(
+            ArrivalRateMeter(settings.arrival_windows_s)
+            if settings.arrival_windows_s
+            else ArrivalRateMeter.for_boot_time(settings.policy.boot_s)
+        )
         self.unneeded_since: dict[str, float] = {}
         self._idle_w: dict[str, float] = {}
         self._announced: dict[tuple[str, str], str] = {}  # dry-run: (node, action) -> reason
@@ -365,7 +375,7 @@ class NodePowerController:
         view: ClusterView,
         considered: Sequence[NodeView],
         decisions: Decisions,
-        arrival: float,
+        arrival: ArrivalRate,
     ) -> None:
         """Gauges of what the round decided from; `considered` are the nodes as the policy saw
         them (a node backing off after a failure is not managed until its retry)."""
@@ -380,7 +390,8 @@ class NodePowerController:
         self.metrics.pending_pods.set(len(view.pending))
         self.metrics.free_cores.set(decisions.free_cores)
         self.metrics.headroom_cores.set(decisions.headroom_cores)
-        self.metrics.arrival_rate.set(arrival)
+        self.metrics.off_headroom_cores.set(decisions.off_headroom_cores)
+        self.metrics.arrival_rate.set(arrival.cores_per_s)
 
     # ---- the loop -------------------------------------------------------------------------
 

@@ -86,7 +86,15 @@ class ControllerMetrics:
             PREFIX + "free_cores", "Free requested-CPU room on nodes on or waking", registry=r
         )
         self.headroom_cores = Gauge(
-            PREFIX + "headroom_target_cores", "Free CPU the policy keeps on", registry=r
+            PREFIX + "headroom_target_cores",
+            "Free CPU the policy keeps on: below it, a node is woken",
+            registry=r,
+        )
+        self.off_headroom_cores = Gauge(
+            PREFIX + "off_headroom_target_cores",
+            "Free CPU the nodes left on must keep before another node goes off "
+            "(the headroom plus --off-margin-sd standard deviations of a boot time's arrivals)",
+            registry=r,
         )
         self.arrival_rate = Gauge(
             PREFIX + "arrival_cores_per_second",

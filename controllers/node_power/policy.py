@@ -5,9 +5,9 @@ The controller (`controllers.node_power.controller`) and the energy simulation
 
 Each round the caller passes what it sees now: the nodes (power state, pods, allocatable
 resources, predicted idle watts and, when it has them, predicted watts along utilisation),
-the pods pending for lack of a node, the recent arrival rate of requested CPU
-(`ArrivalRateMeter.for_boot_time` measures it), and when each node was last seen unneeded. `decide`
-answers:
+the pods pending for lack of a node, the recent arrival rate of requested CPU and its noise
+(`ArrivalRateMeter.for_boot_time` measures them), and when each node was last seen
+unneeded. `decide` answers:
 
 - **wake**: off nodes to power on, when pods wait that fit on no node that is on or waking
   (cluster-autoscaler's "filter out schedulable" step: a pod that fits somewhere is not a
@@ -19,16 +19,18 @@ answers:
   wakes more nodes than the demand needs. Before waking anything it takes drains back: an
   uncordon is free, a boot is not;
 - **power off** and **drain**: nodes that have been unneeded for `unneeded_time_s`. A node is
-  unneeded while the other nodes on would keep the headroom without it (so a burst of
-  arrivals restarts its clock: the hysteresis between waking and powering off) and it runs
+  unneeded while the other nodes on would keep the headroom without it, plus `off_margin_sd`
+  standard deviations of what arrives in a boot time (so a burst of arrivals restarts its
+  clock, and the next few pods after a power-off do not wake a node again: the hysteresis
+  between waking and powering off, in time and in cores), and it runs
   nothing but DaemonSet and mirror pods (then it is powered off at once) or, with
   `consolidate`, its requests are under `utilization_threshold` of its allocatable CPU and
   every pod on it may be evicted and fits on the nodes that stay on (then it is drained
   first, at most `max_drains_per_round` per round). The worst nodes go first: most idle watts
   per allocatable core. Powering off stops before the free capacity of the nodes left on
-  falls below the headroom, before fewer than `min_on_nodes` are on, and before more than
-  `max_off_fraction` of the managed nodes are off; a node powered on less than `cooldown_s`
-  ago stays on (at most one power cycle per cool-down per node);
+  falls below that margin over the headroom, before fewer than `min_on_nodes` are on, and
+  before more than `max_off_fraction` of the managed nodes are off; a node powered on less
+  than `cooldown_s` ago stays on (at most one power cycle per cool-down per node);
 - **unneeded_since**: the bookkeeping for the next round.
 
 Only nodes that are `managed` (opted in by the label, no kill switch, no cluster-autoscaler
@@ -155,6 +157,10 @@ class PolicySettings:
     min_headroom_cores: float = 0.0
     boot_s: float = 300.0
     headroom_factor: float = 1.0
+    # A node goes off only while the others keep the headroom plus this many standard
+    # deviations of what arrives in a boot time (`off_headroom_cores`): the hysteresis between
+    # waking and powering off. 0: none.
+    off_margin_sd: float = 2.0
     # Energy a node spends booting (joules) when its NodeView does not say, spread over
     # `wake_horizon_s` when comparing the predicted watts of candidates to wake.
     boot_energy_j: float = 0.0
@@ -177,6 +183,8 @@ class PolicySettings:
             raise ValueError(f"min_on_nodes must be >= 0, got {self.min_on_nodes}")
         if not self.wake_horizon_s > 0:
             raise ValueError(f"wake_horizon_s must be > 0, got {self.wake_horizon_s}")
+        if not self.off_margin_sd >= 0:
+            raise ValueError(f"off_margin_sd must be >= 0, got {self.off_margin_sd!r}")
         if not (self.headroom_factor >= 0 and self.boot_energy_j >= 0):
             raise ValueError(
                 f"headroom_factor and boot_energy_j must be >= 0, got {self.headroom_factor!r} "
@@ -202,7 +210,8 @@ class Decisions:
     power_off: tuple[Action, ...] = ()  # empty nodes: off now
     drain: tuple[Action, ...] = ()  # nodes with movable pods: cordon, evict, then off
     unneeded_since: Mapping[str, float] = field(default_factory=dict)
-    headroom_cores: float = 0.0  # the target this round
+    headroom_cores: float = 0.0  # the target this round: free CPU below it wakes a node
+    off_headroom_cores: float = 0.0  # free CPU the nodes left on keep before another goes off
     free_cores: float = 0.0  # free CPU on the nodes on (and waking) before the decisions
     # Pending pods that no node, on or off, can take (too big for every node): waking
     # anything would not help them. Their names, for the controller's log.
@@ -213,18 +222,50 @@ class Decisions:
         return not (self.wake or self.cancel_drain or self.power_off or self.drain)
 
 
+@dataclass(frozen=True)
+class ArrivalRate:
+    """The recent arrival of requested CPU, as `ArrivalRateMeter.estimate` measures it."""
+
+    # The rate the headroom covers (cores per second).
+    cores_per_s: float
+    # Sum of squared requests per second over the meter's long window: arrivals are a compound
+    # Poisson process, so the requests that arrive in `t` seconds vary by sqrt(this x t) cores.
+    square_cores_per_s: float = 0.0
+
+    def sd_cores(self, over_s: float) -> float:
+        """Standard deviation of the requested CPU that arrives over `over_s` seconds."""
+        square = self.square_cores_per_s
+        return math.sqrt(square * over_s) if math.isfinite(square) and square > 0 else 0.0
+
+
 def headroom_cores(arrival_cores_per_s: float, settings: PolicySettings) -> float:
     """Free CPU to keep on: what arrives at the recent rate while a node boots, or the floor."""
     rate = max(arrival_cores_per_s, 0.0) if math.isfinite(arrival_cores_per_s) else 0.0
     return max(settings.min_headroom_cores, rate * settings.boot_s * settings.headroom_factor)
 
 
+def off_headroom_cores(arrival: ArrivalRate, settings: PolicySettings) -> float:
+    """Free CPU the nodes left on must keep before one more goes off: the wake headroom plus
+    `off_margin_sd` standard deviations of what arrives while a node boots.
+
+    The gap between the two is the hysteresis of a thermostat: with none, a node goes off as
+    soon as the others keep the headroom exactly, and the next few pods push the free CPU back
+    under it and wake a node (measured in `bench.energy_sim`: a quarter of the power-offs were
+    woken again within ten minutes, before their boot energy was paid back).
+    """
+    boot_s = settings.boot_s * settings.headroom_factor
+    return headroom_cores(arrival.cores_per_s, settings) + settings.off_margin_sd * (
+        arrival.sd_cores(boot_s)
+    )
+
+
 class ArrivalRateMeter:
     """The recent arrival rate of requested CPU (cores per second), for `decide`.
 
     The rate over each of `windows_s`, the highest one: a short window sees a burst at once, a
-    long one keeps the headroom through the lulls inside a busy hour. Memory is bounded by
-    what arrives within the longest window.
+    long one keeps the headroom through the lulls inside a busy hour. With it, the noise of
+    arrivals over the longest window (`ArrivalRate.square_cores_per_s`), for the margin between
+    waking and powering off. Memory is bounded by what arrives within the longest window.
     """
 
     # The shortest window worth having: a minute of arrivals is a handful of pods.
@@ -240,7 +281,10 @@ class ArrivalRateMeter:
         the one over the last boot time: a shorter window multiplies a minute's noise by
         boot time / window and wakes nodes for bursts that are over before they boot (measured
         in `bench.energy_sim`: windows of 60 s and 600 s booted nodes 154 times a day and kept
-        them on idle; with 300 s boots, 300 s and 1800 s booted them 114 times).
+        them on idle; with 300 s boots, 300 s and 1800 s booted them 114 times). A one-minute
+        window that counts only arrivals its noise cannot explain (a 3-sigma test) saw the
+        bursts sooner but placed no more pods within 30 s: what arrives in a burst's first
+        minutes waits for a boot either way.
         """
         short_s = max(boot_s, cls.MIN_WINDOW_S)
         return cls((short_s, cls.LONG_WINDOW_BOOTS * short_s))
@@ -249,35 +293,46 @@ class ArrivalRateMeter:
         if not windows_s or not all(w > 0 for w in windows_s):
             raise ValueError(f"windows_s must be positive seconds, got {windows_s!r}")
         self.windows_s = tuple(sorted(float(w) for w in windows_s))
-        self._arrivals: deque[tuple[float, float]] = deque()  # (time_s, cores), time order
+        self._arrivals: deque[tuple[float, float]] = deque()  # (time_s, cores)
 
     def add(self, time_s: float, cores: float) -> None:
-        """A pod asking for `cores` of CPU arrived (was created) at `time_s`."""
-        if cores > 0 and math.isfinite(cores):
+        """A pod asking for `cores` of CPU arrived (was created) at `time_s`.
+
+        Arrivals may come a little out of time order (a watch sees pods late); each window
+        counts only what falls inside it.
+        """
+        if cores > 0 and math.isfinite(cores) and math.isfinite(time_s):
             self._arrivals.append((time_s, cores))
 
     def rate(self, now_s: float) -> float:
         """Cores per second: the highest mean rate over the windows ending at `now_s`."""
+        return self.estimate(now_s).cores_per_s
+
+    def estimate(self, now_s: float) -> ArrivalRate:
+        """The highest mean rate over the windows ending at `now_s`, and the noise of arrivals
+        over the longest one."""
         longest = self.windows_s[-1]
         while self._arrivals and self._arrivals[0][0] <= now_s - longest:
             self._arrivals.popleft()
-        best = 0.0
-        for window in self.windows_s:
-            cores = sum(c for t, c in self._arrivals if now_s - window < t <= now_s)
-            best = max(best, cores / window)
-        return best
+        inside = [(t, c) for t, c in self._arrivals if now_s - longest < t <= now_s]
+        rate = max(sum(c for t, c in inside if now_s - w < t) / w for w in self.windows_s)
+        return ArrivalRate(rate, sum(c * c for _, c in inside) / longest)
 
 
 def decide(
     nodes: Sequence[NodeView],
     pending: Sequence[PendingPod],
-    arrival_cores_per_s: float,
+    arrival: ArrivalRate | float,
     unneeded_since: Mapping[str, float],
     now_s: float,
     settings: PolicySettings,
 ) -> Decisions:
-    """The round's decisions; see the module docstring."""
-    target = headroom_cores(arrival_cores_per_s, settings)
+    """The round's decisions; see the module docstring. `arrival` is the meter's estimate, or
+    a bare rate in cores per second (no noise: no margin between waking and powering off)."""
+    if not isinstance(arrival, ArrivalRate):
+        arrival = ArrivalRate(arrival)
+    target = headroom_cores(arrival.cores_per_s, settings)
+    off_target = off_headroom_cores(arrival, settings)
     serving = [n for n in nodes if n.state in (POWER_ON, POWER_WAKING)]
     free = sum(_free_cpu(n) for n in serving)
     plan = _plan_wake(nodes, pending, target, settings)
@@ -287,16 +342,18 @@ def decide(
             wake=plan.wake,
             cancel_drain=plan.cancel,
             headroom_cores=target,
+            off_headroom_cores=off_target,
             free_cores=free,
             unplaceable=plan.unplaceable,
         )
-    since = _unneeded_since(nodes, unneeded_since, target, now_s, settings)
-    power_off, drain = _plan_off(nodes, since, target, now_s, settings)
+    since = _unneeded_since(nodes, unneeded_since, off_target, now_s, settings)
+    power_off, drain = _plan_off(nodes, since, off_target, now_s, settings)
     return Decisions(
         power_off=power_off,
         drain=drain,
         unneeded_since=since,
         headroom_cores=target,
+        off_headroom_cores=off_target,
         free_cores=free,
         unplaceable=plan.unplaceable,
     )

@@ -23,8 +23,9 @@ tested on plain dicts:
   without a budget;
 - **pending pods**: pods for our scheduler that wait with PodScheduled=False, reason
   Unschedulable;
-- **arrival rate**: requested CPU of the pods created in the last window, per second
-  (`ArrivalTracker` remembers pods seen once, so pods that came and went still count).
+- **arrivals**: each pod's creation time and requested CPU, into the policy's own
+  `ArrivalRateMeter` (as the simulation feeds it); `ArrivalTracker` remembers pods seen once,
+  so pods that came and went still count, and each counts once.
 
 A pod or node the API describes in a way that cannot be read (a malformed quantity) is never
 guessed: the pod blocks its node's drain, the node is left unmanaged, and the reason says
@@ -35,11 +36,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controllers.node_power.policy import NodeView, PendingPod, PodInfo
+from controllers.node_power.policy import (
+    ArrivalRate,
+    ArrivalRateMeter,
+    NodeView,
+    PendingPod,
+    PodInfo,
+)
 from livedata.deferral import is_carbon_hold
 from livedata.labels import (
     MIRROR_POD_ANNOTATION,
@@ -426,16 +433,16 @@ def pending_beyond_waking(
 # ---- arrivals -----------------------------------------------------------------------------
 
 
-@dataclass
 class ArrivalTracker:
-    """Requested CPU per second of the pods created in the last `window_s` (DaemonSets aside)."""
+    """Feeds `meter` each pod's creation once (DaemonSet pods aside); the meter's estimate."""
 
-    window_s: float
-    _seen: dict[str, tuple[float, float]] = field(default_factory=dict)  # uid -> (created, cores)
+    def __init__(self, meter: ArrivalRateMeter) -> None:
+        self.meter = meter
+        self._seen: dict[str, float] = {}  # uid -> created, while inside the longest window
 
-    def observe(self, pods: Iterable[JsonObject], now_s: float) -> float:
-        """Remember the new pods among `pods`, forget old ones; the rate in cores per second."""
-        horizon_s = now_s - self.window_s
+    def observe(self, pods: Iterable[JsonObject], now_s: float) -> ArrivalRate:
+        """Count the new pods among `pods`, forget old ones; the rate and its noise."""
+        horizon_s = now_s - self.meter.windows_s[-1]
         for pod in pods:
             uid = _metadata(pod).get("uid")
             if not uid or uid in self._seen or is_daemon_pod(pod):
@@ -443,10 +450,11 @@ class ArrivalTracker:
             created_s = _time_s(_metadata(pod).get("creationTimestamp"))
             if created_s is None or created_s < horizon_s:
                 continue
-            self._seen[uid] = (created_s, pod_requests(pod)[0])
-        for uid in [u for u, (created_s, _) in self._seen.items() if created_s < horizon_s]:
+            self._seen[uid] = created_s
+            self.meter.add(created_s, pod_requests(pod)[0])
+        for uid in [u for u, created_s in self._seen.items() if created_s < horizon_s]:
             del self._seen[uid]
-        return sum(cores for _, cores in self._seen.values()) / self.window_s
+        return self.meter.estimate(now_s)
 
 
 # ---- the whole picture --------------------------------------------------------------------
