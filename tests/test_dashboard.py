@@ -774,6 +774,7 @@ SECTIONS = {
         "power_aware_node_power_wake_latency_seconds_bucket",  # wake latency
         "power_aware_node_power_driver_errors_total",  # failures
         "power_aware_node_power_drain_failures_total",
+        "power_aware_node_power_api_errors_total",
         "power_aware_node_power_leader",  # leader, dry run, rounds
         "power_aware_node_power_apply",
         "power_aware_node_power_rounds_total",

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from livedata.labels import POWER_STATES
 
 PREFIX = "power_aware_node_power_"
+# The API calls acting makes that can fail: the `operation` label of api_errors_total.
+API_OPERATIONS = ("patch_node", "list_pods", "evict")
 # Servers take one to several minutes to boot (POST, firmware, OS, kubelet registration).
 WAKE_LATENCY_BUCKETS_S = (15, 30, 60, 90, 120, 180, 240, 300, 420, 600, 900, 1200, 1800)
 
@@ -75,7 +77,7 @@ class ControllerMetrics:
         )
         self.api_errors = Counter(
             PREFIX + "api_errors_total",
-            "Failed Kubernetes API calls by operation",
+            f"Failed Kubernetes API calls in acting, by operation ({', '.join(API_OPERATIONS)})",
             ["operation"],
             registry=r,
         )
@@ -115,3 +117,7 @@ class ControllerMetrics:
         )
         for state in POWER_STATES:
             self.nodes.labels(state=state)
+        # Series at 0 from the start, so a dashboard's increase() shows "none" rather than
+        # "no data" (client_python's advice for labels known in advance).
+        for operation in API_OPERATIONS:
+            self.api_errors.labels(operation=operation)
