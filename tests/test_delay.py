@@ -241,6 +241,7 @@ def test_cloud_preference_steers_only_pods_without_constraints() -> None:
         ({"quantile": 1.5}, "quantile must be between 0 and 1"),
         ({"window": "five minutes"}, "window must be a Prometheus duration"),
         ({"bucketEstimate": "guess"}, "bucketEstimate must be one of interpolate, upper"),
+        ({"confidence": 1.0}, "confidence must be in"),
         ({"sourcePodsMatch": "most"}, "sourcePodsMatch must be one of any, all"),
         ({"maxAgeS": 0}, "maxAgeS must be a positive number"),
         ({"unknownPasses": "yes"}, "must be true or false"),
@@ -451,6 +452,7 @@ def test_the_shipped_profile_s_commented_delay_block_enables_when_uncommented() 
     }  # fmt: skip
     delay = enabled.plugin("Delay")
     assert delay.args.rtt_file == "/etc/power-aware-scheduler-rtt/rtt.yaml"
+    assert delay.args.confidence == 0.95
     deployment = find_object("Deployment", "power-extender", "power-aware-scheduler")
     mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert {

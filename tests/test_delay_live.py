@@ -178,7 +178,8 @@ def promql_quantiles(world: World, quantile: float) -> dict[tuple[str, str], flo
 
 def test_the_matrix_is_prometheus_histogram_quantile_mapped_to_nodes(world: World) -> None:
     with watched_state(world) as state:
-        source = source_for(world, state, [world.end_s], estimate="interpolate")
+        # The quantile read as is (no confidence bound): PromQL's own numbers.
+        source = source_for(world, state, [world.end_s], estimate="interpolate", confidence=0.0)
         matrix = source.refresh()
     expected = promql_quantiles(world, 0.5)
     assert len(expected) == 12  # every ordered pair of the four nodes
@@ -194,10 +195,12 @@ def test_the_matrix_is_prometheus_histogram_quantile_mapped_to_nodes(world: Worl
     assert matrix.summary(world.end_s)["pairs_known"] == 6
 
 
-def test_upper_bucket_bounds_and_p90(world: World) -> None:
+def test_upper_bucket_bounds_p90_and_the_confidence_bound(world: World) -> None:
     with watched_state(world) as state:
-        upper = source_for(world, state, [world.end_s]).refresh()  # the default: upper
-        p90 = source_for(world, state, [world.end_s], quantile=0.9).refresh()
+        upper = source_for(world, state, [world.end_s], confidence=0.0).refresh()  # upper
+        p90 = source_for(world, state, [world.end_s], quantile=0.9, confidence=0.0).refresh()
+        shipped = source_for(world, state, [world.end_s]).refresh()  # median, 95 % bound
+        status = source_for(world, state, [world.end_s]).status()["goldpinger"]
     # Goldpinger's buckets: 5, 10, 25, 50 ms...: 22 ms reads as "at most 25 ms".
     assert rtt_ms(upper, "edge-1a", "edge-1b") == pytest.approx(5.0)
     assert rtt_ms(upper, "edge-1a", "edge-2a") == pytest.approx(25.0)
@@ -205,6 +208,13 @@ def test_upper_bucket_bounds_and_p90(world: World) -> None:
     # A link losing 30 % of its calls: fine at the median, at the timeout at p90.
     assert rtt_ms(upper, "edge-2a", "cloud-1") == pytest.approx(50.0)
     assert rtt_ms(p90, "edge-2a", "cloud-1") == pytest.approx(500.0)
+    # The shipped reading: the median's 95 % upper bound from the window's ~20 calls (a
+    # 15 s scrape of 30 s pings over 5 minutes; rates x 300 s). Steady links read as their
+    # median's bucket; the lossy one cannot promise its median is under 50 ms.
+    assert rtt_ms(shipped, "edge-1a", "edge-2a") == pytest.approx(25.0)
+    assert rtt_ms(shipped, "edge-1a", "cloud-1") == pytest.approx(50.0)
+    assert rtt_ms(shipped, "edge-2a", "cloud-1") == pytest.approx(500.0)
+    assert (status["quantile"], status["confidence"]) == (0.5, 0.95)
 
 
 def test_series_that_map_to_no_node_are_reported(world: World) -> None:
@@ -331,7 +341,9 @@ def test_the_live_service_filters_by_goldpinger_rtts(world: World, tmp_path: Pat
             by_node = {row["node"]: row["delay"]["delay_camera-"] for row in rows}
             assert by_node["edge-1a"]["rtt_ms"] == 25.0 and by_node["edge-1a"]["passes"]
             assert by_node["edge-1a"]["to"] == "edge-2a"
-            assert by_node["cloud-1"]["rtt_ms"] == 50.0 and not by_node["cloud-1"]["passes"]
+            # The lossy link (30 % of its calls time out): at the shipped 95 % confidence its
+            # median is not promised under 50 ms, and it reads as the timeout's bucket.
+            assert by_node["cloud-1"]["rtt_ms"] == 500.0 and not by_node["cloud-1"]["passes"]
             metrics = client.get("/metrics").text
             assert 'power_aware_extender_delay_rtt_reads_total{outcome="ok"}' in metrics
             assert "power_aware_extender_delay_unmapped_series 9.0" in metrics

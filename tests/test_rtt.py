@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from extender.rtt import RTT_SIGNAL, RttLink, RttMatrix
-from extender.sources.goldpinger import histogram_quantile
+from extender.sources.goldpinger import confident_quantile, histogram_quantile
 from extender.sources.rtt import RttSource, RttSourceSettings
 from extender.sources.rtt_file import RttFileError, read_rtt_file
 from extender.state import ClusterState
@@ -108,6 +108,33 @@ def test_histogram_quantile_without_calls_is_unknown_and_beyond_the_buckets_is_f
     beyond = np.array([0.0, 0.0, 0.0, 0.0, 4.0])
     assert histogram_quantile(0.5, BOUNDS, beyond, estimate="interpolate") == 0.05
     assert histogram_quantile(0.5, BOUNDS, beyond, estimate="upper") == math.inf
+
+
+def test_the_confidence_bound_reads_a_higher_call_the_fewer_calls_a_window_holds() -> None:
+    # Ten calls: the median's 95 % upper bound is the ninth (P(Bin(10, 0.5) <= 8) = 0.989).
+    assert confident_quantile(0.5, 10, 0.95) == pytest.approx(0.9)
+    # A thousand: just past the 52nd percentile; no confidence: the quantile itself.
+    assert 0.52 < confident_quantile(0.5, 1000, 0.95) < 0.53
+    assert confident_quantile(0.5, 10, 0.0) == 0.5
+    # Never past the largest call, and a window without calls asks nothing.
+    assert confident_quantile(0.9, 10, 0.95) == 1.0
+    assert confident_quantile(0.5, 0.2, 0.95) == 0.5
+
+
+def test_a_link_just_over_a_limit_is_not_passed_on_a_lucky_median() -> None:
+    # Ten calls, six at or under 50 ms, four over: the median reads "50 ms" and passes a
+    # 50 ms limit; with 95 % confidence the ninth call counts: 100 ms.
+    bounds = np.array([0.005, 0.01, 0.025, 0.05, 0.1, math.inf])
+    counts = np.array([0.0, 0.0, 0.0, 6.0, 10.0, 10.0])
+    assert histogram_quantile(0.5, bounds, counts, estimate="upper") == pytest.approx(0.05)
+    assert histogram_quantile(
+        0.5, bounds, counts, estimate="upper", confidence=0.95
+    ) == pytest.approx(0.1)
+    # A link whose calls are all under the limit stays under it, however confident.
+    steady = np.array([0.0, 0.0, 10.0, 10.0, 10.0, 10.0])
+    assert histogram_quantile(
+        0.5, bounds, steady, estimate="upper", confidence=0.95
+    ) == pytest.approx(0.025)
 
 
 # ---- the static file ---------------------------------------------------------------------------

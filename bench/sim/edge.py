@@ -27,8 +27,10 @@ left unplaced, and the share of unconstrained pods that went to the cloud.
 
 Policies registered here: `delay-only` (kube-scheduler's default scoring plus our extender with
 the Delay filter alone: the seed's constraint without power awareness), `power-aware+delay`
-(our default scoring plus the Delay filter with its shipped settings, delay score weight 0),
-`power-aware+delay-p90` (the same judging links by their p90), and the reference
+(our default scoring plus the Delay filter with its shipped settings, delay score weight 0:
+each link's median over 5 minutes, read as a 95 % upper confidence bound),
+`power-aware+delay-median` (the same reading the median as is) and `power-aware+delay-p90`
+(the same reading the p90 as is), and the reference
 `cheapest+delay` (the node whose true curve adds the fewest watts among those whose typical RTT
 meets the limit: what the constraints cost any placement). `--delay-share` sets the share of
 constrained pods.
@@ -221,6 +223,7 @@ class GoldpingerModel:
                 GOLDPINGER_BUCKETS_S,
                 cumulative[i, j],
                 estimate=self.delay.bucket_estimate,
+                confidence=self.delay.confidence,
             )
             if not math.isnan(rtt_s):
                 links.append(
@@ -335,6 +338,7 @@ register_preset(
             "power-aware",
             "delay-only",
             "power-aware+delay",
+            "power-aware+delay-median",
             "power-aware+delay-p90",
             "cheapest",
             "cheapest+delay",
@@ -410,7 +414,7 @@ register_policy(
     PolicySpec(
         "power-aware+delay",
         "power-aware + the Delay filter on Goldpinger-measured RTTs, shipped settings: median "
-        "over 5 min, upper bucket bound (edge preset)",
+        "over 5 min as a 95 % upper confidence bound, upper bucket bound (edge preset)",
         _delay_policy("power-aware+delay", POWER_AWARE_DELAY_PROFILE, {}),
         needs_bundle=True,
     )
@@ -418,8 +422,13 @@ register_policy(
 register_policy(
     PolicySpec(
         "power-aware+delay-p90",
-        "power-aware+delay judging links by their p90 over 5 min (quantile: 0.9) (edge preset)",
-        _delay_policy("power-aware+delay-p90", POWER_AWARE_DELAY_PROFILE, {"quantile": 0.9}),
+        "power-aware+delay judging links by their p90 over 5 min read as is (quantile: 0.9, "
+        "confidence: 0) (edge preset)",
+        _delay_policy(
+            "power-aware+delay-p90",
+            POWER_AWARE_DELAY_PROFILE,
+            {"quantile": 0.9, "confidence": 0.0},
+        ),
         needs_bundle=True,
     )
 )
@@ -464,5 +473,18 @@ register_policy(
             )
         ),
         reference=True,
+    )
+)
+
+
+# Registered last: a policy's random stream follows its place in the registry, so the ones
+# above keep theirs.
+register_policy(
+    PolicySpec(
+        "power-aware+delay-median",
+        "power-aware+delay judging links by their median over 5 min read as is, without the "
+        "confidence bound (confidence: 0; the shipped setting before it) (edge preset)",
+        _delay_policy("power-aware+delay-median", POWER_AWARE_DELAY_PROFILE, {"confidence": 0.0}),
+        needs_bundle=True,
     )
 )

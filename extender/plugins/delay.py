@@ -75,6 +75,10 @@ class DelayArgs:
     # "upper": the bound of the bucket the quantile falls in (never below the true quantile);
     # "interpolate": linear within that bucket, as PromQL's histogram_quantile.
     bucket_estimate: str = "upper"
+    # Read an upper confidence bound of the quantile, given how many calls the window holds
+    # (extender.sources.goldpinger.confident_quantile): a link is within a limit only when its
+    # calls say so with this confidence. 0: the quantile itself.
+    confidence: float = 0.95
     refresh_interval_s: float = 30.0
     # A measured RTT older than this is unknown (static file values never expire).
     max_age_s: float = 300.0
@@ -94,6 +98,11 @@ class DelayArgs:
             raise ValueError(
                 f"window must be a Prometheus duration such as 5m, got {self.window!r}"
             ) from None
+        if not 0 <= self.confidence < 1:
+            raise ValueError(
+                f"confidence must be in [0, 1) (0.95; 0 reads the quantile itself), "
+                f"got {self.confidence!r}"
+            )
         if self.bucket_estimate not in ESTIMATES:
             raise ValueError(
                 f"bucketEstimate must be one of {', '.join(ESTIMATES)}, "
@@ -235,6 +244,7 @@ class DelayPlugin(Plugin):
             window=args.window,
             quantile=args.quantile,
             estimate=args.bucket_estimate,
+            confidence=args.confidence,
             timeout_s=args.prometheus_timeout_s,
         )
         self.source = RttSource(

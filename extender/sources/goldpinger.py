@@ -26,6 +26,15 @@ buckets are coarse (a median of 22 ms reads anywhere in 10-25 ms), so a limit of
 safe against the bucket's upper bound. A histogram with no calls in the window has no value:
 the link is unknown, never 0.
 
+A window holds few calls (ten at Goldpinger's 30 s over 5 minutes), and the median of ten
+jittered calls on a link whose typical RTT is just over a limit lands under it in many windows.
+With a `confidence`, the quantile read is an upper confidence bound of the one asked for
+(`confident_quantile`): the order statistic that is at least the link's true quantile with
+that probability, from the binomial law of how many calls fall below it. With ten calls and
+0.95 the median's bound is the ninth call (the window's p90); with a thousand, a call just
+past the 52nd percentile: more calls, closer to the quantile itself. Rates become counts
+through the window's length (what `increase` would give).
+
 Callers and callees become nodes (`NodeResolver`): a caller through its instance name (a node
 name, else a pod's name), a callee through `host_ip` (the Node objects' addresses, else the
 kubelet-reported `hostIP` of running pods) or else `pod_ip` (a running pod's IP). Series that
@@ -39,6 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import binom
 
 from extender.pods import PodIndex
 from livedata.prometheus import Series
@@ -62,15 +72,37 @@ def bucket_rates_query(metric: str, selector: str, window: str) -> str:
     )
 
 
+def confident_quantile(quantile: float, observations: float, confidence: float) -> float:
+    """The rank (as a fraction of `observations`) whose order statistic is at least the true
+    `quantile` with probability `confidence`; `quantile` itself when `confidence` is 0.
+
+    The k-th smallest of n draws is at least the true q-quantile unless k or more draws fall
+    below it, so k = (the `confidence` quantile of Binomial(n, q)) + 1. Never past the largest
+    draw (a tiny window cannot promise more than its worst call).
+    """
+    n = round(observations)
+    if not confidence > 0 or n < 1:
+        return quantile
+    k = float(binom.ppf(confidence, n, quantile)) + 1.0
+    return min(k / n, 1.0)
+
+
 def histogram_quantile(
-    quantile: float, upper_bounds: np.ndarray, counts: np.ndarray, *, estimate: str
+    quantile: float,
+    upper_bounds: np.ndarray,
+    counts: np.ndarray,
+    *,
+    estimate: str,
+    confidence: float = 0.0,
 ) -> float:
     """The `quantile` of a cumulative histogram, as PromQL's histogram_quantile computes it.
 
-    `upper_bounds` ascending with +Inf last, `counts` cumulative (rates will do). NaN without
-    observations or a +Inf bucket. "interpolate": linear within the bucket the rank falls in
-    (the first bucket starts at 0); a rank in the +Inf bucket gives the highest finite bound.
-    "upper": the upper bound of that bucket (+Inf beyond the highest finite one).
+    `upper_bounds` ascending with +Inf last, `counts` cumulative (rates will do without a
+    `confidence`; with one they must be counts of calls). NaN without observations or a +Inf
+    bucket. "interpolate": linear within the bucket the rank falls in (the first bucket starts
+    at 0); a rank in the +Inf bucket gives the highest finite bound. "upper": the upper bound of
+    that bucket (+Inf beyond the highest finite one). With `confidence`, the quantile read is
+    `confident_quantile`'s upper bound of `quantile`.
     """
     if upper_bounds.size < 2 or not math.isinf(upper_bounds[-1]):
         return math.nan
@@ -79,7 +111,7 @@ def histogram_quantile(
     observations = float(counts[-1])
     if not observations > 0:
         return math.nan
-    rank = quantile * observations
+    rank = confident_quantile(quantile, observations, confidence) * observations
     bucket = int(np.searchsorted(counts, rank, side="left"))
     if bucket >= upper_bounds.size - 1:
         return float(upper_bounds[-2]) if estimate == "interpolate" else math.inf
@@ -107,9 +139,17 @@ class PeerRtt:
 
 
 def peer_quantiles(
-    series: Iterable[Series], quantile: float, *, estimate: str = "interpolate"
+    series: Iterable[Series],
+    quantile: float,
+    *,
+    estimate: str = "interpolate",
+    confidence: float = 0.0,
+    window_s: float = 0.0,
 ) -> list[PeerRtt]:
-    """Each caller-callee histogram's quantile from its bucket series; NaN ones left out."""
+    """Each caller-callee histogram's quantile from its bucket series; NaN ones left out.
+
+    The series are rates over `window_s`; with a `confidence` they are turned into counts of
+    calls (rate x window) for its bound."""
     buckets: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for item in series:
         labels = item.labels
@@ -130,7 +170,11 @@ def peer_quantiles(
         pairs.sort()
         bounds = np.array([bound for bound, _ in pairs])
         counts = np.array([count for _, count in pairs])
-        rtt_s = histogram_quantile(quantile, bounds, counts, estimate=estimate)
+        if confidence > 0:
+            counts = counts * window_s
+        rtt_s = histogram_quantile(
+            quantile, bounds, counts, estimate=estimate, confidence=confidence
+        )
         if not math.isnan(rtt_s):
             peers.append(PeerRtt(instance, host_ip, pod_ip, rtt_s))
     return peers

@@ -44,7 +44,7 @@ from extender.sources.goldpinger import (
 )
 from extender.sources.rtt_file import RttFileError, read_rtt_file
 from extender.state import ClusterState
-from livedata.collect_config import CollectConfig
+from livedata.collect_config import CollectConfig, parse_duration_s
 from livedata.prometheus import CollectError, PrometheusReader
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class RttSourceSettings:
     window: str = DEFAULT_WINDOW
     quantile: float = 0.5
     estimate: str = "upper"
+    confidence: float = 0.95  # read an upper confidence bound of the quantile (0: the quantile)
     timeout_s: float = 10.0
 
 
@@ -188,7 +189,13 @@ class RttSource:
             self._failed(f"{type(error).__name__}: {error}")
             return
         resolver = self._resolver()
-        peers = peer_quantiles(series, self.settings.quantile, estimate=self.settings.estimate)
+        peers = peer_quantiles(
+            series,
+            self.settings.quantile,
+            estimate=self.settings.estimate,
+            confidence=self.settings.confidence,
+            window_s=parse_duration_s(self.settings.window),
+        )
         mapped = map_peers(peers, resolver)
         expires_at_s = now_s + self.settings.max_age_s
         for (source, target), rtt_ms in mapped.rtt_ms.items():
@@ -299,6 +306,7 @@ class RttSource:
                 "query": self.query,
                 "quantile": self.settings.quantile,
                 "estimate": self.settings.estimate,
+                "confidence": self.settings.confidence,
                 "reads_total": self.polls_total,
                 "failures_total": self.failures_total,
                 "consecutive_failures": self.consecutive_failures,
