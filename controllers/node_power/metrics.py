@@ -100,7 +100,8 @@ class ControllerMetrics:
         )
         self.arrival_rate = Gauge(
             PREFIX + "arrival_cores_per_second",
-            "Requested CPU of recently created pods, per second",
+            "Requested CPU of recently created pods, per second: the highest mean over the "
+            "arrival windows (one boot time and six by default)",
             registry=r,
         )
         self.leader = Gauge(
