@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.sim import presets as _presets  # noqa: F401  (registers the multizone preset)
 from bench.sim.carbon import CarbonMeter, carbon_world
 from bench.sim.engine import SimSettings
-from bench.sim.runner import run_policy
+from bench.sim.runner import run_policy, setup_logging
 from bench.sim.scenario import (
     PRESETS,
     BenchSettings,
@@ -188,12 +188,7 @@ def print_rows(rows: Sequence[dict]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("extender", "predictor", "training", "uvicorn", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(args.quiet)
     if not 0 <= args.deferrable_share <= 1:
         print(
             f"error: --deferrable-share must be 0..1, got {args.deferrable_share}", file=sys.stderr

@@ -79,7 +79,13 @@ from bench.sim import presets as _presets  # noqa: F401  (registers every preset
 from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
-from bench.sim.runner import POLICIES, PolicyNotApplicable, extender_policy, run_policy
+from bench.sim.runner import (
+    POLICIES,
+    PolicyNotApplicable,
+    extender_policy,
+    run_policy,
+    setup_logging,
+)
 from bench.sim.scenario import (
     PRESETS,
     BenchSettings,
@@ -767,13 +773,7 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    # The extender logs a line per bundle install and warnings we expect here; keep them quiet.
-    for noisy in ("extender", "predictor", "training", "uvicorn", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(args.quiet)
     preset = PRESETS[args.preset]
     if args.policies is None:
         policies = list(preset.policies)

@@ -10,6 +10,7 @@ random seed (tie breaks), so new policies are appended, never inserted.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,6 +57,18 @@ POLICIES: dict[str, PolicySpec] = {}
 
 class PolicyNotApplicable(ValueError):
     """A policy that cannot run on the chosen preset (it needs that preset's world)."""
+
+
+def setup_logging(quiet: bool) -> None:
+    """The bench CLIs' logging: progress at INFO (warnings only with `quiet`). The extender,
+    the models and the HTTP stack each policy run starts log a line per bundle install and
+    warnings we expect here; they are kept to warnings."""
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("extender", "predictor", "training", "uvicorn", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def register_policy(spec: PolicySpec) -> PolicySpec:

@@ -338,17 +338,24 @@ def _match(stamps: list[tuple[dict[str, str], float]], labels: Mapping[str, str]
 
 
 @dataclass
-class CarbonAwareSdkProvider(Provider):
-    """The Green Software Foundation carbon-aware-sdk WebAPI (values in g/kWh)."""
+class _WebApiProvider(Provider):
+    """A web service asked about the cluster's zones under its own names (`zone_map`: cluster
+    zone -> the service's; None: the same names)."""
 
-    kind: ClassVar[str] = CARBON_AWARE_SDK
     url: str = ""
-    signal: str = AVERAGE
     zone_map: dict[str, str] | None = None
     session: requests.Session = field(default_factory=requests.Session, repr=False)
 
     def describe(self) -> str:
         return f"{self.kind} at {self.url}"
+
+
+@dataclass
+class CarbonAwareSdkProvider(_WebApiProvider):
+    """The Green Software Foundation carbon-aware-sdk WebAPI (values in g/kWh)."""
+
+    kind: ClassVar[str] = CARBON_AWARE_SDK
+    signal: str = AVERAGE
 
     def fetch(self, now_s: float, zones: Iterable[str]) -> Readings:
         names = _reverse(self.zone_map, zones)
@@ -414,17 +421,12 @@ def _rfc3339(at_s: float) -> str:
 
 
 @dataclass
-class ElectricityMapsProvider(Provider):
+class ElectricityMapsProvider(_WebApiProvider):
     """Electricity Maps API v3: latest and forecast per zone (average, g/kWh)."""
 
     kind: ClassVar[str] = ELECTRICITY_MAPS
     url: str = ELECTRICITY_MAPS_URL
     token_file: str | None = None
-    zone_map: dict[str, str] | None = None
-    session: requests.Session = field(default_factory=requests.Session, repr=False)
-
-    def describe(self) -> str:
-        return f"{self.kind} at {self.url}"
 
     def fetch(self, now_s: float, zones: Iterable[str]) -> Readings:
         names = _reverse(self.zone_map, zones)
@@ -475,7 +477,7 @@ class ElectricityMapsProvider(Provider):
 
 
 @dataclass
-class WattTimeProvider(Provider):
+class WattTimeProvider(_WebApiProvider):
     """WattTime API v3: a region's forecast (lbs/MWh, converted); its first point is now."""
 
     kind: ClassVar[str] = WATTTIME
@@ -483,8 +485,6 @@ class WattTimeProvider(Provider):
     username_file: str = ""
     password_file: str = ""
     signal_type: str = "co2_moer"
-    zone_map: dict[str, str] | None = None
-    session: requests.Session = field(default_factory=requests.Session, repr=False)
     _token: str | None = field(default=None, repr=False)
     _token_at_s: float = field(default=-math.inf, repr=False)
 
