@@ -91,6 +91,7 @@ class RttSource:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.query = bucket_rates_query(settings.metric, settings.selector, settings.window)
+        self._window_s = parse_duration_s(settings.window)  # rates x this = calls, for the bound
         self._prometheus: CollectConfig | None = None
         if settings.goldpinger and prometheus_url:
             self._prometheus = CollectConfig(
@@ -194,7 +195,7 @@ class RttSource:
             self.settings.quantile,
             estimate=self.settings.estimate,
             confidence=self.settings.confidence,
-            window_s=parse_duration_s(self.settings.window),
+            window_s=self._window_s,
         )
         mapped = map_peers(peers, resolver)
         expires_at_s = now_s + self.settings.max_age_s
