@@ -22,11 +22,12 @@ from datetime import UTC, datetime
 import numpy as np
 
 from extender.config import DEFAULT_BUNDLE_DIR
+from extender.plugins.carbon import CARBON_SIGNAL
 from extender.profile import DEFAULT_PROFILE, Profile, build_profile
 from extender.scoring import assess
-from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
 from extender.state import ClusterState, NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
+from livedata.carbon_source import build_snapshot
 from livedata.labels import DEFER_UNTIL_ANNOTATION, REGION_LABEL
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
+
+from livedata.labels import CARBON_INTENSITY_ANNOTATION, CARBON_INTENSITY_AT_ANNOTATION
 
 AVERAGE = "average"
 MARGINAL = "marginal"
@@ -192,3 +194,29 @@ def window_means(
             total = np.interp(end, edges, integral) - np.interp(begin, edges, integral)
             means[inside] = total / window_s
     return means
+
+
+# ---- a node's own supply, declared on the Node object ----------------------------------------
+
+
+def annotated_intensity(annotations: Mapping[str, str] | None) -> float:
+    """The node's own-supply intensity annotation in g/kWh; NaN when absent or unreadable."""
+    raw = (annotations or {}).get(CARBON_INTENSITY_ANNOTATION)
+    if raw is None:
+        return math.nan
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return math.nan
+    return value if math.isfinite(value) and value >= 0 else math.nan
+
+
+def annotated_at_s(annotations: Mapping[str, str] | None) -> float:
+    """When the annotation's value was measured; +inf (never ages) without the -at annotation."""
+    raw = (annotations or {}).get(CARBON_INTENSITY_AT_ANNOTATION)
+    if raw is None:
+        return math.inf
+    try:
+        return parse_timestamp_s(raw, CARBON_INTENSITY_AT_ANNOTATION)
+    except CarbonDataError:
+        return -math.inf  # unreadable: treated as stale, never as fresh

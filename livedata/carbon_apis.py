@@ -1,7 +1,7 @@
 """What the carbon intensity services answer, read into `livedata.carbon.IntensityReading`s.
 
 Pure functions over parsed JSON (the HTTP calls are the extender's background source,
-`extender.sources.carbon_providers`), one per answer shape, each checking every field it uses
+`livedata.carbon_providers`), one per answer shape, each checking every field it uses
 and raising `CarbonDataError` with the service, the path to the field and the value:
 
 - **carbon-aware-sdk WebAPI** (Green Software Foundation; values in g/kWh):

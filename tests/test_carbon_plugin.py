@@ -19,12 +19,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from extender.plugins.base import cost_ratio_points
-from extender.plugins.carbon import Carbon
+from extender.plugins.carbon import CARBON_SIGNAL, Carbon
 from extender.profile import Profile, build_profile
 from extender.scoring import Assessment, assess
-from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
 from extender.state import ClusterState, NodeInfo
 from livedata.carbon import AVERAGE, MARGINAL, IntensityPoint, IntensityReading
+from livedata.carbon_source import build_snapshot
 from livedata.deferral import is_carbon_hold
 from livedata.labels import (
     CARBON_HOLD_REASON,

@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from extender.sources.carbon import CARBON_SIGNAL, CarbonSource, build_snapshot
-from extender.sources.carbon_providers import (
-    CarbonSourceError,
-    FileProvider,
-    provider_from_config,
-)
+from extender.plugins.carbon import CARBON_SIGNAL
 from extender.state import ClusterState
 from livedata.carbon import (
     AVERAGE,
@@ -38,7 +33,14 @@ from livedata.carbon_apis import (
     read_intensity_file,
     watttime_forecast,
 )
+from livedata.carbon_providers import (
+    CarbonSourceError,
+    FileProvider,
+    provider_from_config,
+)
+from livedata.carbon_source import CarbonSource, build_snapshot, node_g_per_kwh
 from livedata.deferral import DeferralError, defer_deadline_s, parse_duration_s, pod_deadline_s
+from livedata.labels import CARBON_INTENSITY_ANNOTATION, CARBON_INTENSITY_AT_ANNOTATION
 from tests.support.carbon_services import Route, SdkData, carbon_aware_sdk, recorded_service
 from tests.support.prometheus import start_prometheus, write_openmetrics
 
@@ -390,7 +392,7 @@ def test_a_failing_source_keeps_its_readings_until_they_expire(tmp_path: Path) -
     registry = CollectorRegistry()
     source = CarbonSource(
         [FileProvider(name="site", max_age_s=None, timeout_s=1.0, path=str(path))],
-        state,
+        lambda snapshot: state.set_signal(CARBON_SIGNAL, snapshot),
         lambda: ["a"],
         interval_s=60.0,
         max_age_s=3600.0,
@@ -445,3 +447,30 @@ def test_configuration_errors_name_the_key() -> None:
     for raw, message in cases:
         with pytest.raises(ValueError, match=message):
             provider_from_config(raw, "sources[0]", index=0, timeout_s=1.0, prometheus_url=None)
+
+
+def test_a_nodes_intensity_is_its_own_supply_then_its_node_reading_then_its_zone() -> None:
+    now_s = 10_000.0
+    snapshot = build_snapshot(
+        [IntensityReading("grid", AVERAGE, "api", 300.0, now_s - 600.0)],
+        [IntensityReading("solar-node", AVERAGE, "meter", 40.0, now_s - 60.0)],
+        published_at_s=now_s,
+        max_age_s=3600.0,
+        forecast_max_age_s=3600.0,
+    )
+    own = {CARBON_INTENSITY_ANNOTATION: "20"}
+    assert node_g_per_kwh(snapshot, "plain", "grid", AVERAGE, now_s) == 300.0
+    assert node_g_per_kwh(snapshot, "solar-node", "grid", AVERAGE, now_s) == 40.0
+    assert node_g_per_kwh(snapshot, "solar-node", "grid", AVERAGE, now_s, annotations=own) == 20.0
+    stale_own = {**own, CARBON_INTENSITY_AT_ANNOTATION: "1970-01-01T00:00:00Z"}
+    assert (
+        node_g_per_kwh(
+            snapshot, "plain", "grid", AVERAGE, now_s, annotations=stale_own, max_age_s=3600.0
+        )
+        == 300.0
+    )
+    # Unknown zone, other signal, or past the max age: no intensity, never a guess.
+    assert math.isnan(node_g_per_kwh(snapshot, "plain", "elsewhere", AVERAGE, now_s))
+    assert math.isnan(node_g_per_kwh(snapshot, "plain", "grid", MARGINAL, now_s))
+    assert math.isnan(node_g_per_kwh(snapshot, "plain", "grid", AVERAGE, now_s + 3001.0))
+    assert math.isnan(node_g_per_kwh(snapshot, "plain", None, AVERAGE, now_s))

@@ -16,7 +16,7 @@ series from `--carbon-csv`). Every policy's grams of CO2 are counted the same wa
 `power-aware+carbon` is the extender with the Carbon plugin (`extender.plugins.carbon`)
 scoring beside PowerIncrease and EnergyLevel and filtering (deferral). The simulation plays
 its background source: every simulated hour `CarbonExtenderPolicy` publishes a carbon snapshot
-into the extender's state (`extender.sources.carbon.build_snapshot`, the function the live
+into the extender's state (`livedata.carbon_source.build_snapshot`, the function the live
 source uses) holding each zone's value for the hour and a 24-hour forecast whose error grows
 with lead time (`FORECAST_ERROR` at a day ahead: day-ahead carbon forecasts are published
 with errors of about 10 %). Nodes carry their zone in `topology.kubernetes.io/region`, as
@@ -65,9 +65,10 @@ from bench.sim.power import PowerAwareExtenderPolicy
 from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE, power_management_for
 from bench.sim.runner import PolicySpec, extender_policy, register_policy
 from bench.sim.scenario import Preset, Scenario, register_preset
-from extender.sources.carbon import CARBON_SIGNAL, build_snapshot
+from extender.plugins.carbon import CARBON_SIGNAL
 from extender.state import NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
+from livedata.carbon_source import build_snapshot
 from livedata.labels import CARBON_HOLD_REASON, DEFER_UNTIL_ANNOTATION, REGION_LABEL
 
 log = logging.getLogger("bench.sim.carbon")

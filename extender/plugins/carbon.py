@@ -12,7 +12,7 @@ intensity count alike: a node adding twice the watts in a zone a third as dirty 
 **Where intensity comes from.** A node's zone is its `power-aware-scheduler/carbon-zone`
 label, else the label `zoneLabel` names (default `topology.kubernetes.io/region`). The zone's
 intensity of the configured `signal` (`average` or `marginal`, never mixed: see
-`livedata.carbon`) comes from the background source (`extender.sources.carbon`: Prometheus,
+`livedata.carbon`) comes from the background source (`livedata.carbon_source`: Prometheus,
 the carbon-aware-sdk WebAPI, Electricity Maps, WattTime, a file), read off the request path. A
 node with its own supply (solar on site) overrides its zone: the annotation
 `power-aware-scheduler/carbon-intensity-g-per-kwh` (a standing declaration, or one that ages
@@ -63,22 +63,16 @@ from extender.plugins.base import (
     cost_ratio_points,
     finite_or_none,
 )
-from extender.sources.carbon import (
-    CARBON_SIGNAL,
-    EMPTY_SNAPSHOT,
-    CarbonSnapshot,
-    CarbonSource,
-    Entry,
-)
-from extender.sources.carbon_providers import provider_from_config
 from extender.state import NodeAttribute, NodeInfo
 from livedata.carbon import (
     SIGNALS,
-    CarbonDataError,
+    annotated_at_s,
+    annotated_intensity,
     format_timestamp,
-    parse_timestamp_s,
     window_means,
 )
+from livedata.carbon_providers import provider_from_config
+from livedata.carbon_source import EMPTY_SNAPSHOT, CarbonSnapshot, CarbonSource, Entry
 from livedata.deferral import DeferralError, pod_deadline_s
 from livedata.labels import (
     CARBON_HOLD_REASON,
@@ -91,6 +85,7 @@ from livedata.labels import (
 if TYPE_CHECKING:
     from extender.cycle import Cycle
 
+CARBON_SIGNAL = "carbon"  # the cluster-state signal the source's snapshots are published under
 NO_ZONE = -1
 ANNOTATION_SOURCE = "node annotation"
 DECISIONS = ("held", "released", "deadline_passed", "no_forecast", "unreadable")
@@ -121,7 +116,7 @@ class CarbonArgs:
     # Seconds between polls of the sources, and each HTTP call's timeout.
     poll_seconds: float = 300.0
     timeout_seconds: float = 10.0
-    # Where intensities come from (extender.sources.carbon_providers); empty: annotations only.
+    # Where intensities come from (livedata.carbon_providers); empty: annotations only.
     sources: tuple = ()
 
     def __post_init__(self) -> None:
@@ -184,29 +179,6 @@ class ZoneCodes:
 
     def __len__(self) -> int:
         return len(self.names)
-
-
-def annotated_intensity(annotations: Mapping[str, str] | None) -> float:
-    """The node's own-supply intensity annotation in g/kWh; NaN when absent or unreadable."""
-    raw = (annotations or {}).get(CARBON_INTENSITY_ANNOTATION)
-    if raw is None:
-        return math.nan
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        return math.nan
-    return value if math.isfinite(value) and value >= 0 else math.nan
-
-
-def annotated_at_s(annotations: Mapping[str, str] | None) -> float:
-    """When the annotation's value was measured; +inf (never ages) without the -at annotation."""
-    raw = (annotations or {}).get(CARBON_INTENSITY_AT_ANNOTATION)
-    if raw is None:
-        return math.inf
-    try:
-        return parse_timestamp_s(raw, CARBON_INTENSITY_AT_ANNOTATION)
-    except CarbonDataError:
-        return -math.inf  # unreadable: treated as stale, never as fresh
 
 
 def _unreadable_annotation(node: NodeInfo) -> str | None:
@@ -348,7 +320,7 @@ class Carbon(Plugin):
 
         self.source = CarbonSource(
             providers,
-            context.state,
+            lambda snapshot: context.state.set_signal(CARBON_SIGNAL, snapshot),
             cluster_zones,
             interval_s=self.args.poll_seconds,
             max_age_s=self.args.max_age_seconds,

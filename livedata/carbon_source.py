@@ -1,13 +1,15 @@
 """Carbon intensity in the background: poll the configured sources, publish one snapshot.
 
-The Carbon plugin (`extender.plugins.carbon`) scores and defers pods from each zone's current
-carbon intensity and forecast. Reading them means HTTP calls to services that answer in
+Two readers use it. The extender's Carbon plugin (`extender.plugins.carbon`) scores and defers
+pods from each zone's current carbon intensity and forecast; the node power controller
+(`controllers.node_power`, with `--rank-by grams`) chooses which nodes to power off and wake by
+the grams their watts emit. Reading intensities means HTTP calls to services that answer in
 hundreds of milliseconds and sometimes not at all, so it happens here, in a thread, never on
-the request path. Every `interval_s` the `CarbonSource` asks each provider
-(`extender.sources.carbon_providers`) for the readings of the cluster's zones (the zone names
-on the nodes, found through the plugin's zone attribute), merges them into an immutable
-`CarbonSnapshot` and publishes it with `state.set_signal(CARBON_SIGNAL, snapshot)`; each
-request then reads the snapshot its view carries.
+a request or decision path. Every `interval_s` the `CarbonSource` asks each provider
+(`livedata.carbon_providers`) for the readings of the cluster's zones (the `zones` callable:
+the zone names on the nodes), merges them into an immutable `CarbonSnapshot` and hands it to
+`publish` (the extender puts it in its cluster state; the controller keeps the latest), and
+the readers look a node up with `node_g_per_kwh`.
 
 When a provider fails, its previous readings stay in the snapshot and age: each entry carries
 the time it stops being usable (`valid_until_s`: the reading's own time plus the max age, the
@@ -18,12 +20,12 @@ counted (`power_aware_extender_carbon_source_polls_total{source, outcome}`). Whe
 report the same zone and signal, the newer reading wins.
 
 Scrape-time gauges describe the snapshot:
-`power_aware_extender_carbon_intensity_g_per_kwh{zone, signal, source}` and
-`power_aware_extender_carbon_intensity_age_seconds{zone, signal, source}` (node-local readings:
-`power_aware_extender_carbon_node_intensity_*{node, signal, source}`),
-`power_aware_extender_carbon_forecast_horizon_seconds{zone, signal, source}` (how far ahead the
-forecast reaches) and
-`power_aware_extender_carbon_source_last_success_timestamp_seconds{source}`.
+`<prefix>_intensity_g_per_kwh{zone, signal, source}` and
+`<prefix>_intensity_age_seconds{zone, signal, source}` (node-local readings:
+`<prefix>_node_intensity_*{node, signal, source}`), `<prefix>_forecast_horizon_seconds{zone,
+signal, source}` (how far ahead the forecast reaches) and
+`<prefix>_source_last_success_timestamp_seconds{source}`, where the prefix is the reader's
+(`power_aware_extender_carbon`, `power_aware_node_power_carbon`).
 """
 
 from __future__ import annotations
@@ -39,14 +41,10 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extender.sources.carbon_providers import CarbonSourceError, Provider, Readings
-from extender.state import ClusterState
-from livedata.carbon import IntensityReading, value_at
+from livedata.carbon import IntensityReading, annotated_at_s, annotated_intensity, value_at
+from livedata.carbon_providers import CarbonSourceError, Provider, Readings
 
 log = logging.getLogger(__name__)
-
-CARBON_SIGNAL = "carbon"  # the state signal the snapshot is published under
-PREFIX = "power_aware_extender_carbon"
 
 Clock = Callable[[], float]
 
@@ -82,6 +80,35 @@ class CarbonSnapshot:
 
 
 EMPTY_SNAPSHOT = CarbonSnapshot(MappingProxyType({}), MappingProxyType({}), -math.inf)
+
+
+def node_g_per_kwh(
+    snapshot: CarbonSnapshot,
+    node: str,
+    zone: str | None,
+    signal: str,
+    now_s: float,
+    *,
+    annotations: Mapping[str, str] | None = None,
+    max_age_s: float = math.inf,
+) -> float:
+    """One node's usable intensity now (g/kWh), NaN when it has none; the Carbon plugin's rule.
+
+    The node's own supply first: its intensity annotation (`livedata.carbon`; it ages from its
+    `-at` annotation when that is set, then counts until `max_age_s`), then a node-local
+    reading. Else its zone's: the current value while fresh, else a fresh forecast's value
+    for now. Stale or missing everywhere: NaN (the readers treat it as neutral).
+    """
+    local = annotated_intensity(annotations)
+    if math.isfinite(local) and now_s - annotated_at_s(annotations) <= max_age_s:
+        return local
+    for entries, name in ((snapshot.nodes, node), (snapshot.zones, zone)):
+        entry = entries.get((name, signal)) if name else None
+        if entry is not None:
+            value = entry.current_g_per_kwh(now_s)
+            if math.isfinite(value):
+                return value
+    return math.nan
 
 
 def build_snapshot(
@@ -140,12 +167,16 @@ class ProviderStatus:
 
 
 class CarbonSource:
-    """Background poller of the carbon providers, publishing `CarbonSnapshot`s into the state."""
+    """Background poller of the carbon providers, handing each `CarbonSnapshot` to `publish`.
+
+    `registry`, when given, gets the snapshot's gauges and the polls' counters under
+    `metric_prefix`.
+    """
 
     def __init__(
         self,
         providers: Sequence[Provider],
-        state: ClusterState,
+        publish: Callable[[CarbonSnapshot], None],
         zones: Callable[[], Iterable[str]],
         *,
         interval_s: float,
@@ -153,6 +184,7 @@ class CarbonSource:
         forecast_max_age_s: float,
         clock: Clock = time.time,
         registry: object = None,
+        metric_prefix: str = "power_aware_extender_carbon",
     ) -> None:
         if not (interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
@@ -160,7 +192,7 @@ class CarbonSource:
         self.interval_s = float(interval_s)
         self.max_age_s = max_age_s
         self.forecast_max_age_s = forecast_max_age_s
-        self._state = state
+        self._publish = publish
         self._zones = zones
         self._clock = clock
         self._stop = threading.Event()
@@ -169,7 +201,7 @@ class CarbonSource:
         self.health = {p.name: ProviderStatus(p.describe()) for p in self.providers}
         self.snapshot = EMPTY_SNAPSHOT
         if registry is not None:
-            registry.register(_SnapshotCollector(self))
+            registry.register(_SnapshotCollector(self, metric_prefix))
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -217,7 +249,7 @@ class CarbonSource:
                 sources={p.name: p.describe() for p in self.providers},
             )
             self.snapshot = snapshot
-            self._state.set_signal(CARBON_SIGNAL, snapshot)
+            self._publish(snapshot)
             return snapshot
 
     def _poll(self, provider: Provider, now_s: float, zones: Sequence[str]) -> None:
@@ -278,8 +310,9 @@ class CarbonSource:
 class _SnapshotCollector(Collector):
     """Scrape-time gauges from the latest snapshot and the providers' counters."""
 
-    def __init__(self, source: CarbonSource) -> None:
+    def __init__(self, source: CarbonSource, prefix: str) -> None:
         self._source = source
+        self._prefix = prefix
 
     def collect(self) -> Iterator[Metric]:
         source = self._source
@@ -290,18 +323,18 @@ class _SnapshotCollector(Collector):
             infix = "" if kind == "zone" else "node_"
             families[kind] = (
                 GaugeMetricFamily(
-                    f"{PREFIX}_{infix}intensity_g_per_kwh",
+                    f"{self._prefix}_{infix}intensity_g_per_kwh",
                     f"Carbon intensity a source last reported for a {kind} (gCO2eq/kWh)",
                     labels=[kind, "signal", "source"],
                 ),
                 GaugeMetricFamily(
-                    f"{PREFIX}_{infix}intensity_age_seconds",
+                    f"{self._prefix}_{infix}intensity_age_seconds",
                     "Age of that value: now minus the time it describes",
                     labels=[kind, "signal", "source"],
                 ),
             )
         horizon = GaugeMetricFamily(
-            f"{PREFIX}_forecast_horizon_seconds",
+            f"{self._prefix}_forecast_horizon_seconds",
             "How far ahead of now the zone's forecast reaches (0: none left)",
             labels=["zone", "signal", "source"],
         )
@@ -316,12 +349,12 @@ class _SnapshotCollector(Collector):
                 if kind == "zone" and reading.forecast:
                     horizon.add_metric(labels, max(0.0, reading.forecast[-1].end_s - now_s))
         polls = CounterMetricFamily(
-            f"{PREFIX}_source_polls",
+            f"{self._prefix}_source_polls",
             "Polls of each carbon source, by outcome (success, failure)",
             labels=["source", "outcome"],
         )
         last = GaugeMetricFamily(
-            f"{PREFIX}_source_last_success_timestamp_seconds",
+            f"{self._prefix}_source_last_success_timestamp_seconds",
             "When each carbon source last answered (Unix seconds)",
             labels=["source"],
         )

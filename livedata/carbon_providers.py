@@ -7,7 +7,7 @@ raises `CarbonSourceError` saying which URL or file failed and how. `zones` are 
 zone names (from the nodes' labels); an API provider asks for those, or for the ones its
 `zones` map names (`{cluster zone: the service's name for it}`), and reports readings under
 the cluster's names. Providers run only in the background source's thread
-(`extender.sources.carbon`), never on the request path; every HTTP call has a timeout and no
+(`livedata.carbon_source`), never on the request path; every HTTP call has a timeout and no
 retries (the next poll is the retry).
 
 Kinds (`kind`), what each reads, and the signal its values are:
