@@ -118,12 +118,18 @@ def small_scenario(
     return scenario
 
 
-def test_power_aware_carbon_sends_pods_to_the_clean_zone() -> None:
+def clean_and_dirty(load: float) -> tuple[Scenario, list[int]]:
+    """A quarter hour at `load` on 12 nodes dealt alternately to a 60 and a 600 g/kWh zone."""
     cluster = build_cluster(12, 7)
-    trace = generate_trace(float(cluster.cores.sum()), hours=0.25, load=0.15, seed=1)
+    trace = generate_trace(float(cluster.cores.sum()), hours=0.25, load=load, seed=1)
     series = ZoneSeries(("clean", "dirty"), np.array([[60.0] * 4, [600.0] * 4]), "test")
     node_zone = [0, 1] * 6
-    scenario = small_scenario(series, node_zone, trace)
+    return small_scenario(series, node_zone, trace), node_zone
+
+
+def test_power_aware_carbon_sends_pods_to_the_clean_zone() -> None:
+    scenario, node_zone = clean_and_dirty(load=0.15)
+    cluster, trace = scenario.cluster, scenario.trace
     carbon, _ = run_policy("power-aware+carbon", scenario, progress=False)
     default, _ = run_policy("default", scenario, progress=False)
     clean = {cluster.names[i] for i in range(12) if node_zone[i] == 0}
@@ -170,11 +176,8 @@ def test_a_deferrable_pod_waits_for_the_cleaner_hour_and_never_past_its_deadline
 def test_carbon_with_power_management_powers_nodes_off_and_keeps_placing_by_zone() -> None:
     # A light quarter hour: the controller's policy empties and powers off nodes, while the
     # extender still sees every node's zone (its Node view carries labels and power states).
-    cluster = build_cluster(12, 7)
-    trace = generate_trace(float(cluster.cores.sum()), hours=0.25, load=0.15, seed=1)
-    series = ZoneSeries(("clean", "dirty"), np.array([[60.0] * 4, [600.0] * 4]), "test")
-    node_zone = [0, 1] * 6
-    scenario = small_scenario(series, node_zone, trace)
+    scenario, node_zone = clean_and_dirty(load=0.15)
+    cluster, trace = scenario.cluster, scenario.trace
     both, _ = run_policy("power-aware+carbon+power-management", scenario, progress=False)
     managed, _ = run_policy("power-aware+power-management", scenario, progress=False)
     clean = {cluster.names[i] for i in range(12) if node_zone[i] == 0}
@@ -258,3 +261,17 @@ def test_the_sweep_meters_each_policy_once_per_spread(tmp_path: Path) -> None:
     assert flat["co2_kg"]["default"] / flat["energy_kwh"]["default"] == pytest.approx(
         flat["co2_kg"]["power-aware+carbon"] / flat["energy_kwh"]["power-aware+carbon"], rel=0.02
     )
+
+
+def test_the_controller_ranking_by_grams_powers_off_the_dirty_zone_first() -> None:
+    # A quarter hour at 30 % load, so that the headroom keeps some nodes on: ranked by watts
+    # the controller powers off the worst idle watts per core wherever they are; ranked by
+    # grams (reading the zones' intensities as the live controller does), the dirty zone's
+    # nodes go first and more of the clean zone's stay on.
+    scenario, _ = clean_and_dirty(load=0.3)
+    by_watts, _ = run_policy("power-aware+carbon+power-management", scenario, progress=False)
+    by_grams, _ = run_policy("power-aware+carbon+power-management-grams", scenario, progress=False)
+    assert by_grams.unplaced_pods == 0
+    assert by_grams.kpis["mean_nodes_off"] == by_watts.kpis["mean_nodes_off"] > 0
+    assert by_grams.kpis["mean_intensity_g_per_kwh"] < by_watts.kpis["mean_intensity_g_per_kwh"]
+    assert by_grams.co2_kg < by_watts.co2_kg

@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client import generate_latest
 
+from controllers.node_power.carbon import CarbonSettings, NodeIntensity
 from controllers.node_power.cli import build_parser, main, settings_from_args
 from controllers.node_power.health import serve_health
+from controllers.node_power.metrics import ControllerMetrics
 from tests.support.bmc import RedfishEmulator
+from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.power_cluster import (
     make_kube,
     node,
@@ -205,3 +209,96 @@ def test_check_bmc_asks_each_nodes_bmc_and_changes_nothing(
             assert bmc.power_state("rack-1") == "On"
         finally:
             kube.stop()
+
+
+def test_rank_by_grams_reads_the_carbon_sources_and_powers_off_the_dirtiest_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two empty nodes: the efficient one sits in a coal-heavy zone, the hungry one on hydro.
+    make_bundle(
+        tmp_path / "bundle",
+        {
+            "busy": PowerCurveSpec(100.0, 300.0),
+            "efficient-dirty": PowerCurveSpec(80.0, 250.0),
+            "hungry-clean": PowerCurveSpec(120.0, 300.0),
+        },
+    )
+    zones = {"busy": "hydro", "efficient-dirty": "coal", "hungry-clean": "hydro"}
+    nodes = [node(name) for name in zones]
+    for obj in nodes:
+        obj["metadata"]["labels"]["topology.kubernetes.io/region"] = zones[obj["metadata"]["name"]]
+    sources = tmp_path / "carbon-sources.yaml"
+    intensities = tmp_path / "intensities.yaml"
+    intensities.write_text(
+        "intensities:\n  - {zone: coal, g_per_kwh: 700}\n  - {zone: hydro, g_per_kwh: 30}\n"
+    )
+    sources.write_text(f"sources:\n  - {{kind: file, name: site, path: {intensities}}}\n")
+    kube = make_kube(nodes, [pod("web-1", "busy", "12")])
+    try:
+        common = [
+            f"--kubeconfig={kube.write_kubeconfig(tmp_path / 'kubeconfig')}",
+            "--once",
+            "--namespace=power-aware-scheduler",
+            f"--bundle={tmp_path / 'bundle'}",
+            "--scale-down-unneeded-time=0",
+            "--node-cooldown=0",
+            "--boot-time=0",
+            "--min-on-nodes=2",  # one of the two empty nodes goes off
+        ]
+        assert main(common) == 0
+        by_watts = json.loads(capsys.readouterr().out)
+        assert [a["node"] for a in by_watts["power_off"]] == ["hungry-clean"]  # 7.5 W/core
+
+        assert main([*common, "--rank-by=grams", f"--carbon-sources={sources}"]) == 0
+        by_grams = json.loads(capsys.readouterr().out)
+        assert [a["node"] for a in by_grams["power_off"]] == ["efficient-dirty"]
+        assert "700 g CO2/kWh" in by_grams["power_off"][0]["reason"]
+        assert {n["name"]: n["g_per_kwh"] for n in by_grams["nodes"]} == {
+            "busy": 30.0,
+            "efficient-dirty": 700.0,
+            "hungry-clean": 30.0,
+        }
+    finally:
+        kube.stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("sources: {kind: file}", "expected a list of sources"),
+        ("- {kind: smoke-signals}", "--carbon-sources[0].kind: one of"),
+        ("- {kind: file, path: x, colour: red}", "--carbon-sources[0].colour: unknown key"),
+    ],
+)
+def test_bad_carbon_sources_exit_2_naming_the_entry(
+    tmp_path: Path, content: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(content)
+    argv = [f"--kubeconfig={tmp_path / 'none'}", "--rank-by=grams", f"--carbon-sources={sources}"]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert main([f"--kubeconfig={tmp_path / 'none'}", f"--carbon-sources={sources}"]) == 2
+    assert "--carbon-sources is read only with --rank-by grams" in capsys.readouterr().err
+
+
+def test_the_controllers_carbon_source_reports_on_its_metrics(tmp_path: Path) -> None:
+    intensities = tmp_path / "intensities.yaml"
+    intensities.write_text("intensities:\n  - {zone: coal, g_per_kwh: 700}\n")
+    metrics = ControllerMetrics()
+    nodes = [node("a")]
+    nodes[0]["metadata"]["labels"]["power-aware-scheduler/carbon-zone"] = "coal"
+    carbon = NodeIntensity(
+        CarbonSettings(sources=({"kind": "file", "name": "site", "path": str(intensities)},)),
+        lambda: nodes,
+        registry=metrics.registry,
+    )
+    carbon.poll_once()
+    assert carbon.g_per_kwh(nodes, time.time()) == {"a": 700.0}
+    text = generate_latest(metrics.registry).decode()
+    labels = 'signal="average",source="site",zone="coal"'
+    assert f"power_aware_node_power_carbon_intensity_g_per_kwh{{{labels}}} 700.0" in text
+    assert (
+        'power_aware_node_power_carbon_source_polls_total{outcome="success",source="site"} 1.0'
+        in text
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -307,3 +308,59 @@ def test_the_meter_measures_the_noise_of_arrivals_from_their_squared_requests() 
     meter.add(590.0, 6.0)
     assert meter.estimate(600.0).cores_per_s == pytest.approx((3 * 1 + 3 * 3 + 6) / 60)
     assert meter.estimate(5000.0) == ArrivalRate(0.0, 0.0)
+
+
+# ---- ranking by grams of CO2 -----------------------------------------------------------------
+
+
+def test_ranking_by_grams_powers_off_the_most_grams_per_idle_core_first() -> None:
+    nodes = [
+        node("busy", pods=[pod(12)], g_per_kwh=300.0),
+        node("efficient-dirty", idle_w=80, g_per_kwh=700.0),  # 56 g/h idle
+        node("hungry-clean", idle_w=120, g_per_kwh=50.0),  # 6 g/h idle
+    ]
+    since = long_unneeded("efficient-dirty", "hungry-clean")
+    by_watts = decide(nodes, [], 0.0, since, NOW_S, PolicySettings(min_on_nodes=2))
+    assert [a.node for a in by_watts.power_off] == ["hungry-clean"]
+    grams = PolicySettings(min_on_nodes=2, rank_by="grams")
+    by_grams = decide(nodes, [], 0.0, since, NOW_S, grams)
+    assert [a.node for a in by_grams.power_off] == ["efficient-dirty"]
+    assert "700 g CO2/kWh" in by_grams.power_off[0].reason
+    assert by_grams.power_off[0].watts == 80.0  # the watts it saves, not grams
+
+
+def test_ranking_by_grams_wakes_the_fewest_grams_for_the_waiting_pods() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        node("efficient-dirty", idle_w=80, state=POWER_OFF, g_per_kwh=700.0),
+        node("hungry-clean", idle_w=120, state=POWER_OFF, g_per_kwh=50.0),
+    ]
+    waiting = [PendingPod("job", 4.0)]
+    by_watts = decide(nodes, waiting, 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in by_watts.wake] == ["efficient-dirty"]
+    by_grams = decide(nodes, waiting, 0.0, {}, NOW_S, replace(SETTINGS, rank_by="grams"))
+    assert [a.node for a in by_grams.wake] == ["hungry-clean"]
+    assert "50 g CO2/kWh" in by_grams.wake[0].reason
+
+
+def test_a_node_of_unknown_intensity_ranks_as_the_mean_and_none_known_ranks_by_watts() -> None:
+    nodes = [
+        node("busy", cores=64, pods=[pod(8)]),
+        node("clean", idle_w=100, g_per_kwh=100.0),  # 10 g/h
+        node("dirty", idle_w=100, g_per_kwh=500.0),  # 50 g/h
+        node("unknown", idle_w=110),  # at the mean (300 g/kWh of the known): 33 g/h
+    ]
+    since = long_unneeded("clean", "dirty", "unknown")
+    grams = PolicySettings(rank_by="grams")
+    by_grams = decide(nodes, [], 0.0, since, NOW_S, grams)
+    assert [a.node for a in by_grams.power_off] == ["dirty", "unknown", "clean"]
+    # No intensity known anywhere: exactly the watts ranking.
+    blind = [replace(n, g_per_kwh=math.nan) for n in nodes]
+    by_watts = decide(blind, [], 0.0, since, NOW_S, PolicySettings())
+    assert [a.node for a in by_watts.power_off] == ["unknown", "clean", "dirty"]
+    assert decide(blind, [], 0.0, since, NOW_S, grams).power_off == by_watts.power_off
+
+
+def test_rank_by_is_watts_or_grams() -> None:
+    with pytest.raises(ValueError, match="rank_by must be one of watts, grams"):
+        PolicySettings(rank_by="euros")

@@ -27,6 +27,10 @@ power controller's policy powering nodes off and on (`bench.sim.power_policies`)
 emits only its off power. The controller's choices stay carbon-blind (worst idle watts per
 core off first); which nodes empty is left to the scores. `co2_above_idle_kg` counts against
 every node's idle power, so it goes negative for policies that power nodes off.
+`power-aware+carbon+power-management-grams` is the same with the controller ranking by grams
+(`--rank-by grams`, `PolicySettings.rank_by`): it reads each node's intensity from the same
+hourly snapshot with `livedata.carbon_source.node_g_per_kwh`, as the controller does, and
+powers off the most grams per idle core first and wakes the fewest grams per core.
 
 Deferrable pods (`--deferrable-share` of the trace, drawn from the seed) carry
 `power-aware-scheduler/defer-until: <--defer-hours>h` and a creationTimestamp at their
@@ -43,7 +47,7 @@ import contextlib
 import logging
 import math
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,10 +69,11 @@ from bench.sim.power import PowerAwareExtenderPolicy
 from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE, power_management_for
 from bench.sim.runner import PolicySpec, extender_policy, register_policy
 from bench.sim.scenario import Preset, Scenario, register_preset
+from controllers.node_power.policy import RANK_BY_GRAMS
 from extender.plugins.carbon import CARBON_SIGNAL
 from extender.state import NodeInfo
 from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
-from livedata.carbon_source import build_snapshot
+from livedata.carbon_source import CarbonSnapshot, build_snapshot, node_g_per_kwh
 from livedata.labels import CARBON_HOLD_REASON, DEFER_UNTIL_ANNOTATION, REGION_LABEL
 
 log = logging.getLogger("bench.sim.carbon")
@@ -441,6 +446,61 @@ def _carbon_power_policy(
         assert isinstance(policy, CarbonPowerExtenderPolicy)
         policy.power = power_management_for(scenario, policy)
         yield policy
+
+
+@contextlib.contextmanager
+def _carbon_grams_power_policy(
+    scenario: Scenario, rng: np.random.Generator
+) -> Iterator[CarbonExtenderPolicy]:
+    world = carbon_world(scenario)
+    with _carbon_extender(
+        scenario,
+        rng,
+        "power-aware+carbon+power-management-grams",
+        CarbonPowerExtenderPolicy,
+        extra_profile=POWER_MANAGEMENT_PROFILE,
+    ) as policy:
+        assert isinstance(policy, CarbonPowerExtenderPolicy)
+        manager = power_management_for(scenario, policy)
+        manager.policy_settings = replace(manager.policy_settings, rank_by=RANK_BY_GRAMS)
+        manager.g_per_kwh = _snapshot_reader(world, scenario.cluster.names)
+        policy.power = manager
+        yield policy
+
+
+def _snapshot_reader(
+    world: CarbonWorld, node_names: Sequence[str]
+) -> Callable[[str, float], float]:
+    """A node's intensity as the controller reads it: from the hour's snapshot (what its
+    carbon source would hold), through `node_g_per_kwh`."""
+    zone_of = {name: world.zone_of(node) for node, name in enumerate(node_names)}
+    published: list[tuple[int, CarbonSnapshot]] = []
+
+    def g_per_kwh(node: str, now_s: float) -> float:
+        hour = world.series.hour_of(now_s)
+        if not published or published[0][0] != hour:
+            snapshot = build_snapshot(
+                world.readings(hour),
+                (),
+                published_at_s=hour * HOUR_S,
+                max_age_s=2 * HOUR_S,
+                forecast_max_age_s=2 * HOUR_S,
+            )
+            published[:] = [(hour, snapshot)]
+        return node_g_per_kwh(published[0][1], node, zone_of.get(node), AVERAGE, now_s)
+
+    return g_per_kwh
+
+
+# Registered by bench.sim.presets after every other policy: a policy's random stream follows
+# its place in the registry, so the ones registered before keep theirs.
+GRAMS_POWER_MANAGEMENT = PolicySpec(
+    "power-aware+carbon+power-management-grams",
+    "power-aware+carbon+power-management with the controller ranking nodes by grams "
+    "(--rank-by grams: the most g CO2/h per idle core off first, the fewest per core woken)",
+    _carbon_grams_power_policy,
+    needs_bundle=True,
+)
 
 
 register_policy(

@@ -53,7 +53,7 @@ The parameters (`SimSettings`, flags of `python -m bench.energy_sim`) and where 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import IntEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -315,6 +315,9 @@ class PowerManagement(PowerManager):
         self.predictor = Predictor.load(bundle_dir)
         self.extender = extender
         self.meter = ArrivalRateMeter.for_boot_time(settings.boot_s)
+        # Each node's carbon intensity now (g/kWh, NaN unknown), as the controller reads it
+        # for `PolicySettings.rank_by` "grams"; None: not read (the carbon-blind controller).
+        self.g_per_kwh: Callable[[str, float], float] | None = None
         self.unneeded_since: Mapping[str, float] = {}
         self.decision_log: list[tuple[float, str, str, str]] = []  # (time, what, node, why)
         self._curves: CurveTable | None = None
@@ -385,6 +388,7 @@ class PowerManagement(PowerManager):
                     pods=(*self._daemon_pods, *pods_by_node[node]),
                     curve_w=tuple(grid[::step].tolist()) if grid is not None else (),
                     boot_energy_j=self.settings.boot_s * (idle_w + share * (peak_w - idle_w)),
+                    g_per_kwh=self.g_per_kwh(name, now_s) if self.g_per_kwh else math.nan,
                 )
             )
         return views

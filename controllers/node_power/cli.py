@@ -25,16 +25,21 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from controllers.node_power.actuator import ActuatorSettings
+from controllers.node_power.carbon import CarbonSettings, NodeIntensity, read_sources_file
 from controllers.node_power.controller import ControllerSettings, NodePowerController
 from controllers.node_power.drivers import BmcSecret, DriverError
 from controllers.node_power.health import serve_health
 from controllers.node_power.idle_power import IdlePower, NominalConditions
 from controllers.node_power.kube import describe_api_error
 from controllers.node_power.lease import LeaderElector, LeaseSettings
-from controllers.node_power.policy import PolicySettings
+from controllers.node_power.metrics import ControllerMetrics
+from controllers.node_power.policy import RANK_BY, RANK_BY_GRAMS, RANK_BY_WATTS, PolicySettings
+from livedata.carbon import SIGNALS
 from livedata.collect_config import CollectConfig, CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, kube_api_client
 from livedata.labels import (
+    CARBON_INTENSITY_ANNOTATION,
+    CARBON_ZONE_LABEL,
     POWER_DRIVER_DRY_RUN,
     POWER_DRIVER_LABEL,
     POWER_DRIVERS,
@@ -42,6 +47,7 @@ from livedata.labels import (
     POWER_MANAGEMENT_ENABLED,
     POWER_MANAGEMENT_LABEL,
     POWER_STATE_ANNOTATION,
+    REGION_LABEL,
 )
 from livedata.logs import LOG_FORMATS, configure_logging
 from predictor.core_scaling import shipped_core_exponents
@@ -291,6 +297,52 @@ def build_parser() -> argparse.ArgumentParser:
         "deviations of the CPU that arrives in a boot time: the margin between waking and "
         "powering off, so the next few pods do not wake it again (default: %(default)s)",
     )
+    policy.add_argument(
+        "--rank-by",
+        choices=RANK_BY,
+        default=RANK_BY_WATTS,
+        help="what the choice of nodes to power off and to wake minimises: 'watts' (predicted "
+        "power) or 'grams' (predicted power times each node's carbon intensity, read as the "
+        "extender's Carbon plugin reads it; see --carbon-sources) (default: %(default)s)",
+    )
+
+    carbon = parser.add_argument_group("carbon intensity (for --rank-by grams)")
+    carbon.add_argument(
+        "--carbon-sources",
+        type=Path,
+        metavar="FILE",
+        help="YAML file with the Carbon plugin's 'sources' list (Prometheus, carbon-aware-sdk, "
+        "Electricity Maps, WattTime, file; or its whole args block); without it only nodes' "
+        f"own {CARBON_INTENSITY_ANNOTATION} annotations count",
+    )
+    carbon.add_argument(
+        "--carbon-signal",
+        choices=SIGNALS,
+        default="average",
+        help="which intensity signal ranks nodes (default: %(default)s)",
+    )
+    carbon.add_argument(
+        "--carbon-zone-label",
+        default=REGION_LABEL,
+        metavar="LABEL",
+        help=f"node label naming the grid zone ({CARBON_ZONE_LABEL} wins when set) "
+        "(default: %(default)s)",
+    )
+    carbon.add_argument(
+        "--carbon-max-age",
+        type=_duration("--carbon-max-age"),
+        default="2h",
+        metavar="DURATION",
+        help="a value or forecast older than this is stale and the node counts as unknown "
+        "(default: %(default)s)",
+    )
+    carbon.add_argument(
+        "--carbon-poll-interval",
+        type=_duration("--carbon-poll-interval"),
+        default="5m",
+        metavar="DURATION",
+        help="how often the sources are polled, in the background (default: %(default)s)",
+    )
 
     act = parser.add_argument_group("acting")
     act.add_argument(
@@ -450,9 +502,12 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             boot_energy_j=args.boot_energy_kj * 1000.0,
             wake_horizon_s=args.wake_horizon,
             off_margin_sd=args.off_margin_sd,
+            rank_by=args.rank_by,
         )
     except ValueError as error:
         raise ValueError(f"policy flags: {error}") from None
+    if args.carbon_sources is not None and args.rank_by != RANK_BY_GRAMS:
+        raise ValueError("--carbon-sources is read only with --rank-by grams")
     actuator = ActuatorSettings(
         default_driver=args.default_driver,
         bmc_timeout_s=args.bmc_timeout,
@@ -475,6 +530,23 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         max_bulk_power_off=args.max_empty_bulk_power_off,
         api_timeout_s=args.api_timeout,
     )
+
+
+def carbon_settings_from_args(args: argparse.Namespace) -> CarbonSettings:
+    """The carbon flags; ValueError naming the file or flag at fault."""
+    sources = read_sources_file(args.carbon_sources) if args.carbon_sources else ()
+    try:
+        return CarbonSettings(
+            sources=sources,
+            signal=args.carbon_signal,
+            zone_label=args.carbon_zone_label,
+            max_age_s=args.carbon_max_age,
+            forecast_max_age_s=args.carbon_max_age,
+            poll_interval_s=args.carbon_poll_interval,
+            timeout_s=args.api_timeout,
+        )
+    except ValueError as error:
+        raise ValueError(f"carbon flags: {error}") from None
 
 
 def lease_settings_from_args(args: argparse.Namespace, namespace: str) -> LeaseSettings:
@@ -518,6 +590,7 @@ def round_summary(controller: NodePowerController, result: object) -> dict[str, 
                 "managed": n.managed,
                 "why_not": n.unmanaged_reason,
                 "idle_w": n.idle_w,
+                "g_per_kwh": n.g_per_kwh,
                 "requested_cpu": n.requested_cpu,
                 "allocatable_cpu": n.allocatable_cpu,
             }
@@ -530,9 +603,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the controller; exit status 0, 1 (`--once` round failed) or 2 (bad flags)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    metrics = ControllerMetrics()
+    carbon = None
     try:
         settings = settings_from_args(args)
         lease = lease_settings_from_args(args, settings.namespace)
+        if settings.policy.rank_by == RANK_BY_GRAMS:
+            carbon = NodeIntensity(
+                carbon_settings_from_args(args),
+                lambda: controller.nodes.items(),  # the controller's Node cache, made below
+                prometheus_url=args.prometheus,
+                registry=metrics.registry,
+            )
         api_client = kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
     except (ValueError, KubeConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -551,8 +633,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings,
         api_client,
         idle_power=idle_power,
+        carbon=carbon,
         secret=BmcSecret(args.bmc_secret_dir),
         elector=elector,
+        metrics=metrics,
     )
     if args.check_bmc:
         return check_bmcs(api_client, args.check_bmc, controller)
@@ -618,6 +702,8 @@ def _run_once(controller: NodePowerController, elector: LeaderElector | None) ->
         if not _wait_synced(controller):
             print("error: the node, pod and budget caches did not sync", file=sys.stderr)
             return 1
+        if controller.carbon is not None:
+            controller.carbon.poll_once()  # this round's intensities, not the next poll's
         result = controller.run_round()
     finally:
         controller.stop()

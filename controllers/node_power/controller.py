@@ -43,12 +43,14 @@ from controllers.node_power.actuator import (
     LostLeadership,
     saved_watts,
 )
+from controllers.node_power.carbon import NodeIntensity
 from controllers.node_power.drivers import BmcSecret
 from controllers.node_power.idle_power import IdlePower
 from controllers.node_power.kube import Informer, KubeOps, describe_api_error
 from controllers.node_power.lease import LeaderElector
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import (
+    RANK_BY_GRAMS,
     Action,
     ArrivalRate,
     ArrivalRateMeter,
@@ -124,6 +126,7 @@ class NodePowerController:
         api_client: client.ApiClient,
         *,
         idle_power: IdlePower | None = None,
+        carbon: NodeIntensity | None = None,
         secret: BmcSecret | None = None,
         elector: LeaderElector | None = None,
         metrics: ControllerMetrics | None = None,
@@ -134,6 +137,8 @@ class NodePowerController:
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.idle_power = idle_power or IdlePower(None)
+        # Each node's carbon intensity, read only when the policy ranks by grams.
+        self.carbon = carbon if settings.policy.rank_by == RANK_BY_GRAMS else None
         core = client.CoreV1Api(api_client)
         policy_api = client.PolicyV1Api(api_client)
         self.nodes = Informer("nodes", core.list_node, clock=clock)
@@ -170,10 +175,14 @@ class NodePowerController:
     def start(self) -> None:
         for informer in (self.nodes, self.pods, self.budgets):
             informer.start()
+        if self.carbon is not None:
+            self.carbon.start()
 
     def stop(self) -> None:
         for informer in (self.nodes, self.pods, self.budgets):
             informer.stop()
+        if self.carbon is not None:
+            self.carbon.stop()
 
     @property
     def synced(self) -> bool:
@@ -254,6 +263,7 @@ class NodePowerController:
             namespace,
             self._idle_w,
             self.settings.scheduler_name,
+            self.carbon.g_per_kwh(nodes, now_s) if self.carbon is not None else None,
         )
         for problem in view.problems:
             log.warning("%s", problem)

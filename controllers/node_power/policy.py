@@ -33,6 +33,11 @@ unneeded. `decide` answers:
   than `cooldown_s` ago stays on (at most one power cycle per cool-down per node);
 - **unneeded_since**: the bookkeeping for the next round.
 
+Every choice among nodes above compares watts; with `rank_by` "grams" it compares the grams
+of CO2 per hour those watts emit at each node's carbon intensity (`NodeView.g_per_kwh`), so
+the dirtiest idle core goes off first and the cleanest wakes (the limits and the headroom
+stay in cores).
+
 Only nodes that are `managed` (opted in by the label, no kill switch, no cluster-autoscaler
 scale-down-disabled annotation) are ever powered off or on. Every decision carries its reason
 in words and the predicted watts it saves or costs, for the controller's log and metrics.
@@ -52,6 +57,9 @@ from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON, POWER_WAKING
 
 # Requests are compared in cores; this absorbs float sums of millicores.
 _EPS_CORES = 1e-9
+RANK_BY_WATTS = "watts"
+RANK_BY_GRAMS = "grams"
+RANK_BY = (RANK_BY_WATTS, RANK_BY_GRAMS)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,9 @@ class NodeView:
     curve_w: tuple[float, ...] = ()
     # Energy (joules) this node spends booting; NaN: `PolicySettings.boot_energy_j`.
     boot_energy_j: float = math.nan
+    # Carbon intensity of the power the node draws now (g CO2/kWh: its zone's, or its own
+    # supply's), for `PolicySettings.rank_by` "grams"; NaN when unknown.
+    g_per_kwh: float = math.nan
 
     @property
     def requested_cpu(self) -> float:
@@ -168,8 +179,15 @@ class PolicySettings:
     # Nodes with movable pods drained per round (cluster-autoscaler --max-drain-parallelism 1):
     # evicting pods from many nodes at once disrupts more than it saves.
     max_drains_per_round: int = 1
+    # What the choice among nodes minimises: "watts", the predicted power; or "grams", the
+    # predicted power times each node's carbon intensity (CO2 per hour). With "grams" a node
+    # whose intensity is unknown counts at the mean of the nodes whose intensity is known
+    # (neutral, as the extender's Carbon score treats it); with none known it is "watts".
+    rank_by: str = "watts"
 
     def __post_init__(self) -> None:
+        if self.rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
         for name in ("unneeded_time_s", "cooldown_s", "min_headroom_cores", "boot_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -331,6 +349,8 @@ def decide(
     a bare rate in cores per second (no noise: no margin between waking and powering off)."""
     if not isinstance(arrival, ArrivalRate):
         arrival = ArrivalRate(arrival)
+    if settings.rank_by == RANK_BY_GRAMS:
+        nodes = _with_neutral_intensity(nodes)
     target = headroom_cores(arrival.cores_per_s, settings)
     off_target = off_headroom_cores(arrival, settings)
     serving = [n for n in nodes if n.state in (POWER_ON, POWER_WAKING)]
@@ -434,7 +454,7 @@ def _plan_wake(
     # 2. Take drains back, least idle watts per core first: an uncordon costs nothing.
     cancel: list[Action] = []
     draining = sorted(
-        (n for n in nodes if n.state == POWER_DRAINING), key=lambda n: _per_core_key(n)
+        (n for n in nodes if n.state == POWER_DRAINING), key=lambda n: _per_core_key(n, settings)
     )
     for node in draining:
         if not waiting and deficit <= _EPS_CORES:
@@ -493,7 +513,9 @@ def _cheapest_for_pods(
         left = _pack(pods, [room])
         if room.placed_cores <= _EPS_CORES and not room.placed:
             continue
-        watts = node.predicted_w(room.placed_cores) + _boot_w(node, settings)
+        watts = _ranked(
+            node, node.predicted_w(room.placed_cores) + _boot_w(node, settings), settings
+        )
         per_core = watts / max(room.placed_cores, 1e-3) if math.isfinite(watts) else math.inf
         key = (per_core, node.name)
         if best is None or key < best[:2]:
@@ -522,7 +544,9 @@ def _without_spare_nodes(
     kept = [room.node for room in woken]
     all_served, all_free, rooms = coverage(kept)
     free_needed = min(target, all_free)
-    for node in sorted(kept, key=lambda n: (_wake_w(n, settings), n.name), reverse=True):
+    for node in sorted(
+        kept, key=lambda n: (_ranked(n, _wake_w(n, settings), settings), n.name), reverse=True
+    ):
         trial = [n for n in kept if n is not node]
         served, free, trial_rooms = coverage(trial)
         if served >= all_served and free >= free_needed - _EPS_CORES:
@@ -542,6 +566,7 @@ def _wake_action(room: _Room, target: float, settings: PolicySettings) -> Action
     boot_w = _boot_w(node, settings)
     if boot_w > 0:
         why += f", boot {boot_w:.0f} W over {settings.wake_horizon_s:.0f} s"
+    why += _intensity_note(node, settings)
     watts = node.predicted_w(room.placed_cores) + boot_w
     return Action(node.name, why, watts)
 
@@ -567,12 +592,36 @@ def _wake_w(node: NodeView, settings: PolicySettings) -> float:
 
 def _idle_per_free_core(node: NodeView, settings: PolicySettings) -> float:
     free = _free_cpu(node)
-    return _wake_w(node, settings) / free if free > 0 else math.inf
+    return _ranked(node, _wake_w(node, settings), settings) / free if free > 0 else math.inf
 
 
-def _per_core_key(node: NodeView) -> tuple[float, str]:
-    per_core = node.idle_w_per_core
+def _per_core_key(node: NodeView, settings: PolicySettings) -> tuple[float, str]:
+    per_core = _ranked(node, node.idle_w_per_core, settings)
     return (per_core if math.isfinite(per_core) else math.inf, node.name)
+
+
+def _ranked(node: NodeView, watts: float, settings: PolicySettings) -> float:
+    """What the choices among nodes compare: `watts`, or with `rank_by` "grams" the grams of
+    CO2 per hour they emit at the node's intensity."""
+    if settings.rank_by == RANK_BY_GRAMS and math.isfinite(node.g_per_kwh):
+        return watts * node.g_per_kwh / 1000.0
+    return watts
+
+
+def _with_neutral_intensity(nodes: Sequence[NodeView]) -> list[NodeView]:
+    """`nodes`, those without a known intensity given the mean of those with one: unknown
+    intensity neither wins nor loses a choice (all unknown: every node is ranked by watts)."""
+    known = [n.g_per_kwh for n in nodes if math.isfinite(n.g_per_kwh) and n.g_per_kwh >= 0]
+    if not known or len(known) == len(nodes):
+        return list(nodes)
+    mean = sum(known) / len(known)
+    return [n if math.isfinite(n.g_per_kwh) else replace(n, g_per_kwh=mean) for n in nodes]
+
+
+def _intensity_note(node: NodeView, settings: PolicySettings) -> str:
+    if settings.rank_by != RANK_BY_GRAMS or not math.isfinite(node.g_per_kwh):
+        return ""
+    return f", {node.g_per_kwh:.0f} g CO2/kWh"
 
 
 # ---- powering off -------------------------------------------------------------------------
@@ -638,10 +687,13 @@ def _plan_off(
         and now_s - since[n.name] >= settings.unneeded_time_s
         and now_s - n.state_since_s >= settings.cooldown_s
     ]
-    # Worst first: most idle watts per core (unknown idle power last).
-    candidates.sort(
-        key=lambda n: (-n.idle_w_per_core if math.isfinite(n.idle_w_per_core) else math.inf, n.name)
-    )
+
+    # Worst first: most idle watts (or grams per hour) per core (unknown idle power last).
+    def worst_first(node: NodeView) -> tuple[float, str]:
+        per_core = _ranked(node, node.idle_w_per_core, settings)
+        return (-per_core if math.isfinite(per_core) else math.inf, node.name)
+
+    candidates.sort(key=worst_first)
     staying = {n.name: n for n in on}
     power_off: list[Action] = []
     drain: list[Action] = []
@@ -662,6 +714,7 @@ def _plan_off(
             reason = (
                 f"{_unneeded(node, settings)} for {now_s - since[node.name]:.0f} s; its "
                 f"{len(moving)} pod(s) fit elsewhere; {node.idle_w_per_core:.1f} W idle per core"
+                f"{_intensity_note(node, settings)}"
             )
             drain.append(Action(node.name, reason, saving))
             # What moves takes room on the others: account for it before the next candidate.
@@ -669,7 +722,7 @@ def _plan_off(
         else:
             reason = (
                 f"empty for {now_s - since[node.name]:.0f} s; "
-                f"{node.idle_w_per_core:.1f} W idle per core"
+                f"{node.idle_w_per_core:.1f} W idle per core{_intensity_note(node, settings)}"
             )
             power_off.append(Action(node.name, reason, saving))
             del staying[node.name]

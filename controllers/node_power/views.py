@@ -478,8 +478,10 @@ def cluster_view(
     namespace: JsonObject | None,
     idle_w: Mapping[str, float],
     scheduler_name: str,
+    g_per_kwh: Mapping[str, float] | None = None,
 ) -> ClusterView:
-    """Every node as a `NodeView`, and the pods pending for our scheduler."""
+    """Every node as a `NodeView`, and the pods pending for our scheduler. `g_per_kwh`: each
+    node's carbon intensity now, for ranking by grams (missing: unknown)."""
     parsed_budgets = [Budget.from_object(b) for b in budgets]
     on_nodes = pods_by_node(pods)
     views, records, ready_at, problems = [], {}, {}, []
@@ -515,6 +517,7 @@ def cluster_view(
                 pods=infos,
                 ready=ready,
                 unmanaged_reason=reason,
+                g_per_kwh=(g_per_kwh or {}).get(name, math.nan),
             )
         )
         records[name] = record
