@@ -118,6 +118,9 @@ CARBON_ZONE_LABEL = "power-aware-scheduler/carbon-zone"
 # declaration; with it (RFC 3339, written by whatever updates the value) it ages and expires.
 CARBON_INTENSITY_ANNOTATION = "power-aware-scheduler/carbon-intensity-g-per-kwh"
 CARBON_INTENSITY_AT_ANNOTATION = "power-aware-scheduler/carbon-intensity-at"
+# Node annotation (RFC 3339): the Reward plugin forgets what the node taught it before this time
+# (after a repair); outcomes dated earlier are ignored from then on.
+REWARD_RESET_AT_ANNOTATION = "power-aware-scheduler/reward-reset-at"
 # Every node's filter reason, when the Carbon plugin holds a deferrable pod for a cleaner
 # window, starts with this; kube-scheduler copies it into the pod's PodScheduled condition
 # message ("0/16 nodes are available: 16 power-aware-scheduler/carbon-hold: ..."). Tools that

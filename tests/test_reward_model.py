@@ -208,6 +208,18 @@ def test_the_saved_document_restores_the_same_rewards_and_keeps_fading() -> None
             },
             "workloads['w']['a']: counts must be >= 0",
         ),
+        (
+            {"format": "power-aware-scheduler/rewards/v1", "saved_at_s": 1.0, "node_resets": []},
+            "node_resets must be a mapping",
+        ),
+        (
+            {
+                "format": "power-aware-scheduler/rewards/v1",
+                "saved_at_s": 1.0,
+                "node_resets": {"a": "noon"},
+            },
+            "node_resets['a']: expected a finite number",
+        ),
     ],
 )
 def test_a_bad_document_says_what_is_wrong_and_adds_nothing(document: dict, message: str) -> None:
@@ -222,3 +234,32 @@ def test_scoring_constants_are_checked() -> None:
         ScoringConstants(node_share=1.5)
     with pytest.raises(ValueError, match="halfLifeS"):
         RewardModel(half_life_s=0.0)
+
+
+def test_a_node_reset_forgets_what_it_taught_and_ignores_older_outcomes() -> None:
+    model = RewardModel(half_life_s=HOUR)
+    failures(model, "node-a", "shop/Deployment/web", 6, at_s=0.0)
+    failures(model, "node-b", "shop/Deployment/web", 2, at_s=0.0)
+    assert model.reset_node("node-a", at_s=60.0)
+    assert not model.reset_node("node-a", at_s=60.0)  # applied once
+    snapshot = model.snapshot(120.0)
+    assert set(snapshot.node_rows) == {"node-b"}
+    assert snapshot.pair_counts("shop/Deployment/web", "node-a", 120.0) == (0.0, 0.0)
+    assert snapshot.pair_counts("shop/Deployment/web", "node-b", 120.0)[1] > 0  # untouched
+    # An outcome of before the repair reported late is ignored; one after it counts.
+    failures(model, "node-a", "shop/Deployment/web", 1, at_s=30.0)
+    assert "node-a" not in model.snapshot(120.0).node_rows
+    failures(model, "node-a", "shop/Deployment/web", 1, at_s=90.0)
+    assert model.snapshot(120.0).pair_counts("shop/Deployment/web", "node-a", 120.0)[1] > 0
+
+    # Saved and restored: the reset still holds (older evidence stays out, newer stays in).
+    restored = RewardModel(half_life_s=HOUR)
+    restored.merge_document(model.to_document(120.0), where="test")
+    assert restored.node_resets == {"node-a": 60.0}
+    assert not restored.reset_node("node-a", at_s=60.0)  # a restart does not reset again
+    failures(restored, "node-a", None, 1, at_s=45.0)
+    counts = restored.snapshot(120.0).pair_counts("shop/Deployment/web", "node-a", 120.0)
+    assert counts[1] == pytest.approx(2 ** (-30 / HOUR), rel=1e-3)  # the one after the reset
+    # A reset long past (ten half-lives) is let go with the faded evidence.
+    restored.snapshot(120.0 + 11 * HOUR)
+    assert restored.node_resets == {}

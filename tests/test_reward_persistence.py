@@ -11,6 +11,7 @@ import gzip
 import json
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,7 @@ from extender.rewards.source import REWARD_SIGNAL, RewardSettings, RewardSource
 from extender.rewards.store import DATA_KEY, ConfigMapStore, SaveResult
 from extender.sources.kube_watch import BOUND_POD_FIELD_SELECTOR, ClusterWatcher
 from extender.state import ClusterState
+from livedata.labels import REWARD_RESET_AT_ANNOTATION
 from tests.support.fake_kube import FakeKube
 
 NAMESPACE = "power-aware-scheduler"
@@ -223,6 +225,40 @@ def test_the_pod_watch_feeds_the_plugin_and_a_restart_keeps_what_it_learned(
         # The Failed pod is still listed, but it ended before the save: not counted twice.
         wait_until(lambda: plugin.status()["tracked_pods"] == 1, "the relisted pod")
         assert plugin.status()["outcomes"] == {}
+
+        # The node is repaired: the operator resets what it taught, by a node annotation.
+        kube.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {REWARD_RESET_AT_ANNOTATION: "no"}}}
+        )
+        wait_until(lambda: "node-a" in _annotated(state), "the unreadable annotation")
+        plugin.source.run_once()
+        assert published_bad() == pytest.approx(4, rel=1e-3)  # unreadable: nothing reset
+        reset_at = datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        kube.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {REWARD_RESET_AT_ANNOTATION: reset_at}}}
+        )
+        wait_until(lambda: published_bad() == 0.0, "the reset")
+        assert plugin.status()["node_resets_applied"] == 1
+        assert "node-a" in plugin.status()["node_resets"]
     finally:
         watcher.stop()
         plugin.source.stop()
+
+    watcher, plugin, state = start()  # restarted again, the annotation still on the node
+    try:
+        wait_until(lambda: plugin.status()["persistence"]["loaded"], "the saved rewards")
+        wait_until(lambda: "node-a" in _annotated(state), "the node's annotation")
+        plugin.source.run_once()
+        assert published_bad() == 0.0  # the old evidence did not come back...
+        assert plugin.status()["node_resets_applied"] == 0  # ...and nothing was reset twice
+    finally:
+        watcher.stop()
+        plugin.source.stop()
+
+
+def _annotated(state: ClusterState) -> set[str]:
+    return {
+        node.name
+        for node in state.node_infos()
+        if REWARD_RESET_AT_ANNOTATION in (node.annotations or {})
+    }

@@ -5,9 +5,10 @@ its node and, when the pod has a workload, of the (workload, node) pair. Counts 
 exponentially with a half-life (`half_life_s`): an outcome `t` seconds old weighs
 `2 ** (-t / half_life_s)`. With no new outcomes every count fades to 0 and the node is back to
 the prior, neutral: a repaired node recovers by itself, a node that keeps failing keeps its
-evidence. Memory is bounded: at most `max_nodes` nodes, `max_workloads` workloads and
-`max_pairs` pairs are kept; the one updated least recently goes first, and evidence faded
-below `PRUNE_BELOW` is dropped (checked every `PRUNE_EVERY_S`).
+evidence, and an operator can reset one node at once (`reset_node`: the node annotation
+`power-aware-scheduler/reward-reset-at`). Memory is bounded: at most `max_nodes` nodes,
+`max_workloads` workloads and `max_pairs` pairs are kept; the one updated least recently goes
+first, and evidence faded below `PRUNE_BELOW` is dropped (checked every `PRUNE_EVERY_S`).
 
 **Posterior.** The chance that a placement goes well is a Beta(1 + good, 1 + bad) posterior (a
 uniform prior: one imagined good and one imagined bad outcome). For a (workload, node) pair
@@ -67,6 +68,7 @@ DOCUMENT_FORMAT = "power-aware-scheduler/rewards/v1"
 PRIOR_GOOD = 1.0
 PRIOR_BAD = 1.0
 PRUNE_BELOW = 0.01  # evidence (good + bad) that has faded below this is forgotten ...
+RESET_KEPT_HALF_LIVES = 10  # a per-node reset is remembered this long (evidence is 0.1 % by then)
 PRUNE_EVERY_S = 600.0  # ... when a snapshot is built this long after the last pruning
 DEFAULT_MAX_NODES = 10_000
 DEFAULT_MAX_WORKLOADS = 5_000
@@ -270,6 +272,8 @@ class RewardModel:
         self._workload_cache: dict[str, WorkloadEvidence] = {}
         self._dirty_workloads: set[str] = set()
         self._last_prune_s = -math.inf
+        # Per-node resets: node -> the time before which its outcomes no longer count.
+        self.node_resets: dict[str, float] = {}
 
     # ---- sizes ---------------------------------------------------------------------------
 
@@ -292,7 +296,10 @@ class RewardModel:
         self.add(outcome.node, outcome.workload, good=good, bad=1.0 - good, at_s=outcome.at_s)
 
     def add(self, node: str, workload: str | None, *, good: float, bad: float, at_s: float) -> None:
-        """Add evidence for `node` (and the pair, with a workload) dated `at_s`."""
+        """Add evidence for `node` (and the pair, with a workload) dated `at_s`; evidence dated
+        before the node's reset is ignored."""
+        if at_s < self.node_resets.get(node, -math.inf):
+            return
         evidence = self._nodes.get(node)
         if evidence is None:
             evidence = self._nodes[node] = _Evidence(at_s=at_s)
@@ -303,6 +310,17 @@ class RewardModel:
         evidence.add(good, bad, at_s, self.half_life_s)
         if workload is not None:
             self._add_pair(workload, node, good, bad, at_s)
+
+    def reset_node(self, node: str, at_s: float) -> bool:
+        """Forget everything `node` taught (its evidence and its pairs') and ignore its outcomes
+        dated before `at_s` from now on; False when a reset at least that recent was applied."""
+        if not at_s > self.node_resets.get(node, -math.inf):
+            return False
+        self.node_resets[node] = at_s
+        if self._nodes.pop(node, None) is not None:
+            for workload in [w for w, nodes in self._workload_nodes.items() if node in nodes]:
+                self._remove_pair((workload, node))
+        return True
 
     def forget(self) -> None:
         """Drop all evidence (a reset)."""
@@ -390,6 +408,7 @@ class RewardModel:
             "half_life_s": self.half_life_s,
             "nodes": nodes,
             "workloads": workloads,
+            "node_resets": dict(self.node_resets),
         }
 
     def merge_document(self, document: object, *, where: str) -> None:
@@ -408,6 +427,9 @@ class RewardModel:
             for workload, entries in workloads.items()
             for node, counts in _entries(entries, f"{where}: workloads[{workload!r}]").items()
         ]
+        resets = _times(document.get("node_resets", {}), f"{where}: node_resets")
+        for node, at_s in resets.items():  # first: evidence saved before a reset stays out
+            self.node_resets[node] = max(at_s, self.node_resets.get(node, -math.inf))
         # Oldest first, so that the caps keep the most recent; pairs after their nodes, and
         # without adding to the nodes again (a node's entry already sums its pairs).
         for node, (good, bad) in nodes.items():
@@ -504,6 +526,11 @@ class RewardModel:
         for name in faded_nodes:
             del self._nodes[name]
         self.evictions.faded += len(faded) + len(faded_nodes)
+        # A reset long past filters nothing that could still weigh: outcomes reported that late
+        # are not reported at all.
+        horizon_s = now_s - RESET_KEPT_HALF_LIVES * self.half_life_s
+        for name in [n for n, at_s in self.node_resets.items() if at_s < horizon_s]:
+            del self.node_resets[name]
 
 
 def _rounded(counts: tuple[float, float]) -> list[float]:
@@ -514,6 +541,12 @@ def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{where}: expected a finite number, got {value!r}")
     return float(value)
+
+
+def _times(value: object, where: str) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a mapping of node -> Unix seconds")
+    return {str(node): _number(at_s, f"{where}[{node!r}]") for node, at_s in value.items()}
 
 
 def _entries(value: object, where: str) -> dict[str, tuple[float, float]]:

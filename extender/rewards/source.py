@@ -6,7 +6,11 @@ call turns pod states into outcomes (`PodOutcomes`) and evidence (`RewardModel`)
 lock, in microseconds. The source's own thread wakes every `publish_interval_s` to
 
 1. judge what time alone decides (healthy intervals, readiness and start graces: `sweep`,
-   every `SWEEP_EVERY_S`);
+   every `SWEEP_EVERY_S`), and apply per-node resets: a node annotated
+   `power-aware-scheduler/reward-reset-at: <RFC 3339>` (read from the cluster state's nodes
+   when they change) has what it taught forgotten once, and outcomes dated before that time
+   are ignored from then on (`RewardModel.reset_node`; the resets are saved with the evidence,
+   so a restart neither brings the old evidence back nor forgets the new);
 2. publish an immutable `RewardSnapshot` as the state signal `rewards` when anything changed
    (and at least every `REPUBLISH_S`) - the request path reads only that, and decays its
    counts to the request's time itself;
@@ -40,6 +44,7 @@ from extender.rewards.outcomes import (
     OutcomeKind,
     OutcomeSettings,
     PodOutcomes,
+    timestamp_s,
 )
 from extender.rewards.store import (
     MAX_PAYLOAD_BYTES,
@@ -49,6 +54,7 @@ from extender.rewards.store import (
     encode_document,
 )
 from extender.state import ClusterState
+from livedata.labels import REWARD_RESET_AT_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +135,9 @@ class RewardSource:
         self.outcome_counts: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._nodes_seen_version: int | None = None  # the state's layout the resets were read at
+        self._unreadable_resets: set[tuple[str, str]] = set()  # logged once per value
+        self.node_resets_applied = 0
         if registry is not None:
             registry.register(_RewardCollector(self))
 
@@ -160,6 +169,8 @@ class RewardSource:
             if self._held is None and now_s - self._last_sweep_s >= SWEEP_EVERY_S:
                 self._last_sweep_s = now_s
                 self._record(self.outcomes.sweep(now_s))
+            if self._held is None:
+                self._apply_node_resets()
             if force_publish or self._dirty or now_s - self._last_publish_s >= REPUBLISH_S:
                 published = self._publish_locked(now_s)
         persistence = self._persistence
@@ -289,6 +300,8 @@ class RewardSource:
                 "outcomes": dict(sorted(self.outcome_counts.items())),
                 "ignored": dict(sorted(self.outcomes.ignored.items())),
                 "evictions": vars(self.model.evictions).copy(),
+                "node_resets_applied": self.node_resets_applied,
+                "node_resets": dict(sorted(self.model.node_resets.items())),
                 "snapshot_age_s": None if snapshot is None else now_s - snapshot.built_at_s,
             }
         persistence = self._persistence
@@ -307,6 +320,39 @@ class RewardSource:
         return status
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _apply_node_resets(self) -> None:
+        """Reset the nodes whose reset annotation is newer than the reset applied (under the
+        lock; reads the nodes only when the state's node set or a node's info changed)."""
+        version = self._state.layout_version()
+        if version == self._nodes_seen_version:
+            return
+        self._nodes_seen_version = version
+        for node in self._state.node_infos():
+            raw = (node.annotations or {}).get(REWARD_RESET_AT_ANNOTATION)
+            if raw is None:
+                continue
+            at_s = timestamp_s(raw)
+            if at_s is None:
+                if (node.name, raw) not in self._unreadable_resets:
+                    self._unreadable_resets.add((node.name, raw))
+                    log.warning(
+                        "rewards: node %s: %s %r is not an RFC 3339 time; nothing reset",
+                        node.name,
+                        REWARD_RESET_AT_ANNOTATION,
+                        raw,
+                    )
+                continue
+            if self.model.reset_node(node.name, at_s):
+                self.node_resets_applied += 1
+                self._dirty = True
+                log.info(
+                    "rewards: node %s reset (%s=%s): what it taught is forgotten, and its "
+                    "outcomes before that time are ignored",
+                    node.name,
+                    REWARD_RESET_AT_ANNOTATION,
+                    raw,
+                )
 
     def _record(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
@@ -411,6 +457,11 @@ class _RewardCollector:
         for what, count in status["evictions"].items():
             evictions.add_metric([what], count)
         yield evictions
+        yield CounterMetricFamily(
+            f"{PREFIX}_node_resets",
+            "Nodes whose evidence was forgotten for their reward-reset-at annotation",
+            value=status["node_resets_applied"],
+        )
         snapshot = source.snapshot
         if snapshot is not None:
             good, bad = snapshot.node_counts(source.now())
