@@ -3,8 +3,9 @@
 Every `scan_interval_s`, on the replica that holds the Lease:
 
 1. **read** the cached Nodes, Pods and PodDisruptionBudgets (`kube.Informer`), the
-   controller's Namespace (kill switch) and each node's predicted idle watts (`idle_power`),
-   and map them to the policy's views (`views.cluster_view`); nodes backing off after a
+   controller's Namespace (kill switch), each node's predicted idle watts (`idle_power`) and,
+   ranking by grams, its carbon intensity (`carbon`, polled in the background), and map them
+   to the policy's views (`views.cluster_view`); nodes backing off after a
    failure are shown to the policy as unmanaged;
 2. **decide** with `policy.decide` (the same code the energy simulation runs), on the pending
    pods that the nodes already waking will not take (`views.pending_beyond_waking`);
