@@ -173,6 +173,9 @@ def test_probes_metrics_and_status_over_http() -> None:
         assert "power_aware_node_power_leader 1.0" in metrics
         status = requests.get(base + "/status", timeout=5).json()
         assert status["apply"] is True and status["synced"] is True
+        assert set(status["watches"]) == {"nodes", "pods", "poddisruptionbudgets"}
+        assert all(w["synced"] and w["relists_total"] >= 1 for w in status["watches"].values())
+        assert status["carbon"] is None  # ranking by watts: no carbon source
         assert requests.get(base + "/nope", timeout=5).status_code == 404
         kube.failing = True
         try:
@@ -295,6 +298,7 @@ def test_the_controllers_carbon_source_reports_on_its_metrics(tmp_path: Path) ->
     )
     carbon.poll_once()
     assert carbon.g_per_kwh(nodes, time.time()) == {"a": 700.0}
+    assert carbon.status()["sources"]["site"]["zones"] == ["coal"]
     text = generate_latest(metrics.registry).decode()
     labels = 'signal="average",source="site",zone="coal"'
     assert f"power_aware_node_power_carbon_intensity_g_per_kwh{{{labels}}} 700.0" in text

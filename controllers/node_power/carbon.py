@@ -147,6 +147,14 @@ class NodeIntensity:
         """Poll the sources now (the thread does it every interval; `--once` calls it)."""
         return self.source.poll_once() if self.source is not None else self.snapshot
 
+    def status(self) -> dict[str, Any]:
+        """The sources' health and what they reported (JSON-ready, for /status)."""
+        return {
+            "signal": self.settings.signal,
+            "zone_label": self.settings.zone_label,
+            "sources": self.source.status() if self.source is not None else {},
+        }
+
     def g_per_kwh(self, nodes: Sequence[Mapping[str, Any]], now_s: float) -> dict[str, float]:
         """Node name -> usable intensity now (g/kWh), NaN where there is none."""
         snapshot = self.snapshot

@@ -459,7 +459,12 @@ class NodePowerController:
             "leader": self.is_leader(),
             "holder": self.elector.holder if self.elector is not None else None,
             "synced": self.synced,
+            "watches": {
+                informer.name: vars(informer.status).copy()
+                for informer in (self.nodes, self.pods, self.budgets)
+            },
             "bundle": self.idle_power.status(),
+            "carbon": self.carbon.status() if self.carbon is not None else None,
             "backoff": {
                 name: {"failures": b.failures, "retry_at_s": b.retry_at_s, "reason": b.reason}
                 for name, b in self.actuator.backoff.items()

@@ -1,9 +1,10 @@
 """The controller's Kubernetes calls: cached reads by list + watch, and the few writes it makes.
 
 Reads. `Informer` keeps one resource (Nodes, Pods, PodDisruptionBudgets) in memory the way
-client-go's reflector does: list, then watch from the list's resourceVersion with a
-server-side timeout, resume where the watch ended, relist on 410 Gone, and retry everything
-else (refused connections, dropped streams, 5xx) with exponential backoff. A round reads the
+client-go's reflector does (`livedata.list_watch.ListWatchLoop`, the extender's watch loop
+too): list, then watch from the list's resourceVersion with a server-side timeout, resume
+where the watch ended, relist on 410 Gone, and retry everything else (refused connections,
+dropped streams, 5xx) with exponential backoff. A round reads the
 cached objects, so the API server sees one watch per resource, not a list per round. Objects
 the controller writes are put into the cache from the write's answer (`observe`), so the next
 round sees its own changes even before the watch event arrives.
@@ -26,11 +27,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from livedata.labels import (
@@ -38,15 +38,13 @@ from livedata.labels import (
     POWER_STATE_REASON_ANNOTATION,
     POWER_STATE_SINCE_ANNOTATION,
 )
+from livedata.list_watch import ListWatchLoop, LoopStatus
 
 log = logging.getLogger(__package__)
 
 JsonObject = dict[str, Any]
 HTTP_NOT_FOUND = 404
-HTTP_GONE = 410
 HTTP_TOO_MANY_REQUESTS = 429
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_SLACK_S = 30.0
 MAX_REASON_CHARS = 1000  # an annotation value stays readable in `kubectl describe node`
 
 
@@ -72,19 +70,9 @@ def _newer_or_equal(candidate: Mapping[str, Any], current: Mapping[str, Any] | N
     return new >= old
 
 
-@dataclass
-class InformerStatus:
-    synced: bool = False  # listed, and no failure since
-    last_ok_s: float | None = None
-    consecutive_failures: int = 0
-    failures_total: int = 0
-    relists_total: int = 0
-    events_total: int = 0
-    last_error: str = ""
-
-
 class Informer:
-    """One resource's objects, kept current by list + watch in a daemon thread."""
+    """One resource's objects, kept current by list + watch in a daemon thread
+    (`livedata.list_watch.ListWatchLoop`)."""
 
     def __init__(
         self,
@@ -98,18 +86,20 @@ class Informer:
         list_timeout_s: float = 60.0,
     ) -> None:
         self.name = name
-        self.status = InformerStatus()
-        self._list_func = list_func
-        self._clock = clock
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
-        self._watch_timeout_s = watch_timeout_s
-        self._list_timeout_s = list_timeout_s
         self._store: dict[str, JsonObject] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._watch: watch.Watch | None = None
-        self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
+        self._loop = ListWatchLoop(
+            name=name,
+            list_func=list_func,
+            list_kwargs={},
+            on_list=self._listed,
+            on_event=self._apply,
+            clock=clock,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            watch_timeout_s=watch_timeout_s,
+            list_timeout_s=list_timeout_s,
+        )
 
     # ---- what readers use -------------------------------------------------------------------
 
@@ -127,116 +117,34 @@ class Informer:
 
     @property
     def synced(self) -> bool:
-        return self.status.synced
+        return self._loop.status.synced
+
+    @property
+    def status(self) -> LoopStatus:
+        return self._loop.status
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        current = self._watch
-        if current is not None:
-            current.stop()
-        self._thread.join(5)
+        self._loop.stop()
 
-    # ---- the loop ---------------------------------------------------------------------------
+    # ---- the loop's callbacks ---------------------------------------------------------------
 
-    def _run(self) -> None:
-        resource_version: str | None = None  # None: list first
-        delay_s = self._backoff_s
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = self._list()
-                resource_version = self._watch_from(resource_version)
-                delay_s = self._backoff_s
-                continue
-            except ApiException as error:
-                if error.status == HTTP_GONE:
-                    log.info("%s watch expired (410 Gone); relisting", self.name)
-                    resource_version = None
-                    continue
-                self._failed(f"HTTP {error.status} {error.reason}")
-            except Exception as error:  # dropped streams, refused connections, bad JSON
-                if self._stop.is_set():
-                    break
-                # Resumed from the last version seen: the server replays what came after it.
-                self._failed(f"{type(error).__name__}: {error}")
-            if self._stop.wait(delay_s):
-                break
-            delay_s = min(delay_s * 2, self._max_backoff_s)
-
-    def _list(self) -> str:
-        response = self._list_func(
-            _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, self._list_timeout_s)
-        )
-        try:
-            body = json.loads(response.data)
-        finally:
-            response.release_conn()
-        items = body.get("items") or []
+    def _listed(self, items: list[JsonObject]) -> None:
+        store = {object_key(obj): obj for obj in items}
         with self._lock:
-            self._store = {object_key(obj): obj for obj in items}
-        self.status.relists_total += 1
-        self._succeeded()
-        return (body.get("metadata") or {}).get("resourceVersion") or "0"
-
-    def _watch_from(self, resource_version: str) -> str:
-        stream = watch.Watch(return_type="object")
-        self._watch = stream
-        try:
-            for event in stream.stream(
-                self._list_func,
-                resource_version=resource_version,
-                timeout_seconds=self._watch_timeout_s,
-                allow_watch_bookmarks=True,
-                _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout_s + READ_TIMEOUT_SLACK_S),
-            ):
-                if self._stop.is_set():
-                    break
-                obj = event["raw_object"]
-                if event["type"] == "ERROR":
-                    code = obj.get("code")
-                    raise ApiException(status=code, reason=obj.get("reason") or obj.get("message"))
-                resource_version = (obj.get("metadata") or {}).get(
-                    "resourceVersion"
-                ) or resource_version
-                if event["type"] != "BOOKMARK":
-                    self._apply(event["type"], obj)
-                self._succeeded()
-        finally:
-            self._watch = None
-        return resource_version
+            self._store = store
 
     def _apply(self, kind: str, obj: JsonObject) -> None:
         key = object_key(obj)
-        self.status.events_total += 1
         with self._lock:
             if kind == "DELETED":
                 self._store.pop(key, None)
             else:
                 self._store[key] = obj
-
-    def _succeeded(self) -> None:
-        if self.status.consecutive_failures:
-            log.info(
-                "%s list/watch recovered after %d failures",
-                self.name,
-                self.status.consecutive_failures,
-            )
-        self.status.consecutive_failures = 0
-        self.status.synced = True
-        self.status.last_ok_s = self._clock()
-
-    def _failed(self, why: str) -> None:
-        if self.status.consecutive_failures == 0:
-            log.warning("%s list/watch failed (%s); retrying with backoff", self.name, why)
-        self.status.consecutive_failures += 1
-        self.status.failures_total += 1
-        self.status.synced = False
-        self.status.last_error = why
 
 
 class EvictionRefused(Exception):

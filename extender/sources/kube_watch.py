@@ -22,11 +22,11 @@ pod list and event too, to learn what became of the pods; with one, the pod watc
 Succeeded and Failed pods (a pod leaving a field selection arrives as DELETED with its previous
 content, so the end of a pod would otherwise be invisible).
 
-Each resource runs the reflector pattern of client-go in one daemon thread: list (replacing what
-the state holds), then watch from the list's resourceVersion with a server-side timeout, resume
-the watch where it ended, and relist on `410 Gone`. Errors and dropped streams are retried with
-exponential backoff; the failure is logged once per streak, and `healthy`/`last_sync_at_s` tell
-`/readyz` whether the view can be trusted. Nothing here is on the request path.
+Each resource runs the reflector pattern of client-go in one daemon thread
+(`livedata.list_watch.ListWatchLoop`, shared with the node power controller): list (replacing
+what the state holds), then watch from the list's resourceVersion, resume where it ended,
+relist on `410 Gone`, retry the rest with backoff; `healthy`/`last_sync_at_s` tell `/readyz`
+whether the view can be trusted. Nothing here is on the request path.
 """
 
 from __future__ import annotations
@@ -36,29 +36,25 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol
 
-import orjson
-from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
+from kubernetes import client
 
 from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests, is_daemon_pod
 from extender.pods import PODS_SIGNAL, PodIndexBuilder, PodPlacement
 from extender.state import ClusterState, NodeInfo
+from livedata.list_watch import (
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_BACKOFF_S,
+    DEFAULT_WATCH_TIMEOUT_S,
+    ListWatchLoop,
+)
 from livedata.pod_resources import parse_cpu_quantity, pod_cpu_demand_cores
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WATCH_TIMEOUT_S = 300
-DEFAULT_RESYNC_BACKOFF_S = 1.0
-DEFAULT_MAX_BACKOFF_S = 30.0
-# Slack on top of the server-side watch timeout before the client gives up on a silent socket.
-READ_TIMEOUT_SLACK_S = 30.0
-CONNECT_TIMEOUT_S = 10.0
-LIST_READ_TIMEOUT_S = 60.0
 # Only pods bound to a node and still running can add load; the server filters the rest out
 # (a pod that finishes leaves the selection and arrives as DELETED).
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -66,7 +62,6 @@ POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Fail
 # informer leaves out is what a listener learns from).
 BOUND_POD_FIELD_SELECTOR = "spec.nodeName!="
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
-HTTP_GONE = 410
 
 Clock = Callable[[], float]
 
@@ -149,178 +144,6 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    return (obj.get("metadata") or {}).get("resourceVersion")
-
-
-# --------------------------------------------------------------------------------------------
-# One list+watch loop per resource
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoopStatus:
-    """Health of one list+watch loop, for /readyz, /status and /metrics."""
-
-    synced: bool = False  # listed successfully and no error since
-    last_ok_at_s: float | None = None  # last successful list, watch event or clean watch end
-    consecutive_failures: int = 0
-    failures_total: int = 0
-    relists_total: int = 0
-    events_total: int = 0
-
-
-class _ListWatchLoop:
-    """List, then watch from the list's resourceVersion; resume, relist on 410, back off."""
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        list_func: Callable[..., Any],
-        list_kwargs: Mapping[str, Any],
-        on_list: Callable[[list[dict[str, Any]]], None],
-        on_event: Callable[[str, dict[str, Any]], None],
-        stop_event: threading.Event,
-        clock: Clock,
-        backoff_s: float,
-        max_backoff_s: float,
-        watch_timeout_s: int,
-    ) -> None:
-        self.name = name
-        self.status = LoopStatus()
-        self._list_func = list_func
-        self.list_kwargs = dict(list_kwargs)
-        self._on_list = on_list
-        self._on_event = on_event
-        self._stop = stop_event
-        self._clock = clock
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
-        self._watch_timeout_s = watch_timeout_s
-        self._watch: watch.Watch | None = None
-        self._lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, name=f"kube-{name}", daemon=True)
-
-    def interrupt(self) -> None:
-        """Unblock a watch in progress (used by stop)."""
-        with self._lock:
-            current = self._watch
-        if current is not None:
-            current.stop()
-
-    def _run(self) -> None:
-        # None means "list first"; after an error the watch resumes from the last version seen.
-        resource_version: str | None = None
-        delay_s = self._backoff_s
-        relisted_for_gone = False
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = self._list()
-                resource_version = self._watch_from(resource_version)
-                delay_s = self._backoff_s
-                relisted_for_gone = False
-                continue
-            except ApiException as error:
-                if error.status == HTTP_GONE:
-                    # Our resourceVersion fell out of the server's history: start over, at once
-                    # the first time; a server that keeps answering 410 gets the backoff.
-                    log.info("%s watch expired (410 Gone); relisting", self.name)
-                    resource_version = None
-                    if not relisted_for_gone:
-                        relisted_for_gone = True
-                        continue
-                self._failed(f"API error {error.status} {error.reason}".strip())
-            except Exception as error:  # dropped streams, refused connections, bad JSON...
-                if self._stop.is_set():
-                    break
-                self._failed(f"{type(error).__name__}: {error}")
-            if self._stop.wait(delay_s):
-                break
-            delay_s = min(delay_s * 2, self._max_backoff_s)
-
-    def _list(self) -> str:
-        response = self._list_func(
-            **self.list_kwargs,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S),
-        )
-        try:
-            body = orjson.loads(response.data)
-        finally:
-            response.release_conn()
-        items = body.get("items") or []
-        self._on_list(items)
-        resource_version = (body.get("metadata") or {}).get("resourceVersion") or "0"
-        self._succeeded()
-        self.status.relists_total += 1
-        log.info(
-            "%s listed: %d objects at resourceVersion %s", self.name, len(items), resource_version
-        )
-        return resource_version
-
-    def _connect_watch(self, **kwargs: Any) -> Any:
-        """Open the watch request; the server answering 200 counts as back in sync."""
-        response = self._list_func(**kwargs)
-        self._succeeded()
-        return response
-
-    def _watch_from(self, resource_version: str) -> str:
-        """Stream events until the server-side timeout ends the watch; the last version seen."""
-        # return_type "object" keeps raw JSON dicts: no model deserialisation per event.
-        stream_watch = watch.Watch(return_type="object")
-        with self._lock:
-            self._watch = stream_watch
-        try:
-            for event in stream_watch.stream(
-                self._connect_watch,
-                **self.list_kwargs,
-                resource_version=resource_version,
-                timeout_seconds=self._watch_timeout_s,
-                allow_watch_bookmarks=True,
-                _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout_s + READ_TIMEOUT_SLACK_S),
-            ):
-                if self._stop.is_set():
-                    break
-                obj = event["raw_object"]
-                resource_version = _resource_version(obj) or resource_version
-                if event["type"] != "BOOKMARK":
-                    self.status.events_total += 1
-                    try:
-                        self._on_event(event["type"], obj)
-                    except Exception:
-                        # One odd object must not stall the stream by being retried forever.
-                        log.exception("%s: skipped a %s event", self.name, event["type"])
-                self._succeeded()
-        finally:
-            with self._lock:
-                self._watch = None
-        if not self._stop.is_set():
-            self._succeeded()
-        return resource_version
-
-    def _succeeded(self) -> None:
-        if self.status.consecutive_failures:
-            log.info(
-                "%s watch recovered after %d failed attempts",
-                self.name,
-                self.status.consecutive_failures,
-            )
-            self.status.consecutive_failures = 0
-        # Only reached after a list: a resumed watch continues from a consistent state.
-        self.status.synced = True
-        self.status.last_ok_at_s = self._clock()
-
-    def _failed(self, what: str) -> None:
-        status = self.status
-        if status.consecutive_failures == 0:
-            log.warning("%s list/watch failed (%s); retrying with backoff", self.name, what)
-        status.consecutive_failures += 1
-        status.failures_total += 1
-        status.synced = False
-
-
 # --------------------------------------------------------------------------------------------
 # The watcher
 # --------------------------------------------------------------------------------------------
@@ -335,7 +158,7 @@ class ClusterWatcher:
         state: ClusterState,
         *,
         clock: Clock = time.time,
-        resync_backoff_s: float = DEFAULT_RESYNC_BACKOFF_S,
+        resync_backoff_s: float = DEFAULT_BACKOFF_S,
         max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
         watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
     ) -> None:
@@ -363,7 +186,7 @@ class ClusterWatcher:
             "max_backoff_s": max_backoff_s,
             "watch_timeout_s": watch_timeout_s,
         }
-        self._nodes = _ListWatchLoop(
+        self._nodes = ListWatchLoop(
             name="nodes",
             list_func=api.list_node,
             list_kwargs={},
@@ -371,7 +194,7 @@ class ClusterWatcher:
             on_event=self._node_event,
             **common,
         )
-        self._pods = _ListWatchLoop(
+        self._pods = ListWatchLoop(
             name="pods",
             list_func=api.list_pod_for_all_namespaces,
             list_kwargs={"field_selector": POD_FIELD_SELECTOR},
