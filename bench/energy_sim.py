@@ -605,6 +605,14 @@ def build_parser() -> argparse.ArgumentParser:
         "deviations of a boot time's arrivals (default: controllers.node_power.policy's, 2)",
     )
     power.add_argument(
+        "--min-headroom-cores",
+        metavar="CORES",
+        type=float,
+        default=None,
+        help="the node power controller's standing reserve: free CPU it keeps on whatever the "
+        "arrival rate (its --min-headroom-cores; default: controllers.node_power.policy's, 0)",
+    )
+    power.add_argument(
         "--arrival-windows",
         metavar="S1,S2",
         type=_seconds_list,
@@ -659,6 +667,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "power_management_profile": ("power_management_profile", 1),
     "cooldown": ("power_cooldown_s", 1),
     "off_margin_sd": ("off_margin_sd", 1),
+    "min_headroom_cores": ("min_headroom_cores", 1),
     "arrival_windows": ("arrival_windows_s", 1),
 }
 
@@ -763,6 +772,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--cooldown must be >= 0, got {settings.power_cooldown_s}"
     if settings.off_margin_sd is not None and not settings.off_margin_sd >= 0:
         return f"--off-margin-sd must be >= 0, got {settings.off_margin_sd}"
+    if settings.min_headroom_cores is not None and not settings.min_headroom_cores >= 0:
+        return f"--min-headroom-cores must be >= 0, got {settings.min_headroom_cores}"
     profile = settings.power_management_profile
     if profile and not Path(profile).is_file():
         return f"--power-management-profile: no such file {profile}"
@@ -851,7 +862,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = write_decisions(decisions_csv, results)
     print_table(results, report)
     if preset.report is not None:
-        preset.report(scenario, results)
+        figures = preset.report(scenario, results)
+        if figures:
+            report["preset"] = dict(figures)
     print_preset_figures(results, report)
     cl = report["cluster"]
     print(

@@ -3,9 +3,13 @@ the default scheduler and of `power-aware+delay` through a real extender server.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from bench.energy_sim import main
 from bench.sim import presets  # noqa: F401  (registers the edge preset and its policies)
 from bench.sim.cluster import build_cluster
 from bench.sim.edge import (
@@ -112,3 +116,19 @@ def test_delay_policies_need_the_edge_world() -> None:
     scenario.settings = BenchSettings(nodes=12, seed=7)  # the default preset
     with pytest.raises(PolicyNotApplicable, match="--preset edge"):
         run_policy("power-aware+delay", scenario, progress=False)
+
+
+def test_the_edge_bench_reports_the_least_energy_within_the_limits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = tmp_path / "summary.json"
+    args = ["--preset", "edge", "--nodes", "12", "--hours", "0.25", "--tail-hours", "0.25"]
+    args += ["--policies", "default,cheapest+delay", "--quiet", "--out-dir", str(tmp_path)]
+    assert main([*args, "--json", str(summary)]) == 0
+    assert "ceiling within the delay limits: no placement" in capsys.readouterr().out
+    report = json.loads(summary.read_text())
+    within_kwh = report["preset"]["delay_ceiling_energy_kwh"]
+    assert within_kwh >= report["ceiling"]["energy_kwh"]
+    assert report["preset"]["delay_ceiling_vs_ceiling"] >= 1.0
+    # A placement that keeps every pod within its true limit never beats the bound.
+    assert report["policies"]["cheapest+delay"]["energy_kwh"] >= within_kwh

@@ -8,12 +8,14 @@ import pytest
 from bench.sim.ceiling import (
     ceiling_energy_kwh,
     cheapest_dynamic_power_w,
+    constrained_ceiling_energy_kwh,
     lower_convex_envelope,
     used_cores_series,
 )
 from bench.sim.cluster import build_cluster, node_power_w
 from bench.sim.engine import SimSettings, simulate
-from bench.sim.policies import DefaultPolicy, RandomPolicy
+from bench.sim.kube_default import fits
+from bench.sim.policies import Decision, DefaultPolicy, RandomPolicy
 from bench.sim.workload import Trace, generate_trace
 from tests.support.sim import sim_cluster
 
@@ -78,3 +80,71 @@ def test_no_simulated_policy_beats_the_ceiling(policy: type) -> None:
     result = simulate(cluster, trace, policy(np.random.default_rng(0)), settings)
     ceiling_kwh = ceiling_energy_kwh(cluster, trace, result.duration_s, settings.tick_s)
     assert result.idle_energy_kwh < ceiling_kwh < result.energy_kwh
+
+
+def test_pods_pinned_to_the_steep_node_cost_what_it_costs_there() -> None:
+    # The same two nodes: 25 W/core on node 0, 50 W/core on node 1. Pod a (1 core) may run only
+    # on node 1; pod b (1 core) anywhere: b takes the flat node, a pays the steep one.
+    cluster = sim_cluster([LINEAR, CONCAVE], [200.0, 200.0], [4.0, 2.0])
+    trace = Trace(
+        names=["a", "b"],
+        arrival_s=np.array([0.0, 0.0]),
+        cpu_m=np.array([1000, 1000]),
+        memory_bytes=np.zeros(2, dtype=np.int64),
+        duration_s=np.array([3600.0, 3600.0]),
+        usage_ratio=np.array([1.0, 1.0]),
+    )
+    only_node_1 = np.array([False, True])
+    pinned = constrained_ceiling_energy_kwh(
+        cluster, trace, 3600.0, 60.0, lambda uid: only_node_1 if uid == "a" else None
+    )
+    free = constrained_ceiling_energy_kwh(cluster, trace, 3600.0, 60.0, lambda uid: None)
+    idle_kwh = 200.0 / 1000.0  # both nodes idle at 100 W for the hour
+    assert free == pytest.approx(idle_kwh + 0.050, rel=1e-6)  # 2 cores x 25 W
+    assert pinned == pytest.approx(idle_kwh + 0.075, rel=1e-6)  # 25 W + 50 W
+    assert free == pytest.approx(ceiling_energy_kwh(cluster, trace, 3600.0, 60.0), rel=1e-6)
+    # Pinned beyond what node 1 holds (3 cores on 2): the rest is priced at the steepest slope.
+    trace_big = Trace(
+        names=["a"],
+        arrival_s=np.array([0.0]),
+        cpu_m=np.array([3000]),
+        memory_bytes=np.zeros(1, dtype=np.int64),
+        duration_s=np.array([3600.0]),
+        usage_ratio=np.array([1.0]),
+    )
+    over = constrained_ceiling_energy_kwh(cluster, trace_big, 3600.0, 60.0, lambda _: only_node_1)
+    assert over == pytest.approx(idle_kwh + 0.150, rel=1e-6)
+
+
+def test_no_simulated_placement_within_the_limits_beats_the_constrained_ceiling() -> None:
+    # Any placement that keeps each pod on its allowed nodes, simulated: at least the bound,
+    # and the bound at least the unconstrained one.
+    cluster = build_cluster(6, seed=3)
+    trace = generate_trace(float(cluster.cores.sum()), hours=2.0, load=0.4, seed=3)
+    rng = np.random.default_rng(5)
+    allowed = {uid: rng.random(len(cluster)) < 0.5 for uid in trace.names[::3]}
+    for mask in allowed.values():
+        mask[rng.integers(len(cluster))] = True
+    settings = SimSettings(tail_s=1800.0)
+    result = simulate(cluster, trace, _WithinLimits(allowed), settings)
+    horizon_s = result.duration_s
+    within = constrained_ceiling_energy_kwh(cluster, trace, horizon_s, settings.tick_s, allowed.get)
+    ceiling = ceiling_energy_kwh(cluster, trace, horizon_s, settings.tick_s)
+    assert ceiling * (1 - 1e-9) <= within < result.energy_kwh
+
+
+class _WithinLimits(RandomPolicy):
+    """Random placement among the pod's allowed nodes with room."""
+
+    def __init__(self, allowed: dict[str, np.ndarray]) -> None:
+        super().__init__(np.random.default_rng(0))
+        self.allowed = allowed
+
+    def place(self, uid, pod, ledger, now_s):  # type: ignore[no-untyped-def]
+        feasible = np.flatnonzero(fits(ledger, pod))
+        mask = self.allowed.get(uid)
+        if mask is not None:
+            feasible = feasible[mask[feasible]]
+        if feasible.size == 0:
+            return Decision(None, reason="no allowed node has room")
+        return Decision(int(self.rng.choice(feasible)))

@@ -16,11 +16,25 @@ not yet written) can use less energy on the same trace with every node on:
 What separates a policy from the bound is then what the relaxations hide: requests reserve CPU
 that pods do not use, pods come whole and arrive online, and kube-scheduler's own scores pull
 towards spreading.
+
+`constrained_ceiling_energy_kwh` is the same bound when pods may run only on some nodes (the
+edge preset's delay limits): the fluid load of each group of pods that share their allowed
+nodes goes only to those nodes, the cheapest split found by a linear programme over the
+envelopes' segments (HiGHS, through scipy). One programme per instant would be tens of
+thousands; it is solved once per `window_s` on the window's mean loads instead, which keeps it
+a bound: the least cost of a split is convex in the loads (an LP's value in its right-hand
+side), so by Jensen's inequality the cost of the mean load is at most the mean of the costs.
+Its distance to the unconstrained bound taken the same way is what the constraints cost any
+placement, at the least.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_array
 
 from bench.sim.cluster import SimCluster, curve_power_w
 from bench.sim.workload import Trace
@@ -70,23 +84,28 @@ def envelope_power_w(envelopes_w: np.ndarray, util: np.ndarray) -> np.ndarray:
     return low_w + (position - lower) * (high_w - low_w)
 
 
+def envelope_segments(cluster: SimCluster) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per node, its envelope's segments above idle: (lengths in cores, slopes in W per core),
+    flattest first (the envelope is convex)."""
+    utils, curves_w = sampled_curves_w(cluster)
+    segments = []
+    for node in range(len(cluster)):
+        vx, vy = lower_convex_envelope(
+            utils * cluster.cores[node], curves_w[node] - curves_w[node, 0]
+        )
+        segments.append((np.diff(vx), np.diff(vy) / np.diff(vx)))
+    return segments
+
+
 def cheapest_dynamic_power_w(cluster: SimCluster, used_cores: np.ndarray) -> np.ndarray:
     """The least above-idle power (W) that `used_cores` of busy CPU can cost, per entry.
 
     Water-filling over every node's envelope segments, flattest first; load beyond the
     cluster's cores is priced at the steepest segment (it cannot run anyway).
     """
-    utils, curves_w = sampled_curves_w(cluster)
-    slopes_w_per_core: list[np.ndarray] = []
-    lengths_cores: list[np.ndarray] = []
-    for node in range(len(cluster)):
-        vx, vy = lower_convex_envelope(
-            utils * cluster.cores[node], curves_w[node] - curves_w[node, 0]
-        )
-        lengths_cores.append(np.diff(vx))
-        slopes_w_per_core.append(np.diff(vy) / np.diff(vx))
-    slopes = np.concatenate(slopes_w_per_core)
-    lengths = np.concatenate(lengths_cores)
+    segments = envelope_segments(cluster)
+    slopes = np.concatenate([slope for _, slope in segments])
+    lengths = np.concatenate([length for length, _ in segments])
     order = np.argsort(slopes, kind="stable")
     filled_cores = np.concatenate([[0.0], np.cumsum(lengths[order])])
     cost_w = np.concatenate([[0.0], np.cumsum(lengths[order] * slopes[order])])
@@ -95,11 +114,16 @@ def cheapest_dynamic_power_w(cluster: SimCluster, used_cores: np.ndarray) -> np.
     return np.interp(load, filled_cores, cost_w) + beyond * slopes.max()
 
 
-def used_cores_series(trace: Trace, times_s: np.ndarray) -> np.ndarray:
-    """CPU (cores) used by the trace's pods at each time, each running unslowed from arrival."""
-    used = trace.cpu_m / 1000.0 * trace.usage_ratio
-    start = np.searchsorted(times_s, trace.arrival_s, side="left")
-    end = np.searchsorted(times_s, trace.arrival_s + trace.duration_s, side="left")
+def used_cores_series(
+    trace: Trace, times_s: np.ndarray, pods: np.ndarray | None = None
+) -> np.ndarray:
+    """CPU (cores) used by the trace's pods (or those at indices `pods`) at each time, each
+    running unslowed from arrival."""
+    chosen = slice(None) if pods is None else pods
+    arrival_s = trace.arrival_s[chosen]
+    used = trace.cpu_m[chosen] / 1000.0 * trace.usage_ratio[chosen]
+    start = np.searchsorted(times_s, arrival_s, side="left")
+    end = np.searchsorted(times_s, arrival_s + trace.duration_s[chosen], side="left")
     change = np.zeros(times_s.size + 1)
     np.add.at(change, start, used)
     np.add.at(change, end, -used)
@@ -110,5 +134,98 @@ def ceiling_energy_kwh(cluster: SimCluster, trace: Trace, horizon_s: float, step
     """Lower bound on the cluster's energy (kWh) over [0, horizon_s) with every node on."""
     times_s = np.arange(0.0, horizon_s, step_s)
     dynamic_w = cheapest_dynamic_power_w(cluster, used_cores_series(trace, times_s))
+    return _energy_kwh(cluster, times_s.size, float(dynamic_w.sum()), step_s)
+
+
+def constrained_ceiling_energy_kwh(
+    cluster: SimCluster,
+    trace: Trace,
+    horizon_s: float,
+    step_s: float,
+    allowed_nodes: Callable[[str], np.ndarray | None],
+    window_s: float = 60.0,
+) -> float:
+    """Lower bound on the energy (kWh) with every node on, each pod only on its allowed nodes.
+
+    `allowed_nodes(pod uid)` is a boolean mask over the cluster's nodes, or None for anywhere.
+    Load beyond what a group's nodes can take is priced at the steepest segment, as above.
+    Loads are averaged over windows of `window_s` (see the module docstring); with every pod
+    allowed everywhere this is `ceiling_energy_kwh` with the same windows, a little lower.
+    """
+    times_s = np.arange(0.0, horizon_s, step_s)
+    groups: dict[bytes, list[int]] = {}
+    masks: dict[bytes, np.ndarray] = {}
+    everywhere = np.ones(len(cluster), dtype=bool)
+    for pod, uid in enumerate(trace.names):
+        mask = allowed_nodes(uid)
+        mask = everywhere if mask is None else np.asarray(mask, dtype=bool)
+        key = mask.tobytes()
+        masks.setdefault(key, mask)
+        groups.setdefault(key, []).append(pod)
+    keys = list(groups)
+    loads = np.stack([used_cores_series(trace, times_s, np.array(groups[key])) for key in keys])
+    per_window = max(1, round(window_s / step_s))
+    windows = -(-times_s.size // per_window)
+    padded = np.zeros((len(keys), windows * per_window))
+    padded[:, : times_s.size] = loads
+    steps_in = np.minimum(per_window, times_s.size - np.arange(windows) * per_window)
+    means = padded.reshape(len(keys), windows, per_window).sum(axis=2) / steps_in
+    dynamic_w = _split_cost_w(envelope_segments(cluster), [masks[k] for k in keys], means)
+    return _energy_kwh(cluster, times_s.size, float((dynamic_w * steps_in).sum()), step_s)
+
+
+def _split_cost_w(
+    segments: list[tuple[np.ndarray, np.ndarray]], masks: list[np.ndarray], loads: np.ndarray
+) -> np.ndarray:
+    """Per instant, the least above-idle watts of the groups' loads ([groups, instants]) split
+    over their allowed nodes: min sum(slope * fill) over segment fills, group-to-node flows
+    and an overflow per group (priced at the steepest slope)."""
+    steepest = max(float(slope.max()) for _, slope in segments)
+    cost, upper, rows, cols, vals = [], [], [], [], []
+    column = 0
+    for node, (length, slope) in enumerate(segments):  # segment fills: + into their node's row
+        for k in range(length.size):
+            cost.append(float(slope[k]))
+            upper.append(float(length[k]))
+            rows.append(node)
+            cols.append(column)
+            vals.append(1.0)
+            column += 1
+    n_nodes = len(segments)
+    for g, mask in enumerate(masks):  # flows: - from the node's row, + into the group's row
+        for node in np.flatnonzero(mask).tolist():
+            cost.append(0.0)
+            upper.append(np.inf)
+            rows += [node, n_nodes + g]
+            cols += [column, column]
+            vals += [-1.0, 1.0]
+            column += 1
+        cost.append(steepest)  # overflow
+        upper.append(np.inf)
+        rows.append(n_nodes + g)
+        cols.append(column)
+        vals.append(1.0)
+        column += 1
+    a_eq = coo_array((vals, (rows, cols)), shape=(n_nodes + len(masks), column)).tocsr()
+    bounds = list(zip([0.0] * column, upper, strict=True))
+    out = np.zeros(loads.shape[1])
+    last: tuple[bytes, float] | None = None
+    for t in range(loads.shape[1]):
+        key = loads[:, t].round(9).tobytes()
+        if last is not None and last[0] == key:
+            out[t] = last[1]  # unchanged load, same optimum
+            continue
+        b_eq = np.concatenate([np.zeros(n_nodes), loads[:, t]])
+        result = linprog(cost, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
+        if result.status != 0:
+            raise RuntimeError(
+                f"constrained ceiling: the split at step {t} failed: {result.message}"
+            )
+        out[t] = float(result.fun)
+        last = (key, out[t])
+    return out
+
+
+def _energy_kwh(cluster: SimCluster, steps: int, dynamic_w_sum: float, step_s: float) -> float:
     idle_w = float((cluster.spec.idle_share * cluster.spec.max_power_w).sum())
-    return (idle_w * times_s.size + float(dynamic_w.sum())) * step_s / 3.6e6
+    return (idle_w * steps + dynamic_w_sum) * step_s / 3.6e6

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from bench.sim.ceiling import ceiling_energy_kwh, constrained_ceiling_energy_kwh
 from bench.sim.cluster import curve_power_w
 from bench.sim.engine import PolicyResult
 from bench.sim.policies import CheapestPolicy, Decision, Policy
@@ -116,12 +117,17 @@ class EdgeWorld:
         site = int(self.site[self.positions[node]])
         return {ROLE_LABEL: CLOUD_ROLE} if site < 0 else {ZONE_LABEL: f"site-{site + 1}"}
 
-    def violates(self, uid: str, node: str) -> bool:
+    def allowed_nodes(self, uid: str) -> np.ndarray | None:
+        """The nodes whose typical RTT to the pod's origin meets its limit (None: any node)."""
         constraint = self.constraints.get(uid)
         if constraint is None:
-            return False
+            return None
         origin, limit_ms = constraint
-        return bool(self.typical_ms[origin, self.positions[node]] > limit_ms)
+        return self.typical_ms[origin] <= limit_ms
+
+    def violates(self, uid: str, node: str) -> bool:
+        allowed = self.allowed_nodes(uid)
+        return allowed is not None and not bool(allowed[self.positions[node]])
 
 
 def build_world(
@@ -298,8 +304,9 @@ def evaluate(scenario: Scenario, result: PolicyResult) -> None:
     )
 
 
-def report(scenario: Scenario, results: Sequence[PolicyResult]) -> None:
-    """The delay figures beside the energy, policy by policy."""
+def report(scenario: Scenario, results: Sequence[PolicyResult]) -> dict[str, float] | None:
+    """The delay figures beside the energy, policy by policy, and the least energy any
+    placement within the limits could use (`constrained_ceiling_energy_kwh`)."""
     world = world_of(scenario)
     edge_count = int(np.count_nonzero(~world.cloud))
     share = len(world.constraints) / max(1, len(scenario.trace))
@@ -324,6 +331,23 @@ def report(scenario: Scenario, results: Sequence[PolicyResult]) -> None:
             f"{result.kpis['unconstrained_on_cloud_share']:>22.1%} "
             f"{result.energy_kwh:>10.2f} {versus:>14}"
         )
+    if scenario.sim_settings.empty_node_power_w is not None or not results:
+        return None  # the bounds assume every node stays on
+    horizon_s, step_s = results[0].duration_s, scenario.sim_settings.tick_s
+    ceiling_kwh = ceiling_energy_kwh(scenario.cluster, scenario.trace, horizon_s, step_s)
+    within_kwh = constrained_ceiling_energy_kwh(
+        scenario.cluster, scenario.trace, horizon_s, step_s, world.allowed_nodes
+    )
+    above = within_kwh / ceiling_kwh - 1.0
+    print(
+        f"ceiling within the delay limits: no placement that keeps every pod within its limit "
+        f"uses less than {within_kwh:.2f} kWh with every node on, {above:.1%} above the "
+        f"ceiling without limits ({ceiling_kwh:.2f} kWh; bench.sim.ceiling)"
+    )
+    return {
+        "delay_ceiling_energy_kwh": round(within_kwh, 4),
+        "delay_ceiling_vs_ceiling": round(within_kwh / ceiling_kwh, 4),
+    }
 
 
 register_preset(
@@ -451,10 +475,9 @@ class CheapestWithinLimits(CheapestPolicy):
         return super().place(uid, pod, ledger, now_s)
 
     def choose(self, pod, ledger, feasible: np.ndarray, increase_w: np.ndarray):
-        constraint = self.world.constraints.get(self._uid)
-        if constraint is not None:
-            origin, limit_ms = constraint
-            allowed = self.world.typical_ms[origin, feasible] <= limit_ms
+        within = self.world.allowed_nodes(self._uid)
+        if within is not None:
+            allowed = within[feasible]
             if not allowed.any():
                 return Decision(None, reason="no node with room meets the delay limit")
             feasible, increase_w = feasible[allowed], increase_w[allowed]

@@ -62,7 +62,8 @@ def power_aware_with_power_management(
 
 def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -> PowerManagement:
     """The node power controller's policy for `policy`'s extender, at the run's settings
-    (`--boot-time`, `--cooldown`, `--off-margin-sd`, `--arrival-windows`)."""
+    (`--boot-time`, `--cooldown`, `--off-margin-sd`, `--min-headroom-cores`,
+    `--arrival-windows`)."""
     assert scenario.bundle_dir is not None
     bench = scenario.settings
     settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
@@ -70,6 +71,8 @@ def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -
         settings = dataclasses.replace(settings, cooldown_s=bench.power_cooldown_s)
     if bench.off_margin_sd is not None:
         settings = dataclasses.replace(settings, off_margin_sd=bench.off_margin_sd)
+    if bench.min_headroom_cores is not None:
+        settings = dataclasses.replace(settings, min_headroom_cores=bench.min_headroom_cores)
     manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
     if bench.arrival_windows_s:
         manager.meter = ArrivalRateMeter(bench.arrival_windows_s)

@@ -66,8 +66,10 @@ class BenchSettings:
     # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
     power_management_profile: str = ""
     power_cooldown_s: float | None = None
-    # ...its margin between waking and powering off (None: PolicySettings' default)...
+    # ...its margin between waking and powering off (None: PolicySettings' default), its
+    # standing reserve of free CPU (None: PolicySettings' default)...
     off_margin_sd: float | None = None
+    min_headroom_cores: float | None = None
     # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
     arrival_windows_s: tuple[float, ...] = ()
 
@@ -99,8 +101,9 @@ class Preset:
     prepare: Callable[[Scenario], None] | None = None
     # After each policy's run: fill its preset-specific figures (delay_violations, kpis...).
     evaluate: Callable[[Scenario, PolicyResult], None] | None = None
-    # After the table: print what the preset's figures mean, policy by policy.
-    report: Callable[[Scenario, Sequence[PolicyResult]], None] | None = None
+    # After the table: print what the preset's figures mean, policy by policy; may return
+    # figures of the whole run for the JSON summary (its `preset` block).
+    report: Callable[[Scenario, Sequence[PolicyResult]], Mapping[str, object] | None] | None = None
 
 
 PRESETS: dict[str, Preset] = {}
