@@ -613,6 +613,14 @@ def build_parser() -> argparse.ArgumentParser:
         "arrival rate (its --min-headroom-cores; default: controllers.node_power.policy's, 0)",
     )
     power.add_argument(
+        "--headroom-factor",
+        metavar="FACTOR",
+        type=float,
+        default=None,
+        help="the node power controller's headroom as a multiple of what arrives at the recent "
+        "rate during a boot (its --headroom-factor; default: controllers.node_power.policy's, 1)",
+    )
+    power.add_argument(
         "--arrival-windows",
         metavar="S1,S2",
         type=_seconds_list,
@@ -668,6 +676,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "cooldown": ("power_cooldown_s", 1),
     "off_margin_sd": ("off_margin_sd", 1),
     "min_headroom_cores": ("min_headroom_cores", 1),
+    "headroom_factor": ("headroom_factor", 1),
     "arrival_windows": ("arrival_windows_s", 1),
 }
 
@@ -772,8 +781,12 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--cooldown must be >= 0, got {settings.power_cooldown_s}"
     if settings.off_margin_sd is not None and not settings.off_margin_sd >= 0:
         return f"--off-margin-sd must be >= 0, got {settings.off_margin_sd}"
-    if settings.min_headroom_cores is not None and not settings.min_headroom_cores >= 0:
-        return f"--min-headroom-cores must be >= 0, got {settings.min_headroom_cores}"
+    for flag, value in (
+        ("--min-headroom-cores", settings.min_headroom_cores),
+        ("--headroom-factor", settings.headroom_factor),
+    ):
+        if value is not None and not value >= 0:
+            return f"{flag} must be >= 0, got {value}"
     profile = settings.power_management_profile
     if profile and not Path(profile).is_file():
         return f"--power-management-profile: no such file {profile}"

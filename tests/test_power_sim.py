@@ -339,8 +339,8 @@ def test_power_management_runs_the_controllers_policy_through_the_extender() -> 
 
 
 def test_the_controllers_knobs_reach_its_policy_in_the_simulation() -> None:
-    """--cooldown, --off-margin-sd, --min-headroom-cores and --arrival-windows set what
-    `decide` is given."""
+    """--cooldown, --off-margin-sd, --min-headroom-cores, --headroom-factor and
+    --arrival-windows set what `decide` is given."""
     cluster = build_cluster(12, 7)
     trace = generate_trace(float(cluster.cores.sum()), hours=0.1, load=0.2, seed=1)
     bench = BenchSettings(
@@ -348,13 +348,14 @@ def test_the_controllers_knobs_reach_its_policy_in_the_simulation() -> None:
         power_cooldown_s=7200.0,
         off_margin_sd=0.5,
         min_headroom_cores=8.0,
+        headroom_factor=1.5,
         arrival_windows_s=(60.0, 600.0),
     )
     scenario = Scenario(bench, SimSettings(boot_s=120.0), cluster, trace, DEFAULT_BUNDLE_DIR)
     manager = power_management_for(scenario, None)  # type: ignore[arg-type]
     policy = manager.policy_settings
     assert (policy.boot_s, policy.cooldown_s, policy.off_margin_sd) == (120.0, 7200.0, 0.5)
-    assert policy.min_headroom_cores == 8.0
+    assert (policy.min_headroom_cores, policy.headroom_factor) == (8.0, 1.5)
     assert manager.meter.windows_s == (60.0, 600.0)
     plain = Scenario(BenchSettings(nodes=12), SimSettings(boot_s=120.0), cluster, trace)
     plain.bundle_dir = DEFAULT_BUNDLE_DIR

@@ -63,7 +63,7 @@ def power_aware_with_power_management(
 def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -> PowerManagement:
     """The node power controller's policy for `policy`'s extender, at the run's settings
     (`--boot-time`, `--cooldown`, `--off-margin-sd`, `--min-headroom-cores`,
-    `--arrival-windows`)."""
+    `--headroom-factor`, `--arrival-windows`)."""
     assert scenario.bundle_dir is not None
     bench = scenario.settings
     settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
@@ -73,6 +73,8 @@ def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -
         settings = dataclasses.replace(settings, off_margin_sd=bench.off_margin_sd)
     if bench.min_headroom_cores is not None:
         settings = dataclasses.replace(settings, min_headroom_cores=bench.min_headroom_cores)
+    if bench.headroom_factor is not None:
+        settings = dataclasses.replace(settings, headroom_factor=bench.headroom_factor)
     manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
     if bench.arrival_windows_s:
         manager.meter = ArrivalRateMeter(bench.arrival_windows_s)

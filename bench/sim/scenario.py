@@ -66,10 +66,11 @@ class BenchSettings:
     # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
     power_management_profile: str = ""
     power_cooldown_s: float | None = None
-    # ...its margin between waking and powering off (None: PolicySettings' default), its
-    # standing reserve of free CPU (None: PolicySettings' default)...
+    # ...its margin between waking and powering off, its standing reserve of free CPU and its
+    # headroom factor (None: PolicySettings' defaults)...
     off_margin_sd: float | None = None
     min_headroom_cores: float | None = None
+    headroom_factor: float | None = None
     # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
     arrival_windows_s: tuple[float, ...] = ()
 
