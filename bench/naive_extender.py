@@ -30,6 +30,8 @@ import numpy as np
 
 from extender.config import ExtenderConfig
 from extender.runtime import Runtime
+from predictor.core_scaling import FallbackScaling
+from predictor.curves import FALLBACK
 from predictor.model import UTIL_FEATURE, Predictor
 from predictor.reload import ModelHolder
 
@@ -58,6 +60,12 @@ class NaivePowerModel:
         self._index = {name: i for i, name in enumerate(names)}
         # What the runtime's status and logs read of a table.
         self.skipped: Mapping[str, str] = {}
+        # The naive design predicts each node's own model as the bundle gives it: fallback
+        # nodes are named but not scaled by their CPU count.
+        self.model_kind = tuple(predictor.model_kind(n) or "" for n in names)
+        kinds = zip(names, self.model_kind, strict=True)
+        self.fallback_names = tuple(n for n, k in kinds if k == FALLBACK)
+        self.fallback_scaling = FallbackScaling.unscaled(self.model_kind, FALLBACK)
         self.computed_rows = len(names)
         self.reused_rows = 0
 
