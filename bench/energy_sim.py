@@ -246,7 +246,8 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
         entry = report["policies"][result.policy]
         values = (
             f"{result.energy_kwh:.2f}",
-            f"{entry.get('energy_vs_default', math.nan):.3f}",
+            # "-" when the run has no default policy to compare with
+            f"{entry['energy_vs_default']:.3f}" if "energy_vs_default" in entry else "-",
             f"{result.dynamic_energy_kwh:.2f}",
             f"{result.fan_energy_kwh:.2f}",
             f"{result.above_envelope_energy_kwh:.2f}",

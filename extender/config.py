@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
         "scoring",
         "Which plugins filter and score, their weights and arguments, come from --config: a "
         "YAML file shaped like KubeSchedulerConfiguration's plugins/pluginConfig (see "
-        "docs/architecture.md). Without it: filters EnergyLevel (powerless nodes fail) and "
-        "PowerCap (power-aware-scheduler/max-power-w); scores PowerIncrease (weight 0.6: "
+        "docs/architecture.md). Without it: filters EnergyLevel (powerless nodes fail), "
+        "PowerCap (power-aware-scheduler/max-power-w) and PowerState (nodes the node power "
+        "controller has off, waking or draining fail); scores PowerIncrease (weight 0.6: "
         "lowest predicted increase best) and EnergyLevel (0.4: label energy-status).",
     )
     scoring.add_argument(

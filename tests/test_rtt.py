@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from extender.rtt import RTT_SIGNAL, RttLink, RttMatrix
-from extender.sources.goldpinger import confident_quantile, histogram_quantile
+from extender.sources.goldpinger import (
+    binomial_quantile,
+    confident_quantile,
+    histogram_quantile,
+)
 from extender.sources.rtt import RttSource, RttSourceSettings
 from extender.sources.rtt_file import RttFileError, read_rtt_file
 from extender.state import ClusterState
@@ -119,6 +123,19 @@ def test_the_confidence_bound_reads_a_higher_call_the_fewer_calls_a_window_holds
     # Never past the largest call, and a window without calls asks nothing.
     assert confident_quantile(0.9, 10, 0.95) == 1.0
     assert confident_quantile(0.5, 0.2, 0.95) == 0.5
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 10, 31, 100, 1000, 12345, 200_000])
+@pytest.mark.parametrize("p", [0.01, 0.1, 0.5, 0.77, 0.9, 0.99])
+def test_the_binomial_quantile_is_scipys_without_importing_it(n: int, p: float) -> None:
+    from scipy.stats import binom  # the reference; the service itself does not import it
+
+    for probability in (0.5, 0.9, 0.95, 0.99, 0.999):
+        k = binomial_quantile(probability, n, p)
+        # The smallest k whose CDF reaches the probability (ties within float rounding).
+        assert binom.cdf(k, n, p) >= probability - 1e-9
+        assert k == 0 or binom.cdf(k - 1, n, p) < probability + 1e-9
+    assert binomial_quantile(0.95, n, 0.0) == 0 and binomial_quantile(0.95, n, 1.0) == n
 
 
 def test_a_link_just_over_a_limit_is_not_passed_on_a_lucky_median() -> None:

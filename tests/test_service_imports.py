@@ -1,4 +1,4 @@
-"""The service starts without training's libraries: no pandas, pyarrow, scikit-learn or training.
+"""The service starts without the trainer's libraries: no pandas, pyarrow, sklearn, scipy, training.
 
 They cost start-up time and memory in every extender pod, and `extender` importing `training`
 would tie the service to the trainer's dependencies. Each mode is started in a fresh
@@ -18,7 +18,8 @@ import pytest
 from tests.support.prometheus import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TRAINING_ONLY = ("pandas", "pyarrow", "sklearn", "training")
+# scipy too: importing scipy.stats for one binomial quantile once cost every extender 60 MiB.
+TRAINING_ONLY = ("pandas", "pyarrow", "scipy", "sklearn", "training")
 
 # What `python -m extender` runs before it serves, plus one Prometheus poll in live mode (the
 # Prometheus URL is a closed port: the poll fails, is counted, and must not raise).

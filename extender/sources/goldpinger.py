@@ -48,7 +48,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import binom
 
 from extender.pods import PodIndex
 from livedata.prometheus import Series
@@ -83,8 +82,39 @@ def confident_quantile(quantile: float, observations: float, confidence: float) 
     n = round(observations)
     if not confidence > 0 or n < 1:
         return quantile
-    k = float(binom.ppf(confidence, n, quantile)) + 1.0
+    k = binomial_quantile(confidence, n, quantile) + 1.0
     return min(k / n, 1.0)
+
+
+# Terms of the binomial law more than this many standard deviations from its mean add less
+# than 1e-30 to the sum: the quantile is found among the others.
+_BINOMIAL_SPAN_SD = 12.0
+
+
+def binomial_quantile(probability: float, n: int, p: float) -> int:
+    """The smallest k with P(X <= k) >= `probability` for X ~ Binomial(n, p) (what
+    scipy.stats.binom.ppf gives; summed here, so the service does not import scipy.stats for
+    one function: that import alone costs about 60 MiB of memory)."""
+    if p <= 0.0:
+        return 0
+    if p >= 1.0 or probability >= 1.0:
+        return n
+    sd = math.sqrt(n * p * (1.0 - p))
+    low = max(0, math.floor(n * p - _BINOMIAL_SPAN_SD * sd - 1))
+    high = min(n, math.ceil(n * p + _BINOMIAL_SPAN_SD * sd + 1))
+    log_p, log_q = math.log(p), math.log1p(-p)
+    log_n_factorial = math.lgamma(n + 1)
+    cumulative = 0.0
+    for k in range(low, high + 1):
+        log_pmf = (
+            log_n_factorial - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+            + k * log_p + (n - k) * log_q
+        )  # fmt: skip
+        cumulative += math.exp(log_pmf)
+        # A relative tolerance, as scipy's ppf allows: a sum of floats lands a hair short.
+        if cumulative >= probability * (1.0 - 1e-10):
+            return k
+    return high
 
 
 def histogram_quantile(

@@ -3,8 +3,9 @@
 Reads the input (contract-1 files with `--input`, or a collection from Prometheus with
 `--prometheus`, spilled to node-group Parquet files and streamed), turns the flags into
 `FitSettings`, runs `training.fit.fleet.fit_fleet` (or, with `--dask`, plans node groups and
-runs `training.fit.distributed.fit_fleet_on_dask`), and turns failures into one-line errors
-with exit status 2.
+runs `training.fit.distributed.fit_fleet_on_dask`), and turns failures into one-line errors:
+exit status 2 for bad input or a run that cannot give a trustworthy bundle, 1 when Prometheus
+could not be read (unreachable, too slow, garbage: as `python -m training.collect`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ from training.fit.settings import (
 log = logging.getLogger("training.fit")  # the package's name: log lines read as they always have
 
 
+class PrometheusUnreadable(FitError):
+    """Prometheus could not be read (a runtime failure, exit 1; not the input's fault)."""
+
+
 @contextlib.contextmanager
 def _metrics_input(args: argparse.Namespace) -> Iterator[MetricsStream]:
     """The input as a stream of node groups: files as they are, or a Prometheus collection
@@ -71,7 +76,7 @@ def _metrics_input(args: argparse.Namespace) -> Iterator[MetricsStream]:
                 progress=not args.quiet,
             )
         except CollectError as exc:  # a RuntimeError: say it as a user-facing failure
-            raise FitError(str(exc)) from None
+            raise PrometheusUnreadable(str(exc)) from None
         if not files:
             raise FitError(
                 f"Prometheus at {where} has no data for any node "
@@ -117,7 +122,7 @@ def _fit_on_dask(args: argparse.Namespace, settings: FitSettings) -> FitRun:
                     cpu_util_percent=args.cpu_util_percent,
                 )
             except CollectError as exc:
-                raise FitError(str(exc)) from None
+                raise PrometheusUnreadable(str(exc)) from None
             exact = False
         return fit_fleet_on_dask(
             client,
@@ -318,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MetricsInputError, FitError, ExportError, ValueError, OSError) as exc:
         # Said once, where argparse says its errors; not also as a log line.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, PrometheusUnreadable) else 2
     summary = run.report["summary"]
     log.info(
         "bundle written to %s; report in %s; median held-out MAPE %s %% over all %d nodes "
