@@ -518,6 +518,8 @@ def print_end_to_end(run: dict) -> None:
         f"collect {collect_s:.0f} s ({collect_s / run['rows_used'] * 1e6:.1f} us/row) + "
         f"fit/export {run['wall_s'] - collect_s:.0f} s"
         if collect_s is not None
+        else "no split: on Dask each worker collects and fits its groups in turn"
+        if run["mode"] != IN_PROCESS
         else "split unknown (no collect line in the log)"
     )
     verdict = ""
