@@ -86,14 +86,7 @@ def test_pods_pinned_to_the_steep_node_cost_what_it_costs_there() -> None:
     # The same two nodes: 25 W/core on node 0, 50 W/core on node 1. Pod a (1 core) may run only
     # on node 1; pod b (1 core) anywhere: b takes the flat node, a pays the steep one.
     cluster = sim_cluster([LINEAR, CONCAVE], [200.0, 200.0], [4.0, 2.0])
-    trace = Trace(
-        names=["a", "b"],
-        arrival_s=np.array([0.0, 0.0]),
-        cpu_m=np.array([1000, 1000]),
-        memory_bytes=np.zeros(2, dtype=np.int64),
-        duration_s=np.array([3600.0, 3600.0]),
-        usage_ratio=np.array([1.0, 1.0]),
-    )
+    trace = _hour_long(a=1000, b=1000)
     only_node_1 = np.array([False, True])
     pinned = constrained_ceiling_energy_kwh(
         cluster, trace, 3600.0, 60.0, lambda uid: only_node_1 if uid == "a" else None
@@ -104,16 +97,23 @@ def test_pods_pinned_to_the_steep_node_cost_what_it_costs_there() -> None:
     assert pinned == pytest.approx(idle_kwh + 0.075, rel=1e-6)  # 25 W + 50 W
     assert free == pytest.approx(ceiling_energy_kwh(cluster, trace, 3600.0, 60.0), rel=1e-6)
     # Pinned beyond what node 1 holds (3 cores on 2): the rest is priced at the steepest slope.
-    trace_big = Trace(
-        names=["a"],
-        arrival_s=np.array([0.0]),
-        cpu_m=np.array([3000]),
-        memory_bytes=np.zeros(1, dtype=np.int64),
-        duration_s=np.array([3600.0]),
-        usage_ratio=np.array([1.0]),
+    over = constrained_ceiling_energy_kwh(
+        cluster, _hour_long(a=3000), 3600.0, 60.0, lambda _: only_node_1
     )
-    over = constrained_ceiling_energy_kwh(cluster, trace_big, 3600.0, 60.0, lambda _: only_node_1)
     assert over == pytest.approx(idle_kwh + 0.150, rel=1e-6)
+
+
+def _hour_long(**cpu_m: int) -> Trace:
+    """Pods (name=millicores) arriving at 0 and using their whole request for an hour."""
+    count = len(cpu_m)
+    return Trace(
+        names=list(cpu_m),
+        arrival_s=np.zeros(count),
+        cpu_m=np.array(list(cpu_m.values())),
+        memory_bytes=np.zeros(count, dtype=np.int64),
+        duration_s=np.full(count, 3600.0),
+        usage_ratio=np.ones(count),
+    )
 
 
 def test_no_simulated_placement_within_the_limits_beats_the_constrained_ceiling() -> None:
