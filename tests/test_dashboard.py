@@ -389,6 +389,13 @@ def _node_power_controller(root: Path, kubeconfig: Path, bundle: Path) -> Iterat
     """`python -m controllers.node_power` in a subprocess; yields its metrics address."""
     secret = root / "bmc-secret"  # the mounted BMC Secret, without an entry for node-b
     secret.mkdir()
+    # Ranking by grams, from the file the extender's Carbon plugin reads too.
+    carbon_sources = root / "node-power-carbon.yaml"
+    carbon_sources.write_text(
+        yaml.safe_dump(
+            {"sources": [{"kind": "file", "name": "site", "path": str(root / "carbon.yaml")}]}
+        )
+    )
     port = free_port()
     log = root / "node-power.log"
     with log.open("w") as output:
@@ -397,6 +404,8 @@ def _node_power_controller(root: Path, kubeconfig: Path, bundle: Path) -> Iterat
                 sys.executable, "-m", "controllers.node_power", *NODE_POWER_FLAGS,
                 f"--kubeconfig={kubeconfig}", f"--bundle={bundle}",
                 f"--bmc-secret-dir={secret}", f"--listen-port={port}",
+                "--rank-by=grams", f"--carbon-sources={carbon_sources}",
+                "--carbon-poll-interval=1s",
             ],
             cwd=REPO_ROOT,
             stdout=output,
@@ -710,6 +719,9 @@ def test_the_world_shows_what_the_later_rows_are_about(world: World) -> None:
 
     zones = values("max by (zone) (power_aware_extender_carbon_intensity_g_per_kwh)", "zone")
     assert zones == CARBON_NOW
+    # The node power controller, ranking by grams, reads the same file for itself.
+    ranked = values("max by (zone) (power_aware_node_power_carbon_intensity_g_per_kwh)", "zone")
+    assert ranked == CARBON_NOW
     horizons = values(
         "min by (zone) (power_aware_extender_carbon_forecast_horizon_seconds)", "zone"
     )
