@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,7 @@ class NodeIntensity:
         nodes: Callable[[], Sequence[Mapping[str, Any]]],
         *,
         prometheus_url: str | None = None,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
         registry: object = None,
     ) -> None:
         """`nodes()` returns the current Node objects (the controller's cache): their zones
@@ -112,7 +113,6 @@ class NodeIntensity:
         ]
         self.source: CarbonSource | None = None
         if providers:
-            extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
             self.source = CarbonSource(
                 providers,
                 self._published,
@@ -122,7 +122,7 @@ class NodeIntensity:
                 forecast_max_age_s=settings.forecast_max_age_s,
                 registry=registry,
                 metric_prefix=METRIC_PREFIX,
-                **extra,
+                clock=clock,
             )
 
     def _published(self, snapshot: CarbonSnapshot) -> None:
