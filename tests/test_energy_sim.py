@@ -247,6 +247,57 @@ def test_overcommitted_node_slows_its_pods() -> None:
     assert result.overcommitted_node_hours == pytest.approx(1200.0 / 3600.0)
 
 
+def test_a_pod_that_found_no_room_waits_for_an_event_and_goes_before_later_arrivals() -> None:
+    # One 4-core node. p1 takes it for 600 s (it ends with the tick ending at 600 s); p2 arrives
+    # at 10 s and finds no room; p3 arrives at 602 s. kube-scheduler's queue: p2 waits in the
+    # unschedulable pool, is flushed back after 5 minutes with no event (310 s: still no room),
+    # and is tried when p1 ends (600 s), before p3, which arrived later and must wait in turn.
+    cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
+    trace = dataclasses.replace(
+        one_pod_trace(4000, 600.0),
+        names=["p1", "p2", "p3"],
+        arrival_s=np.array([0.0, 10.0, 602.0]),
+        cpu_m=np.array([4000, 4000, 4000]),
+        memory_bytes=np.zeros(3, dtype=np.int64),
+        duration_s=np.array([600.0, 600.0, 600.0]),
+        usage_ratio=np.ones(3),
+    )
+    result = simulate(cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
+    tries = [(d.pod, d.time_s, d.node, d.attempt) for d in result.decisions]
+    assert [t for t in tries if t[0] == "p2"] == [
+        ("p2", 10.0, "", 1),
+        ("p2", 310.0, "", 2),
+        ("p2", 600.0, "node-01", 3),
+    ]
+    # p3 finds p2 there: flushed back at 902 s, placed when p2 ends (1200 s).
+    assert [t for t in tries if t[0] == "p3"] == [
+        ("p3", 602.0, "", 1),
+        ("p3", 902.0, "", 2),
+        ("p3", 1200.0, "node-01", 3),
+    ]
+    assert result.placed_pods == 3 and result.unplaced_pods == 0
+
+
+def test_a_pod_gives_up_after_its_patience_and_counts_as_unplaced() -> None:
+    cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
+    trace = dataclasses.replace(
+        one_pod_trace(4000, 3000.0),
+        names=["long", "late"],
+        arrival_s=np.array([0.0, 10.0]),
+        cpu_m=np.array([4000, 4000]),
+        memory_bytes=np.zeros(2, dtype=np.int64),
+        duration_s=np.array([3000.0, 60.0]),
+        usage_ratio=np.ones(2),
+    )
+    result = simulate(
+        cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings(max_pending_s=600.0)
+    )
+    late = [d.time_s for d in result.decisions if d.pod == "late"]
+    # Its arrival, then the 5-minute flushes; the second is the last moment of its patience.
+    assert late == [10.0, 310.0, 610.0]
+    assert result.placed_pods == 1 and result.unplaced_pods == 1
+
+
 def blocked_then_freed_trace() -> Trace:
     # p1 takes all 4 cores of the efficient node a for 600 s; p2 (2 cores, 3000 s) arrives at
     # 10 s, finds a full and goes to b, the inefficient node.

@@ -65,25 +65,26 @@ def test_a_faulty_node_fails_starts_until_repaired_and_the_waste_is_counted() ->
         restarts_before_replaced=3,
         warmup_s=300.0,
     )
-    settings = SimSettings(tick_s=5.0, retry_interval_s=30.0, tail_s=2400.0)
+    settings = SimSettings(tick_s=5.0, tail_s=2400.0)
     faults = plan.run(cluster.spec.idle_share * cluster.spec.max_power_w)
     result = simulate(cluster, one_pod_trace(600.0), policy, settings, faults=faults)
 
-    # Each failing start runs 3 x 60 s, then waits 30 s for a retry: starts at 0, 210, 420,
-    # 630 and 840 s fail; the one at 1050 s (after the repair) runs its 600 s and finishes.
-    assert result.failed_pod_starts == 5
-    assert result.kpis["failed_pod_starts_after_warmup"] == 3  # started at 420, 630, 840
-    assert result.kpis["restarts"] == 15
-    assert result.placed_pods == 6 and result.unplaced_pods == 0 and result.unfinished_pods == 0
-    assert result.kpis["repaired_node_reused_after_s"] == pytest.approx(50.0)
+    # Each failing start runs 3 x 60 s; its replacement is created at once and tried at the
+    # next tick, as a ReplicaSet's would be: starts at 0, 180, 360, 540, 720 and 900 s fail;
+    # the one at 1080 s (after the repair) runs its 600 s and finishes.
+    assert result.failed_pod_starts == 6
+    assert result.kpis["failed_pod_starts_after_warmup"] == 4  # started at 360, 540, 720, 900
+    assert result.kpis["restarts"] == 18
+    assert result.placed_pods == 7 and result.unplaced_pods == 0 and result.unfinished_pods == 0
+    assert result.kpis["repaired_node_reused_after_s"] == pytest.approx(80.0)
     assert result.kpis["repaired_node_starts_after_repair"] == 1
     crashes = [t for kind, t, _ in policy.events if kind == "crashed"]
-    assert crashes[:3] == [60.0, 120.0, 180.0] and len(crashes) == 15
-    assert [k for k, _, _ in policy.events].count("replaced") == 5
-    # Wasted: 1 core of 10 on a linear 100 W span = 10 W above idle, for 5 x 180 s = 2.5 Wh.
-    assert result.kpis["wasted_energy_kwh"] == pytest.approx(0.0025, rel=1e-6)
-    # A wait is counted from the pod's re-creation, not from its first arrival.
-    assert result.pod_wait_summary_s()["max"] == pytest.approx(30.0)
+    assert crashes[:3] == [60.0, 120.0, 180.0] and len(crashes) == 18
+    assert [k for k, _, _ in policy.events].count("replaced") == 6
+    # Wasted: 1 core of 10 on a linear 100 W span = 10 W above idle, for 6 x 180 s = 3 Wh.
+    assert result.kpis["wasted_energy_kwh"] == pytest.approx(0.003, rel=1e-6)
+    # A wait is counted from the pod's re-creation, not from its first arrival: none here.
+    assert result.pod_wait_summary_s()["max"] == pytest.approx(0.0)
 
 
 def test_a_healthy_workload_is_never_failed_and_draws_are_per_pod_start() -> None:

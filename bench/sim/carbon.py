@@ -368,14 +368,15 @@ class CarbonExtenderPolicy(ExtenderPolicy):
     def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
         held = self.held_until_s.get(uid)
         if held is not None and now_s < held[0]:
-            return Decision(None, reason=held[1])  # still in kube-scheduler's unschedulable pool
+            # still in kube-scheduler's unschedulable pool
+            return Decision(None, reason=held[1], retry_at_s=held[0])
         self.clock.now_s = max(self.clock.now_s, now_s)
         self._publish(now_s)
         decision = super().place(uid, pod, ledger, now_s)
         if decision.node is None and CARBON_HOLD_REASON in decision.reason:
             self.held_until_s[uid] = (now_s + HELD_RETRY_S, decision.reason)
-        else:
-            self.held_until_s.pop(uid, None)
+            return replace(decision, retry_at_s=now_s + HELD_RETRY_S)
+        self.held_until_s.pop(uid, None)
         return decision
 
 

@@ -3,9 +3,13 @@
 Arrivals are events at their exact trace times (the policy sees the simulated clock at that
 instant); node physics advances in fixed ticks of `tick_s`. Per tick:
 
-1. pods that arrived in the tick are placed in arrival order, then pending pods due for a
-   retry (kube-scheduler's backoff, simplified to a fixed `retry_interval_s`); a pod still
-   unplaced `max_pending_s` after arrival counts as unplaced. A policy that reschedules
+1. the pods that arrive in the tick and the pending pods due for a retry are placed in time
+   order, as kube-scheduler's queue would pop them. A pod that found no node waits in its
+   unschedulable pool until a cluster event may have made room (a pod ended, a node became
+   Ready or changed labels: `Simulation.room_may_have_changed`), never sooner than its backoff
+   (1 s, doubling per attempt, at most 10 s) and never longer than 5 minutes without one (the
+   scheduler's defaults); a pod still unplaced `max_pending_s` after arrival counts as
+   unplaced. A policy that reschedules
    (`Policy.reschedule_interval_s`) is then offered the running pods, and its moves are
    applied (free and instant; recorded as decisions);
 2. running pods progress: a pod uses `cpu_request x usage_ratio` cores; a node whose pods
@@ -57,7 +61,7 @@ from bench.sim.cluster import (
 )
 from bench.sim.kube_default import NodeLedger, PodRequest
 from bench.sim.pod_faults import PodFaults
-from bench.sim.policies import Policy
+from bench.sim.policies import Decision, Policy
 from bench.sim.workload import Trace
 from livedata.labels import ENERGY_LABEL, POWERLESS
 
@@ -67,7 +71,11 @@ class SimSettings:
     tick_s: float = 5.0
     scrape_interval_s: float = 15.0
     telemetry_lag_s: float = 45.0
-    retry_interval_s: float = 30.0
+    # kube-scheduler's queue at its defaults: podInitialBackoffSeconds, podMaxBackoffSeconds,
+    # and podMaxInUnschedulablePodsDuration (how long a pod waits for a cluster event at most).
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 10.0
+    unschedulable_flush_s: float = 300.0
     max_pending_s: float = 600.0
     tail_s: float = 3600.0  # simulated time after the last arrival
     # None: every node stays on and pays its idle power (the default assumption). A number:
@@ -293,7 +301,11 @@ class Simulation:
             for c, m, o in zip(trace.cpu_m, trace.memory_bytes, trace.owners, strict=True)
         ]
         self.running = RunningPods()
-        self.pending: dict[int, tuple[float, int]] = {}  # pod -> (next retry time, attempts)
+        # Pods waiting for a node: pod -> (not before, attempts so far). A pod never tried (new,
+        # or re-created) is due at its time; one that found no node also waits for an event.
+        self.pending: dict[int, tuple[float, int]] = {}
+        self.failed_at_s: dict[int, float] = {}  # a pending pod's last attempt that found no node
+        self.room_changed_at_s = -math.inf  # the last cluster event that may have made room
         self.faults = faults
         self.next_arrival = 0  # the first pod of the trace not yet arrived
         self.placed = self.unplaced = self.moved = 0
@@ -348,9 +360,8 @@ class Simulation:
         """One tick of `tick_s`: the five steps of the module docstring, in order."""
         t0_s = tick * self.settings.tick_s
         t1_s = t0_s + self.settings.tick_s
-        # 1. arrivals, then due retries, then the moves of a rescheduling policy
-        self._place_arrivals(t1_s)
-        self._retry_pending(t0_s, t1_s)
+        # 1. arrivals and due retries in time order, then the moves of a rescheduling policy
+        self._place_arrivals_and_retries(t0_s, t1_s)
         if self.power is not None:
             self.power.step(self, t0_s, t1_s)
         every = self.reschedule_every_ticks
@@ -379,38 +390,70 @@ class Simulation:
 
     # ---- 1. placement ---------------------------------------------------------------------
 
-    def _place_arrivals(self, t1_s: float) -> None:
-        """Place the pods arriving before `t1_s`, each at its own arrival time."""
+    def _place_arrivals_and_retries(self, t0_s: float, t1_s: float) -> None:
+        """Try the pods arriving before `t1_s` and the pending pods due by then, in time order
+        (a retry before an arrival at the same instant: it entered the queue first); give up on
+        the pods that have waited longer than their patience."""
+        attempts_due: list[tuple[float, int, int, int]] = []  # (time, arrival?, pod, attempts)
+        for pod, (not_before_s, attempts) in list(self.pending.items()):
+            give_up_s = self._queued_s(pod) + self._max_wait_s(pod)
+            if t0_s > give_up_s:
+                del self.pending[pod]
+                self.failed_at_s.pop(pod, None)
+                self.unplaced += 1
+                continue
+            retry_s = max(self._retry_s(pod, not_before_s), t0_s)
+            if retry_s < t1_s and retry_s <= give_up_s:
+                attempts_due.append((retry_s, 0, pod, attempts))
         trace = self.trace
         while self.next_arrival < len(trace) and trace.arrival_s[self.next_arrival] < t1_s:
             pod = self.next_arrival
             self.next_arrival += 1
-            arrival_s = float(trace.arrival_s[pod])
-            if not self._try_place(pod, arrival_s, 1):
-                self.pending[pod] = (arrival_s + self.settings.retry_interval_s, 1)
-
-    def _retry_pending(self, t0_s: float, t1_s: float) -> None:
-        """Retry the pending pods due before `t1_s`; give up on those waiting too long."""
-        retry_interval_s = self.settings.retry_interval_s
-        for pod, (retry_s, attempts) in list(self.pending.items()):
-            if retry_s >= t1_s:
-                continue
-            if self._try_place(pod, t0_s, attempts + 1):
-                del self.pending[pod]
-            elif retry_s + retry_interval_s > self.queued_at_s.get(
-                pod, self.trace.arrival_s[pod]
-            ) + self._max_wait_s(pod):
-                del self.pending[pod]
-                self.unplaced += 1
+            attempts_due.append((float(trace.arrival_s[pod]), 1, pod, 0))
+        attempts_due.sort()
+        for now_s, _, pod, attempts in attempts_due:
+            decision = self._try_place(pod, now_s, attempts + 1)
+            if decision.node is not None:
+                self.pending.pop(pod, None)
+                self.failed_at_s.pop(pod, None)
+            elif decision.retry_at_s is not None:  # held on purpose until then
+                self.pending[pod] = (decision.retry_at_s, attempts + 1)
+                self.failed_at_s.pop(pod, None)
             else:
-                self.pending[pod] = (retry_s + retry_interval_s, attempts + 1)
+                self.pending[pod] = (now_s + self._backoff_s(attempts + 1), attempts + 1)
+                self.failed_at_s[pod] = now_s
+
+    def _retry_s(self, pod: int, not_before_s: float) -> float:
+        """When kube-scheduler tries a pending pod next: a pod never tried (or held until a
+        time) then; one that found no node after an event that may have made room (and its
+        backoff), or after `unschedulable_flush_s` with none."""
+        failed_at_s = self.failed_at_s.get(pod)
+        if failed_at_s is None:
+            return not_before_s
+        if self.room_changed_at_s > failed_at_s:
+            return max(not_before_s, self.room_changed_at_s)
+        return failed_at_s + self.settings.unschedulable_flush_s
+
+    def _backoff_s(self, attempts: int) -> float:
+        """kube-scheduler's backoff after `attempts` failed attempts: doubling, capped."""
+        settings = self.settings
+        return min(settings.backoff_initial_s * 2.0 ** (attempts - 1), settings.backoff_max_s)
+
+    def room_may_have_changed(self, now_s: float) -> None:
+        """A cluster event that moves unschedulable pods back to kube-scheduler's queue: a pod
+        ended or was evicted, a node became Ready or changed its labels."""
+        self.room_changed_at_s = max(self.room_changed_at_s, now_s)
+
+    def _queued_s(self, pod: int) -> float:
+        """Since when the pod waits: its arrival, or its re-creation after an eviction."""
+        return self.queued_at_s.get(pod, float(self.trace.arrival_s[pod]))
 
     def _max_wait_s(self, pod: int) -> float:
         """How long the pod may wait for a node: its own patience, else `max_pending_s`."""
         max_wait_s = self.trace.max_wait_s
         return self.settings.max_pending_s if max_wait_s is None else float(max_wait_s[pod])
 
-    def _try_place(self, pod: int, now_s: float, attempt: int) -> bool:
+    def _try_place(self, pod: int, now_s: float, attempt: int) -> Decision:
         """Ask the policy for a node; bind the pod there if it found one. Recorded either way."""
         uid = self.trace.names[pod]
         decision = self.policy.place(uid, self.requests[pod], self.ledger, now_s)
@@ -427,7 +470,7 @@ class Simulation:
             )
         )
         if node is None:
-            return False
+            return decision
         self.ledger.add(node, self.requests[pod])
         cpu_cores = self.trace.cpu_m[pod] / 1000.0
         self.policy.bound(node, uid, cpu_cores, now_s)
@@ -445,7 +488,7 @@ class Simulation:
         )
         self.placed += 1
         self.waits_s.append(now_s - self.queued_at_s.pop(pod, float(self.trace.arrival_s[pod])))
-        return True
+        return decision
 
     def _reschedule(self, t0_s: float) -> None:
         """Offer the running pods to the policy and apply its moves (free and instant)."""
@@ -490,6 +533,7 @@ class Simulation:
         running.remaining_s -= self.settings.tick_s / slow_factor[running.node]
         done = running.remaining_s <= 0
         if done.any():
+            self.room_may_have_changed(t1_s)
             for pod, node, started_s in zip(
                 running.pod[done].tolist(),
                 running.node[done].tolist(),
@@ -500,7 +544,7 @@ class Simulation:
                 if self.faults is not None and self.faults.ended(pod, node, t1_s, self.policy):
                     # The failed start is given up; its controller re-creates the pod.
                     self.policy.gone(self.trace.names[pod])
-                    self.pending[pod] = (t1_s + self.settings.retry_interval_s, 0)
+                    self.pending[pod] = (t1_s, 0)
                     self.queued_at_s[pod] = t1_s
                     continue
                 self.policy.gone(self.trace.names[pod])
@@ -591,6 +635,7 @@ class Simulation:
             if label != self.labels[i]:
                 self.labels[i] = label
                 self.policy.labels_changed(i, {ENERGY_LABEL: label})
+                self.room_may_have_changed(t0_s + self.settings.tick_s)
 
     # ---- the run's figures ----------------------------------------------------------------
 

@@ -64,6 +64,9 @@ class Decision:
     score: float = math.nan  # the chosen node's total (plugins + extender) score
     predicted_increase_w: float = math.nan
     reason: str = ""  # why no node was chosen
+    # A policy that holds the pod on purpose (a carbon deferral) says when kube-scheduler tries
+    # it next; None: when a cluster event may have made room (`bench.sim.engine`).
+    retry_at_s: float | None = None
 
 
 class PowerHooks(Protocol):

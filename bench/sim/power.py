@@ -224,10 +224,9 @@ class PowerManager:
             if now_s - since_s[node] >= self.settings.boot_s:
                 self._enter(sim, node, NodeState.ON, now_s)
                 sim.ledger.schedulable[node] = True
-                # kube-scheduler moves unschedulable pods back to its active queue on a Node
-                # event: the pods waiting for this node are tried at the next tick.
-                for pod, (retry_s, attempts) in list(sim.pending.items()):
-                    sim.pending[pod] = (min(retry_s, now_s), attempts)
+                # A Node event, after this tick's placements: the pods waiting for this node
+                # are tried at the next tick.
+                sim.room_may_have_changed(now_s + sim.settings.tick_s)
         for node in np.flatnonzero(state == NodeState.SHUTTING_DOWN).tolist():
             if now_s - since_s[node] >= self.settings.shutdown_s:
                 self._enter(sim, node, NodeState.OFF, now_s)
