@@ -28,6 +28,7 @@ from extender.limits import (
     DEFAULT_MAX_NODES,
     InputLimits,
 )
+from livedata.kube_client import add_kube_arguments
 from livedata.logs import LOG_FORMATS
 from predictor.core_scaling import MAX_CORE_RATIO, MIN_CORE_RATIO, shipped_core_exponents
 
@@ -297,19 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="live mode: the collect settings file training used (YAML/JSON: queries, sensor "
         "names, instance-to-node mapping; see training.collect); default: built-in queries",
     )
-    cluster.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        type=Path,
-        default=None,
-        help="live mode: kubeconfig file for the API",
-    )
-    cluster.add_argument(
-        "--in-cluster",
-        action="store_true",
-        default=d.in_cluster,
-        help="live mode: use the pod's service account to reach the Kubernetes API",
-    )
+    add_kube_arguments(cluster, when="live mode: ", in_cluster_default=d.in_cluster)
     cluster.add_argument(
         "--refresh-interval",
         dest="refresh_interval_s",

@@ -6,11 +6,14 @@ Thin on purpose: the official `kubernetes` client, configured from the pod's ser
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+if TYPE_CHECKING:  # the CLIs build their flags here without importing the client (33 MiB)
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
 
 class KubeConfigError(ValueError):
@@ -24,6 +27,8 @@ def kube_api_client(
 
     Without either, the kubeconfig kubectl would use ($KUBECONFIG or ~/.kube/config).
     """
+    from kubernetes import client, config
+
     try:
         if in_cluster:
             configuration = client.Configuration()
@@ -39,6 +44,32 @@ def kube_api_client(
         raise KubeConfigError(
             f"cannot configure the Kubernetes client from {source}: {error}"
         ) from None
+
+
+def add_kube_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    when: str = "",
+    in_cluster_default: bool = False,
+) -> None:
+    """`--kubeconfig FILE` and `--in-cluster`, one or the other, worded alike in every CLI
+    (`kube_api_client` takes what they give). `when` prefixes the help where the API is used
+    only in one mode (e.g. "with --prometheus: ")."""
+    kube = parser.add_mutually_exclusive_group()
+    kube.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help=f"{when}kubeconfig file for the Kubernetes API (default: $KUBECONFIG or "
+        "~/.kube/config, as kubectl)",
+    )
+    kube.add_argument(
+        "--in-cluster",
+        action="store_true",
+        default=in_cluster_default,
+        help=f"{when}use the pod's service account for the Kubernetes API",
+    )
 
 
 def describe_api_error(error: ApiException, what: str, *, rbac_manifest: str = "manifests/") -> str:

@@ -41,7 +41,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tqdm import tqdm
 
-from livedata.kube_client import KubeConfigError, describe_api_error, kube_api_client
+from livedata.kube_client import (
+    KubeConfigError,
+    add_kube_arguments,
+    describe_api_error,
+    kube_api_client,
+)
 from predictor.bundle import MANIFEST_NAME, Bundle, BundleError, read_bundle
 
 log = logging.getLogger("training.publish")
@@ -373,13 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mount power-models-*)",
     )
     parser.add_argument("--namespace", required=True, help="namespace to write to (required)")
-    kube = parser.add_mutually_exclusive_group()
-    kube.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
-    )
-    kube.add_argument(
-        "--in-cluster", action="store_true", help="use the pod's service account (CronJob)"
-    )
+    add_kube_arguments(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -12,7 +12,6 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -27,7 +26,7 @@ from controllers.energy_adapter.policy import (
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
 from livedata.collect_config import CollectConfigError, parse_duration_s
-from livedata.kube_client import KubeConfigError, kube_api_client
+from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL
 from livedata.logs import LOG_FORMATS, configure_logging
 from livedata.prometheus import CollectError
@@ -96,11 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"only label; do not taint powerless nodes {POWERLESS_TAINT_KEY} (and remove "
         "that taint where present). Offloading through the descheduler needs the taint",
     )
-    kube = parser.add_mutually_exclusive_group()
-    kube.add_argument("--kubeconfig", type=Path, help="kubeconfig file for the API")
-    kube.add_argument(
-        "--in-cluster", action="store_true", help="use the pod's service account for the API"
-    )
+    add_kube_arguments(parser)
     parser.add_argument(
         "--listen-port",
         type=int,

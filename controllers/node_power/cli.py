@@ -36,7 +36,7 @@ from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import RANK_BY, RANK_BY_GRAMS, RANK_BY_WATTS, PolicySettings
 from livedata.carbon import SIGNALS
 from livedata.collect_config import CollectConfig, CollectConfigError, parse_duration_s
-from livedata.kube_client import KubeConfigError, kube_api_client
+from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
 from livedata.labels import (
     CARBON_INTENSITY_ANNOTATION,
     CARBON_ZONE_LABEL,
@@ -140,11 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "controller only logs what it would do",
     )
     where = parser.add_argument_group("cluster")
-    kube = where.add_mutually_exclusive_group()
-    kube.add_argument("--kubeconfig", type=Path, help="kubeconfig file for the API")
-    kube.add_argument(
-        "--in-cluster", action="store_true", help="use the pod's service account for the API"
-    )
+    add_kube_arguments(where)
     where.add_argument(
         "--namespace",
         default=None,

@@ -44,6 +44,7 @@ import orjson
 import yaml
 
 from extender.state import ClusterState, NodeInfo
+from livedata.kube_client import add_kube_arguments
 from livedata.metrics_table import (
     AMBIENT_TEMP_C,
     CONTRACT_COLUMNS,
@@ -407,10 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --prometheus: the collect settings training used (queries, sensor names, "
         "instance-to-node mapping)",
     )
-    parser.add_argument("--kubeconfig", metavar="FILE", type=Path, help="with --prometheus")
-    parser.add_argument(
-        "--in-cluster", action="store_true", help="with --prometheus: the pod's service account"
-    )
+    add_kube_arguments(parser, when="with --prometheus: ")
     return parser
 
 
