@@ -512,3 +512,20 @@ def test_preset_settings_yield_to_flags_given(tmp_path: Path) -> None:
         assert (settings.nodes, sim.tick_s, sim.tail_s) == (6, 10.0, 1800.0)
     finally:
         del PRESETS["test-small"]
+
+
+def test_a_policys_random_stream_follows_its_seed_and_name_not_the_registry() -> None:
+    from types import SimpleNamespace
+
+    from bench.sim.runner import POLICIES, PolicySpec, policy_rng, register_policy
+
+    scenario = SimpleNamespace(settings=SimpleNamespace(seed=7))
+    before = policy_rng(scenario, "default").random(4)
+    register_policy(PolicySpec("test-inserted-policy", "a policy added later", lambda s, r: None))
+    try:
+        assert np.array_equal(policy_rng(scenario, "default").random(4), before)
+    finally:
+        del POLICIES["test-inserted-policy"]
+    assert not np.array_equal(policy_rng(scenario, "random").random(4), before)
+    other_seed = SimpleNamespace(settings=SimpleNamespace(seed=8))
+    assert not np.array_equal(policy_rng(other_seed, "default").random(4), before)

@@ -493,14 +493,14 @@ def _snapshot_reader(
     return g_per_kwh
 
 
-# Registered by bench.sim.presets after every other policy: a policy's random stream follows
-# its place in the registry, so the ones registered before keep theirs.
-GRAMS_POWER_MANAGEMENT = PolicySpec(
-    "power-aware+carbon+power-management-grams",
-    "power-aware+carbon+power-management with the controller ranking nodes by grams "
-    "(--rank-by grams: the most g CO2/h per idle core off first, the fewest per core woken)",
-    _carbon_grams_power_policy,
-    needs_bundle=True,
+register_policy(
+    PolicySpec(
+        "power-aware+carbon+power-management-grams",
+        "power-aware+carbon+power-management with the controller ranking nodes by grams "
+        "(--rank-by grams: the most g CO2/h per idle core off first, the fewest per core woken)",
+        _carbon_grams_power_policy,
+        needs_bundle=True,
+    )
 )
 
 

@@ -500,8 +500,6 @@ register_policy(
 )
 
 
-# Registered last: a policy's random stream follows its place in the registry, so the ones
-# above keep theirs.
 register_policy(
     PolicySpec(
         "power-aware+delay-median",

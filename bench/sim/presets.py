@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from bench.sim import faults as _faults  # noqa: F401  (the faults preset, power-aware+rewards)
 from bench.sim import power_policies as _power_policies  # noqa: F401  (registers its policies)
-from bench.sim.runner import register_policy
 from bench.sim.scenario import Preset, register_preset
 
 DEFAULT = register_preset(
@@ -33,9 +32,5 @@ DEFAULT = register_preset(
 )
 
 # Presets with a world of their own register themselves in their modules (one line each).
-from bench.sim import carbon as _carbon  # noqa: E402  (multizone, power-aware+carbon)
+from bench.sim import carbon as _carbon  # noqa: E402, F401  (multizone, power-aware+carbon)
 from bench.sim import edge as _edge  # noqa: E402, F401  (edge: sites, RTTs, delay limits)
-
-# Policies added after the presets' own, last so that every other policy keeps its random
-# stream (it follows the registry's order).
-register_policy(_carbon.GRAMS_POWER_MANAGEMENT)
