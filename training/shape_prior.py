@@ -12,9 +12,12 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   components of their spread plus an isotropic rest (`precision`). `shape_precision(mean)`
   turns it into a penalty on the *shape* alone: its null space is the mean itself, so the
   penalty never pulls a node's watts, only how they are shared between deciles;
-- the servers' own shapes (`bank_shapes`), for a local prior mean: the shapes of servers that
-  looked like this node where it has data, weighted by how alike they are
-  (`local_mean_increments`): above a node's highest load this is the extrapolation;
+- the servers' own shapes (`bank_shapes`), for a node's own prior mean
+  (`conditional_shape`): through the node's curve where it has data, and between and above
+  the loads it showed, ridge regressions on its shown shape learned across the servers
+  (`_ShownShapeRegression`), mixed with the shapes of the servers that looked like it,
+  weighted by how alike they are (`local_mean_increments`' kernel). Above a node's highest
+  load this is the extrapolation;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
