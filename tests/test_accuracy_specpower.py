@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from bench import accuracy_specpower
+from bench import accuracy_cv, accuracy_specpower
 from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV, draw_split, read_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,3 +42,22 @@ def test_the_bench_scores_every_held_out_server(monkeypatch, capsys) -> None:
     assert "line through idle and 50 %, extended" in out
     assert out.count("on the fleet fallback: 0") == 2
     assert "| levels | tight |" in out and "| lowload | tight |" in out
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
+def test_cross_validation_never_judges_a_server_by_a_prior_that_saw_its_processor(
+    monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(REPO)
+    side = accuracy_cv.load_side(DEFAULT_CSV, SPLIT_CSV, "prior")
+    split = read_split(SPLIT_CSV)
+    assert len(side.names) == (split["split"] == "prior").sum()
+    curves = {tuple(np.round(c, 6)): m for c, m in zip(side.curves_w, side.models, strict=True)}
+    for model, prior in zip(side.models, side.priors, strict=True):
+        seen = {curves.get(tuple(np.round(c, 6))) for c in prior.bank_watts}
+        assert model not in seen and None not in seen  # prior side only, never its own model
+    assert (
+        accuracy_cv.main(["--sampling", "levels", "--temperature", "tight", "--hours", "24"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "prior side: 77 servers" in out and "levels       tight" in out

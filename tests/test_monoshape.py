@@ -207,6 +207,53 @@ def test_the_shape_penalty_leaves_the_scale_free() -> None:
         ShapePrior.from_curves(np.array([[100.0] * 10 + [90.0]] * 3))
 
 
+def test_the_conditional_shape_keeps_the_node_where_it_has_data_and_regresses_the_rest() -> None:
+    prior = ShapePrior.from_shapes_table(SHAPES)
+    levels = np.zeros(11, dtype=bool)
+    levels[::2] = True  # held at 0, 20, ..., 100 %
+    bank = prior.bank_watts
+    bank_shares = (bank[:, 1::2] - bank[:, 0:-1:2]) / (bank[:, 2::2] - bank[:, 0:-1:2])
+    node_shares = []
+    for index in (0, 40, 80):
+        curve_w = server_curve_w(index)
+        increments = prior.conditional_shape(curve_w, 10, levels)
+        assert increments.sum() == pytest.approx(1.0) and np.all(increments > 0)
+        shape = np.concatenate([[0.0], np.cumsum(increments)])
+        expected = (curve_w - curve_w[0]) / (curve_w[-1] - curve_w[0])
+        np.testing.assert_allclose(shape[::2], expected[::2], atol=1e-3)  # kept at the levels
+        shares = (shape[1::2] - shape[0:-1:2]) / (shape[2::2] - shape[0:-1:2])
+        assert np.all(shares >= bank_shares.min(axis=0) - 0.05)
+        assert np.all(shares <= bank_shares.max(axis=0) + 0.05)
+        node_shares.append(shares)
+    # each node's gaps are filled from its own shown shape, not one fleet-wide share
+    assert np.ptp(np.array(node_shares), axis=0).max() > 0.01
+    # above the highest load shown: a rise, drawn from the shape below it
+    shown = np.ones(11, dtype=bool)
+    shown[6:] = False
+    increments = prior.conditional_shape(server_curve_w(3)[:6], 5, shown)
+    assert increments.sum() == pytest.approx(1.0) and np.all(increments[5:] > 0)
+    # one regression per pattern of shown points, learned once
+    assert set(prior._regressions) == {((0, 2, 4, 6, 8, 10), 10), ((0, 1, 2, 3, 4, 5), 5)}
+
+
+def test_a_node_held_at_levels_interpolates_the_deciles_it_never_showed() -> None:
+    rng = np.random.default_rng(12)
+    util = held_levels(rng, 6000)
+    errors = []
+    for index in range(0, 116, 29):
+        curve_w = server_curve_w(index)
+        held = np.zeros(11, dtype=bool)
+        held[::2] = True
+        # the truth between levels is the measured curve; the rows only show the levels
+        rows = node_rows(f"node-{index}", curve_w, util, rng)
+        curve, details = fit_monotone_curve(rows.features, rows.power_w, default_shape_prior())
+        assert details.observed_grid == tuple(held)
+        odd = GRID_UTIL[1::2]
+        predicted = curve.predict_w(grid_features(odd, 35.0 + 35.0 * odd))
+        errors.append(np.mean(np.abs(predicted - curve_w[1::2]) / curve_w[1::2]))
+    assert max(errors) < 0.02
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     intercept_w=st.floats(20.0, 500.0),

@@ -26,9 +26,13 @@ Fitting one node (`fit_monotone_curve`, a few milliseconds at 10k rows) runs thr
    and the curve fitted to those bin means with the shape prior. Bin means, not raw rows: the
    jitter around a load level held for hours shows a local slope that a fit on raw rows would
    carry straight across the empty decile next to it (linear interpolation, in effect);
-3. the prior's mean replaced by the mean shape of the real servers that looked like this node
-   where it has data (`ShapePrior.local_mean_increments`), and pass 2 repeated. Above the
-   node's highest load, that is its extrapolation.
+3. the prior's mean replaced by a shape through the node's own pass-2 curve at the loads it
+   showed (`ShapePrior.conditional_shape`): each gap between two of them shared out, and the
+   rise above the highest, as a ridge regression on the node's shown shape predicts (learned
+   on the prior's servers), mixed with what the servers that looked like this node did
+   (`ShapePrior.local_mean_increments`' kernel); pass 2 repeated around it. So the node's
+   shape where it has data informs the deciles it never showed, beyond what any one server of
+   the prior did; above the highest load, that is its extrapolation.
 
 `MonoShapeRegressor` wraps it as a scikit-learn estimator over the manifest's four features
 and registers its own skl2onnx converter, so `training.export` converts and checks it like
@@ -282,11 +286,11 @@ def fit_monotone_curve(
 
     curve, dynamic_w = solve_bins(prior.mean_increments, dynamic_w)
 
-    # --- pass 3: the prior's mean from servers that looked like this one ----------------------
+    # --- pass 3: the prior's mean through the node's own curve, gaps and rise as regressed -----
     top = int(np.clip(np.round(high_u * 10), 2, N_DECILES))
     steady_w = curve[0] + np.concatenate([[0.0], np.cumsum(curve[1:] + temp_part)])
     steady_w = steady_w + cpu_temp_basis([idle_temp_c])[0] @ cpu_temp_w
-    local_mean = prior.local_mean_increments(steady_w[: top + 1], top, observed)
+    local_mean = prior.conditional_shape(steady_w[: top + 1], top, observed)
     curve, dynamic_w = solve_bins(local_mean, dynamic_w)
 
     fitted = MonotoneCurve(

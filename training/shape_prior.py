@@ -12,9 +12,12 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   components of their spread plus an isotropic rest (`precision`). `shape_precision(mean)`
   turns it into a penalty on the *shape* alone: its null space is the mean itself, so the
   penalty never pulls a node's watts, only how they are shared between deciles;
-- the servers' own shapes (`bank_shapes`), for a local prior mean: the shapes of servers that
-  looked like this node where it has data, weighted by how alike they are
-  (`local_mean_increments`): above a node's highest load this is the extrapolation;
+- the servers' own shapes (`bank_shapes`), for a node's own prior mean
+  (`conditional_shape`): through the node's curve where it has data, and between and above
+  the loads it showed, ridge regressions on its shown shape learned across the servers
+  (`_ShownShapeRegression`), mixed with the shapes of the servers that looked like it,
+  weighted by how alike they are (`local_mean_increments`' kernel). Above a node's highest
+  load this is the extrapolation;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
@@ -33,7 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from io import StringIO
 
@@ -55,6 +58,15 @@ DEFAULT_COMPONENTS = 3
 # similar size extrapolate alike). Chosen by leave-one-out on the prior servers only.
 LOCAL_BANDWIDTH = 0.02
 LOCAL_LOG_WATTS_WEIGHT = 0.002
+# The regressions behind `conditional_shape` (how a curve fills a gap between two loads it
+# showed, how it rises above the highest): their ridge penalties on standardised features, and
+# their share against the kernel mean of similar servers. Chosen by cross-validation on the
+# prior's servers, leaving out each processor model in turn (`bench.accuracy_cv`: at curve
+# level, then on a week of telemetry); never on the scored servers.
+GAP_RIDGE = 3.0
+RISE_RIDGE = 10.0
+GAP_RIDGE_SHARE = 0.75
+RISE_RIDGE_SHARE = 0.5
 
 
 def load_shapes_table() -> pd.DataFrame:
@@ -79,6 +91,8 @@ class ShapePrior:
     bank_shapes: np.ndarray  # [m, 11] each server's normalised shape
     bank_watts: np.ndarray  # [m, 11] each server's curve in watts
     dynamic_from_idle: tuple[float, float]  # (a, b): log D = a + b log idle, least squares
+    # `_ShownShapeRegression`s learned so far, per pattern of shown grid points and top
+    _regressions: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_curves(cls, curves_w: np.ndarray, components: int = DEFAULT_COMPONENTS) -> ShapePrior:
@@ -163,6 +177,13 @@ class ShapePrior:
         """
         if top < 2:
             return self.mean_increments
+        increments = self._kernel_weights(curve_w, top, observed) @ np.diff(
+            self.bank_shapes, axis=1
+        )
+        return increments / increments.sum()
+
+    def _kernel_weights(self, curve_w: np.ndarray, top: int, observed: np.ndarray) -> np.ndarray:
+        """[m] how much each server looks like the node up to `top` (see local_mean_increments)."""
         node = (curve_w[: top + 1] - curve_w[0]) / max(curve_w[top] - curve_w[0], 1e-6)
         bank = self.bank_shapes[:, : top + 1]
         bank = (bank - bank[:, :1]) / (bank[:, top : top + 1] - bank[:, :1])
@@ -175,13 +196,137 @@ class ShapePrior:
             * (np.log(self.bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
         )
         weights = np.exp(-0.5 * (distance2 - distance2.min()) / LOCAL_BANDWIDTH**2)
-        increments = (weights / weights.sum()) @ np.diff(self.bank_shapes, axis=1)
+        return weights / weights.sum()
+
+    def conditional_shape(self, curve_w: np.ndarray, top: int, observed: np.ndarray) -> np.ndarray:
+        """Mean increments of a shape through the node's own curve where its data are.
+
+        `curve_w`, `top` and `observed` as for `local_mean_increments`. The shape follows the
+        node's curve at the grid points it showed (and at 0 and `top`); a gap between two of
+        them is shared out, and the rise above `top` drawn, as a ridge regression on the node's
+        shown shape predicts (`_ShownShapeRegression`, learned on the prior's servers for this
+        pattern of shown points), mixed with what the servers that look like it did
+        (`local_mean_increments`' kernel): `GAP_RIDGE_SHARE` and `RISE_RIDGE_SHARE` of the
+        regression. So the node's own shape where it has data (its steps between shown points
+        and their differences, its watts, its idle share) informs the deciles it never
+        showed, not only which servers it resembles.
+        """
+        curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
+        if top < 2:
+            return self.mean_increments
+        anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
+        regression = self._shown_shape_regression(anchors, top)
+        gap_shares, rise = regression.predict(curve_w)
+        weights = self._kernel_weights(curve_w, top, observed)
+        shape = np.zeros(len(GRID_UTIL))
+        shape[: top + 1] = np.maximum.accumulate(
+            (curve_w - curve_w[0]) / max(curve_w[top] - curve_w[0], 1e-6)
+        )
+        if regression.gap_points:
+            shares = GAP_RIDGE_SHARE * gap_shares + (1 - GAP_RIDGE_SHARE) * (
+                weights @ regression.bank_gap_shares
+            )
+            for j, share in zip(regression.gap_points, np.clip(shares, 0.0, 1.0), strict=True):
+                below, above = regression.gap_ends[j]
+                shape[j] = shape[below] + share * (shape[above] - shape[below])
+            shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
+        if top < N_DECILES:
+            rise = RISE_RIDGE_SHARE * rise + (1 - RISE_RIDGE_SHARE) * (
+                weights @ regression.bank_rise
+            )
+            shape[top + 1 :] = shape[top] + np.maximum.accumulate(np.maximum(rise, 0.0))
+        increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
+
+    def _shown_shape_regression(self, anchors: tuple[int, ...], top: int) -> _ShownShapeRegression:
+        key = (anchors, top)
+        regression = self._regressions.get(key)
+        if regression is None:
+            regression = _ShownShapeRegression.learn(self.bank_watts, anchors, top)
+            self._regressions[key] = regression
+        return regression
 
     def dynamic_w_from_idle(self, idle_w: float) -> float:
         """The typical dynamic range `P(1) - P(0)` of a server idling at `idle_w` watts."""
         intercept, slope = self.dynamic_from_idle
         return float(np.exp(intercept + slope * np.log(max(idle_w, 1.0))))
+
+
+@dataclass(frozen=True, eq=False)
+class _ShownShapeRegression:
+    """Ridge regressions, across the prior's servers, from a curve's shape at the grid points a
+    node showed (`anchors`, 0..`top`) to what it did between and above them.
+
+    Features: the shape's steps between shown points (normalised by the rise from idle to
+    `top`), their differences (curvature), log watts at `top`, and idle over watts at `top`.
+    Targets: at each grid point in a gap, the share of the gap's rise reached there; above
+    `top`, the rise per unit of the rise from idle to `top` (regressed in log, so positive).
+    """
+
+    anchors: tuple[int, ...]
+    top: int
+    gap_points: tuple[int, ...]
+    gap_ends: dict[int, tuple[int, int]]
+    mean_x: np.ndarray
+    scale_x: np.ndarray
+    gap: tuple[np.ndarray, np.ndarray]  # (intercept, coefficients)
+    rise: tuple[np.ndarray, np.ndarray]
+    bank_gap_shares: np.ndarray  # [m, gaps] each server's shares, for the kernel mean
+    bank_rise: np.ndarray  # [m, 10 - top]
+
+    @staticmethod
+    def features(curves_w: np.ndarray, anchors: tuple[int, ...], top: int) -> np.ndarray:
+        rise = np.maximum(curves_w[:, top] - curves_w[:, 0], 1e-9)
+        steps = np.diff((curves_w[:, list(anchors)] - curves_w[:, :1]) / rise[:, None], axis=1)
+        top_w = np.maximum(curves_w[:, top], 1e-3)
+        return np.column_stack(
+            [steps, np.diff(steps, axis=1), np.log(top_w), curves_w[:, 0] / top_w]
+        )
+
+    @classmethod
+    def learn(cls, bank_w: np.ndarray, anchors: tuple[int, ...], top: int) -> _ShownShapeRegression:
+        gap_points = tuple(j for j in range(1, top) if j not in anchors)
+        gap_ends = {
+            j: (max(k for k in anchors if k < j), min(k for k in anchors if k > j))
+            for j in gap_points
+        }
+        shares = np.zeros((len(bank_w), len(gap_points)))
+        for column, j in enumerate(gap_points):
+            below, above = gap_ends[j]
+            shares[:, column] = (bank_w[:, j] - bank_w[:, below]) / np.maximum(
+                bank_w[:, above] - bank_w[:, below], 1e-9
+            )
+        rise = (bank_w[:, top + 1 :] - bank_w[:, top : top + 1]) / np.maximum(
+            bank_w[:, top : top + 1] - bank_w[:, :1], 1e-9
+        )
+        x = cls.features(bank_w, anchors, top)
+        mean_x, scale_x = x.mean(axis=0), x.std(axis=0) + 1e-9
+        xs = (x - mean_x) / scale_x
+
+        def ridge(y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+            mean_y = y.mean(axis=0)
+            lhs = xs.T @ xs + penalty * np.eye(xs.shape[1])
+            return mean_y, np.linalg.solve(lhs, xs.T @ (y - mean_y))
+
+        return cls(
+            anchors=anchors,
+            top=top,
+            gap_points=gap_points,
+            gap_ends=gap_ends,
+            mean_x=mean_x,
+            scale_x=scale_x,
+            gap=ridge(shares, GAP_RIDGE),
+            rise=ridge(np.log(np.maximum(rise, 1e-4)), RISE_RIDGE),
+            bank_gap_shares=shares,
+            bank_rise=rise,
+        )
+
+    def predict(self, curve_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One node's curve at 0..top (watts) -> (gap shares, rise above top per unit rise)."""
+        x = (self.features(curve_w[None, :], self.anchors, self.top)[0] - self.mean_x) / (
+            self.scale_x
+        )
+        return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
 @functools.cache

@@ -1,0 +1,186 @@
+"""Cross-validate `monoshape` settings on the shape prior's own servers, never on the scored ones.
+
+`bench.accuracy_specpower` scores on the held-out side of the committed split
+(`bench/data/specpower_split.csv`); choosing a setting by that score would tune to it. This
+bench does what the scored bench does, but on the *prior* side: each of its servers becomes a
+node with a week of telemetry (`training.synth`, the same sampling and temperature modes), and
+is fitted against a prior learned from the other prior-side servers *of other processor models*
+(leave-one-processor-model-out, so near-twins never judge each other). The fit is called
+directly (`training.monoshape.fit_monotone_curve` on the older rows, as `training.fit` does),
+without the ONNX and bundle steps, so a case takes seconds. Printed per case: median and p90
+MAPE at the scored loads and how many servers beat the straight line (idle to max, or for
+`lowload` through idle and the 50 % point, extended).
+
+    python3 -m bench.accuracy_cv [--sampling all|levels,lowload] [--temperature tight,loose]
+        [--side prior|eval] [--seed 7]
+
+`--side eval` fits the held-out servers against the full prior side's prior, the scored bench
+without its pipeline: a quick check only; `bench.accuracy_specpower` is the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.accuracy_specpower import (
+    DEFAULT_CSV,
+    LOAD_COLUMNS,
+    SCORED_LOADS_PCT,
+    _choices,
+    steady_feature_rows,
+    steady_power,
+)
+from bench.specpower_split import SPLIT_CSV, read_split, result_id
+from livedata.metrics_table import CPU_UTIL, FEATURES
+from training.dataset import clean_metrics
+from training.fit import FitSettings, heldout_start_index
+from training.fit.node import iter_node_rows, unfillable_rows
+from training.fit.settings import FEATURE_FILL
+from training.monoshape import fit_monotone_curve
+from training.report import IdleToMaxLine
+from training.shape_prior import SHARE_COLUMNS, ShapePrior
+from training.synth import SAMPLINGS, TEMPERATURE_MODES, fleet_telemetry, servers_spec
+
+
+@dataclass
+class Side:
+    names: list[str]
+    curves_w: np.ndarray  # [n, 11]
+    table: pd.DataFrame
+    models: np.ndarray  # processor model per server
+    priors: list[ShapePrior]  # the prior each server is fitted against
+
+
+def load_side(csv: Path, split_csv: Path, side: str) -> Side:
+    sample = pd.read_csv(csv)
+    sample["result"] = sample["disclosure_url"].map(result_id)
+    split = read_split(split_csv).set_index("result")
+    curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
+    sides = sample["result"].map(split["split"]).to_numpy()
+    models = sample["result"].map(split["processor_model"]).to_numpy()
+    prior_side = sides == "prior"
+    chosen = sides == side
+    table = pd.DataFrame(
+        {
+            "result": sample["result"][chosen].to_numpy(),
+            "chips": sample["chips"][chosen].to_numpy(),
+            "watts_max": curves_w[chosen, -1],
+            **{
+                column: curves_w[chosen, i] / curves_w[chosen, -1]
+                for i, column in enumerate(SHARE_COLUMNS)
+            },
+        }
+    )
+    if side == "eval":
+        full = ShapePrior.from_curves(curves_w[prior_side])
+        priors = [full] * int(chosen.sum())
+    else:
+        by_model: dict[str, ShapePrior] = {}
+        for model in np.unique(models[prior_side]):
+            by_model[model] = ShapePrior.from_curves(curves_w[prior_side & (models != model)])
+        priors = [by_model[m] for m in models[chosen]]
+    return Side(
+        names=[f"spec-{i:03d}" for i in np.flatnonzero(chosen)],
+        curves_w=curves_w[chosen],
+        table=table,
+        models=models[chosen],
+        priors=priors,
+    )
+
+
+@dataclass
+class NodeData:
+    features: np.ndarray
+    power_w: np.ndarray
+
+
+def node_data(side: Side, sampling: str, temperature: str, seed: int, hours: float):
+    """A week (`hours`) of telemetry per server as `bench.accuracy_specpower` makes it; each
+    node's older rows (those `training.fit` would train on)."""
+    spec = servers_spec(side.table, seed, names=side.names)
+    telemetry = fleet_telemetry(
+        spec,
+        hours,
+        60.0,
+        seed,
+        sampling=sampling,
+        temperature=temperature,
+        steady_power_w=steady_power(side.curves_w, sampling),
+    )
+    frame = clean_metrics(telemetry, source="cv").frame
+    frame = frame[~unfillable_rows(frame, FEATURE_FILL)]
+    test_fraction = FitSettings().test_fraction
+    data = {}
+    for rows in iter_node_rows(frame, FEATURE_FILL):
+        train = rows.take(slice(0, heldout_start_index(len(rows), test_fraction)))
+        data[rows.node] = NodeData(train.features.astype(np.float64), train.power_w)
+    return spec, data
+
+
+def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
+    """Each server's MAPE at the scored loads, ours and the straight line's."""
+    loads_u = np.array(SCORED_LOADS_PCT[sampling], dtype=float) / 100
+    truth_index = np.rint(loads_u * 10).astype(int)
+    steady_rows = steady_feature_rows(spec, loads_u).astype(np.float64)
+    ours, line = [], []
+    for i, name in enumerate(side.names):
+        truth_w = side.curves_w[i, truth_index]
+        node = data[name]
+        curve, _ = fit_monotone_curve(node.features, node.power_w, side.priors[i])
+        ours.append(_mape(curve.predict_w(steady_rows[i]), truth_w))
+        util = node.features[:, FEATURES.index(CPU_UTIL)]
+        line.append(_mape(IdleToMaxLine.from_train(util, node.power_w).predict_w(loads_u), truth_w))
+    return np.array(ours), np.array(line)
+
+
+def _mape(predicted_w, truth_w) -> float:
+    return float(np.mean(np.abs(np.asarray(predicted_w) - truth_w) / truth_w) * 100)
+
+
+def summary(ours: np.ndarray, line: np.ndarray) -> str:
+    better = int(np.sum(ours < line))
+    return (
+        f"{np.median(ours):5.2f} / {np.percentile(ours, 90):5.2f} %  "
+        f"(line {np.median(line):5.2f} / {np.percentile(line, 90):5.2f} %)  "
+        f"better {better}/{len(ours)} ({better / len(ours) * 100:.0f} %)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.accuracy_cv", description=__doc__)
+    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--split", type=Path, default=SPLIT_CSV)
+    parser.add_argument("--side", choices=("prior", "eval"), default="prior")
+    parser.add_argument("--sampling", default="all")
+    parser.add_argument("--temperature", default="tight,loose")
+    parser.add_argument("--hours", type=float, default=168)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    logging.getLogger("training").setLevel(logging.ERROR)
+    side = load_side(args.csv, args.split, args.side)
+    print(
+        f"{args.side} side: {len(side.names)} servers, {len(set(side.models))} processor models; "
+        + (
+            "each fitted against a prior learned without its processor model"
+            if args.side == "prior"
+            else "fitted against the prior learned from the whole prior side"
+        )
+    )
+    print("sampling     temp.  MAPE median / p90, the straight line's, ours better than it")
+    for sampling in _choices(args.sampling, SAMPLINGS, "--sampling"):
+        for temperature in _choices(args.temperature, TEMPERATURE_MODES, "--temperature"):
+            spec, data = node_data(side, sampling, temperature, args.seed, args.hours)
+            ours, line = score(side, spec, data, sampling)
+            print(f"{sampling:12s} {temperature:6s} {summary(ours, line)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
