@@ -34,10 +34,12 @@ from bench.accuracy_specpower import (
     LOAD_COLUMNS,
     SCORED_LOADS_PCT,
     _choices,
+    read_sample,
+    shapes_table,
     steady_feature_rows,
     steady_power,
 )
-from bench.specpower_split import SPLIT_CSV, read_split, result_id
+from bench.specpower_split import SPLIT_CSV
 from livedata.metrics_table import CPU_UTIL, FEATURES
 from training.dataset import clean_metrics
 from training.fit import FitSettings, heldout_start_index
@@ -45,7 +47,7 @@ from training.fit.node import iter_node_rows, unfillable_rows
 from training.fit.settings import FEATURE_FILL
 from training.monoshape import fit_monotone_curve
 from training.report import IdleToMaxLine
-from training.shape_prior import SHARE_COLUMNS, ShapePrior
+from training.shape_prior import ShapePrior
 from training.synth import SAMPLINGS, TEMPERATURE_MODES, fleet_telemetry, servers_spec
 
 
@@ -59,25 +61,13 @@ class Side:
 
 
 def load_side(csv: Path, split_csv: Path, side: str) -> Side:
-    sample = pd.read_csv(csv)
-    sample["result"] = sample["disclosure_url"].map(result_id)
-    split = read_split(split_csv).set_index("result")
+    sample, split = read_sample(csv, split_csv)
     curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
     sides = sample["result"].map(split["split"]).to_numpy()
     models = sample["result"].map(split["processor_model"]).to_numpy()
     prior_side = sides == "prior"
     chosen = sides == side
-    table = pd.DataFrame(
-        {
-            "result": sample["result"][chosen].to_numpy(),
-            "chips": sample["chips"][chosen].to_numpy(),
-            "watts_max": curves_w[chosen, -1],
-            **{
-                column: curves_w[chosen, i] / curves_w[chosen, -1]
-                for i, column in enumerate(SHARE_COLUMNS)
-            },
-        }
-    )
+    table = shapes_table(sample, curves_w, chosen)
     if side == "eval":
         full = ShapePrior.from_curves(curves_w[prior_side])
         priors = [full] * int(chosen.sum())

@@ -89,11 +89,12 @@ class Servers:
     n_prior: int
 
 
-def load_servers(csv: Path, split_csv: Path) -> Servers:
-    """Read the sample, check it against the committed split, learn the prior on its side."""
+def read_sample(csv: Path, split_csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sample and the committed split, row for row (the split indexed by result id);
+    exits with a clear error when they do not match."""
     sample = pd.read_csv(csv)
     sample["result"] = sample["disclosure_url"].map(result_id)
-    split = read_split(split_csv).set_index("result")["split"]
+    split = read_split(split_csv).set_index("result")
     unknown = sorted(set(sample["result"]) - set(split.index))
     if unknown or len(split) != len(sample):
         raise SystemExit(
@@ -101,24 +102,34 @@ def load_servers(csv: Path, split_csv: Path) -> Servers:
             f"({len(sample)} servers vs {len(split)}; not in the split: {unknown[:3]}); "
             "regenerate it with python3 -m bench.specpower_split"
         )
-    curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
-    side = sample["result"].map(split).to_numpy()
-    held_out = side == "eval"
-    table = pd.DataFrame(
+    return sample, split
+
+
+def shapes_table(sample: pd.DataFrame, curves_w: np.ndarray, chosen: np.ndarray) -> pd.DataFrame:
+    """The chosen servers in the shipped shapes table's columns (`training.synth` reads them)."""
+    return pd.DataFrame(
         {
-            "result": sample["result"][held_out].to_numpy(),
-            "chips": sample["chips"][held_out].to_numpy(),
-            "watts_max": curves_w[held_out, -1],
+            "result": sample["result"][chosen].to_numpy(),
+            "chips": sample["chips"][chosen].to_numpy(),
+            "watts_max": curves_w[chosen, -1],
             **{
-                column: curves_w[held_out, i] / curves_w[held_out, -1]
+                column: curves_w[chosen, i] / curves_w[chosen, -1]
                 for i, column in enumerate(SHARE_COLUMNS)
             },
         }
     )
+
+
+def load_servers(csv: Path, split_csv: Path) -> Servers:
+    """Read the sample, check it against the committed split, learn the prior on its side."""
+    sample, split = read_sample(csv, split_csv)
+    curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
+    side = sample["result"].map(split["split"]).to_numpy()
+    held_out = side == "eval"
     return Servers(
         names=[f"spec-{i:03d}" for i in np.flatnonzero(held_out)],
         curves_w=curves_w[held_out],
-        table=table,
+        table=shapes_table(sample, curves_w, held_out),
         prior=ShapePrior.from_curves(curves_w[side == "prior"]),
         n_prior=int(np.sum(side == "prior")),
     )
