@@ -25,7 +25,7 @@ from bench.sim.kube_default import (
     fits,
     least_allocated_scores,
 )
-from bench.sim.policies import CheapestPolicy, DefaultPolicy, ReschedulingPolicy
+from bench.sim.policies import CheapestPolicy, Decision, DefaultPolicy, ReschedulingPolicy
 from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
 from extender.config import DEFAULT_BUNDLE_DIR
 from tests.support.sim import sim_cluster
@@ -276,6 +276,31 @@ def test_a_pod_that_found_no_room_waits_for_an_event_and_goes_before_later_arriv
         ("p3", 1200.0, "node-01", 3),
     ]
     assert result.placed_pods == 3 and result.unplaced_pods == 0
+
+
+def test_a_pod_held_on_purpose_is_tried_when_the_policy_says_not_on_events() -> None:
+    # A policy that holds "held" until 100 s (as a carbon deferral does) while "busy" pods end
+    # every tick around it: the held pod is tried at 0 and 100 s only, then placed.
+    class HoldUntil100(DefaultPolicy):
+        def place(self, uid: str, pod: PodRequest, ledger: NodeLedger, now_s: float) -> Decision:
+            if uid == "held" and now_s < 100.0:
+                return Decision(None, reason="held", retry_at_s=100.0)
+            return super().place(uid, pod, ledger, now_s)
+
+    cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
+    n_busy = 20
+    trace = dataclasses.replace(
+        one_pod_trace(1000, 5.0),
+        names=["held", *[f"busy-{i}" for i in range(n_busy)]],
+        arrival_s=np.array([0.0, *np.arange(n_busy) * 5.0]),
+        cpu_m=np.full(n_busy + 1, 1000),
+        memory_bytes=np.zeros(n_busy + 1, dtype=np.int64),
+        duration_s=np.full(n_busy + 1, 5.0),
+        usage_ratio=np.ones(n_busy + 1),
+    )
+    result = simulate(cluster, trace, HoldUntil100(np.random.default_rng()), SimSettings())
+    held = [(d.time_s, d.node) for d in result.decisions if d.pod == "held"]
+    assert held == [(0.0, ""), (100.0, "node-01")]
 
 
 def test_a_pod_gives_up_after_its_patience_and_counts_as_unplaced() -> None:
