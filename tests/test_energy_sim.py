@@ -141,6 +141,21 @@ def one_pod_trace(cpu_m: int, duration_s: float) -> Trace:
     )
 
 
+def pods_trace(
+    names: list[str], arrival_s: list[float], cpu_m: list[int], duration_s: list[float]
+) -> Trace:
+    """Pods that use what they request, no memory, arriving as given."""
+    n = len(names)
+    return Trace(
+        names=names,
+        arrival_s=np.asarray(arrival_s, dtype=float),
+        cpu_m=np.asarray(cpu_m),
+        memory_bytes=np.zeros(n, dtype=np.int64),
+        duration_s=np.asarray(duration_s, dtype=float),
+        usage_ratio=np.ones(n),
+    )
+
+
 def test_energy_of_a_constant_power_node_is_power_times_time() -> None:
     # A flat curve: 250 W at any load, for the one hour the run lasts -> 0.25 kWh.
     cluster = one_node_cluster(np.ones(11), 250.0, 4.0)
@@ -253,15 +268,7 @@ def test_a_pod_that_found_no_room_waits_for_an_event_and_goes_before_later_arriv
     # unschedulable pool, is flushed back after 5 minutes with no event (310 s: still no room),
     # and is tried when p1 ends (600 s), before p3, which arrived later and must wait in turn.
     cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
-    trace = dataclasses.replace(
-        one_pod_trace(4000, 600.0),
-        names=["p1", "p2", "p3"],
-        arrival_s=np.array([0.0, 10.0, 602.0]),
-        cpu_m=np.array([4000, 4000, 4000]),
-        memory_bytes=np.zeros(3, dtype=np.int64),
-        duration_s=np.array([600.0, 600.0, 600.0]),
-        usage_ratio=np.ones(3),
-    )
+    trace = pods_trace(["p1", "p2", "p3"], [0.0, 10.0, 602.0], [4000] * 3, [600.0] * 3)
     result = simulate(cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings())
     tries = [(d.pod, d.time_s, d.node, d.attempt) for d in result.decisions]
     assert [t for t in tries if t[0] == "p2"] == [
@@ -289,14 +296,11 @@ def test_a_pod_held_on_purpose_is_tried_when_the_policy_says_not_on_events() -> 
 
     cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
     n_busy = 20
-    trace = dataclasses.replace(
-        one_pod_trace(1000, 5.0),
-        names=["held", *[f"busy-{i}" for i in range(n_busy)]],
-        arrival_s=np.array([0.0, *np.arange(n_busy) * 5.0]),
-        cpu_m=np.full(n_busy + 1, 1000),
-        memory_bytes=np.zeros(n_busy + 1, dtype=np.int64),
-        duration_s=np.full(n_busy + 1, 5.0),
-        usage_ratio=np.ones(n_busy + 1),
+    trace = pods_trace(
+        ["held", *[f"busy-{i}" for i in range(n_busy)]],
+        [0.0, *(5.0 * i for i in range(n_busy))],
+        [1000] * (n_busy + 1),
+        [5.0] * (n_busy + 1),
     )
     result = simulate(cluster, trace, HoldUntil100(np.random.default_rng()), SimSettings())
     held = [(d.time_s, d.node) for d in result.decisions if d.pod == "held"]
@@ -305,15 +309,7 @@ def test_a_pod_held_on_purpose_is_tried_when_the_policy_says_not_on_events() -> 
 
 def test_a_pod_gives_up_after_its_patience_and_counts_as_unplaced() -> None:
     cluster = one_node_cluster(np.ones(11), 100.0, 4.0)
-    trace = dataclasses.replace(
-        one_pod_trace(4000, 3000.0),
-        names=["long", "late"],
-        arrival_s=np.array([0.0, 10.0]),
-        cpu_m=np.array([4000, 4000]),
-        memory_bytes=np.zeros(2, dtype=np.int64),
-        duration_s=np.array([3000.0, 60.0]),
-        usage_ratio=np.ones(2),
-    )
+    trace = pods_trace(["long", "late"], [0.0, 10.0], [4000, 4000], [3000.0, 60.0])
     result = simulate(
         cluster, trace, DefaultPolicy(np.random.default_rng()), SimSettings(max_pending_s=600.0)
     )
@@ -326,15 +322,7 @@ def test_a_pod_gives_up_after_its_patience_and_counts_as_unplaced() -> None:
 def blocked_then_freed_trace() -> Trace:
     # p1 takes all 4 cores of the efficient node a for 600 s; p2 (2 cores, 3000 s) arrives at
     # 10 s, finds a full and goes to b, the inefficient node.
-    return dataclasses.replace(
-        one_pod_trace(4000, 600.0),
-        names=["p1", "p2"],
-        arrival_s=np.array([0.0, 10.0]),
-        cpu_m=np.array([4000, 2000]),
-        memory_bytes=np.zeros(2, dtype=np.int64),
-        duration_s=np.array([600.0, 3000.0]),
-        usage_ratio=np.ones(2),
-    )
+    return pods_trace(["p1", "p2"], [0.0, 10.0], [4000, 2000], [600.0, 3000.0])
 
 
 def test_rescheduling_moves_a_pod_to_the_efficient_node_once_it_has_room() -> None:
