@@ -434,31 +434,25 @@ class ElectricityMapsProvider(_WebApiProvider):
         if self.token_file:
             headers["auth-token"] = _secret(self.token_file, f"{self.name}.tokenFile")
         base = self.url.rstrip("/")
+
+        def get(endpoint: str, service_zone: str) -> tuple[object, str]:
+            """One zone's answer from `endpoint`, and where it came from (for errors)."""
+            where = f"{base}/v3/carbon-intensity/{endpoint}"
+            body = _get_json(
+                self.session,
+                where,
+                params={"zone": service_zone},
+                headers=headers,
+                timeout_s=self.timeout_s,
+            )
+            return body, f"{where}?zone={service_zone}"
+
         readings = []
         for service_zone, cluster_zone in sorted(names.items()):
-            params = {"zone": service_zone}
-            where = f"{base}/v3/carbon-intensity/latest"
             try:
-                latest = electricity_maps_latest(
-                    _get_json(
-                        self.session,
-                        where,
-                        params=params,
-                        headers=headers,
-                        timeout_s=self.timeout_s,
-                    ),
-                    f"{where}?zone={service_zone}",
-                )
-                where = f"{base}/v3/carbon-intensity/forecast"
+                latest = electricity_maps_latest(*get("latest", service_zone))
                 _, points, generated_at_s = electricity_maps_forecast(
-                    _get_json(
-                        self.session,
-                        where,
-                        params=params,
-                        headers=headers,
-                        timeout_s=self.timeout_s,
-                    ),
-                    f"{where}?zone={service_zone}",
+                    *get("forecast", service_zone)
                 )
             except CarbonDataError as exc:
                 raise CarbonSourceError(str(exc)) from None
