@@ -441,7 +441,8 @@ class Simulation:
 
     def room_may_have_changed(self, now_s: float) -> None:
         """A cluster event that moves unschedulable pods back to kube-scheduler's queue: a pod
-        ended or was evicted, a node became Ready or changed its labels."""
+        ended (its failed start given up counts), a node became Ready or changed its labels.
+        Evictions by power management do not: they empty a cordoned node."""
         self.room_changed_at_s = max(self.room_changed_at_s, now_s)
 
     def _queued_s(self, pod: int) -> float:
