@@ -19,12 +19,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from extender.plugins.base import cost_ratio_points
-from extender.plugins.carbon import CARBON_SIGNAL, Carbon
+from extender.plugins.carbon import CARBON_SIGNAL, Carbon, CarbonArgs
 from extender.profile import Profile, build_profile
 from extender.scoring import Assessment, assess
 from extender.state import ClusterState, NodeInfo
 from livedata.carbon import AVERAGE, MARGINAL, IntensityPoint, IntensityReading
-from livedata.carbon_source import build_snapshot
+from livedata.carbon_source import build_snapshot, node_g_per_kwh
 from livedata.deferral import is_carbon_hold
 from livedata.labels import (
     CARBON_HOLD_REASON,
@@ -570,3 +570,90 @@ def test_the_service_converts_watttime_pounds(tmp_path: Path) -> None:
         1048.4131919701972 * 0.45359237
     )
     assert rows["node-01"]["carbon_intensity_g_per_kwh"] is None  # us-east: no WattTime region
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    zone_age_h=st.lists(st.floats(0.0, 4.0), min_size=3, max_size=3),
+    forecast_age_h=st.lists(st.floats(0.0, 4.0), min_size=3, max_size=3),
+    with_forecast=st.lists(st.booleans(), min_size=3, max_size=3),
+    local=st.dictionaries(
+        st.sampled_from(sorted(CURVES)), st.floats(0.0, 3.0), max_size=3
+    ),  # node -> hours since its node-local reading
+    annotated=st.dictionaries(
+        st.sampled_from(sorted(CURVES)), st.one_of(st.none(), st.floats(0.0, 4.0)), max_size=3
+    ),  # node -> hours since its annotation was measured (None: standing, never ages)
+)
+def test_the_plugin_and_the_controllers_rule_give_each_node_the_same_intensity(
+    predictor: Predictor,
+    zone_age_h: list[float],
+    forecast_age_h: list[float],
+    with_forecast: list[bool],
+    local: dict[str, float],
+    annotated: dict[str, float | None],
+) -> None:
+    # The Carbon plugin computes intensities over the candidate arrays on the request path;
+    # the node power controller and the simulation call livedata's scalar node_g_per_kwh. One
+    # rule, written twice: they must agree on every node, whatever is fresh or stale.
+    prof = profile()
+    annotations = {
+        node: {CARBON_INTENSITY_ANNOTATION: f"{20 + i}"}
+        | (
+            {}
+            if age_h is None
+            else {
+                CARBON_INTENSITY_AT_ANNOTATION: datetime.fromtimestamp(
+                    NOW_S - age_h * HOUR, UTC
+                ).isoformat()
+            }
+        )
+        for i, (node, age_h) in enumerate(sorted(annotated.items()))
+    }
+    state = make_state(prof, annotations)
+    hour_start = NOW_S - NOW_S % HOUR
+    zone_readings = [
+        IntensityReading(
+            zone,
+            AVERAGE,
+            "grid",
+            100.0 * (k + 1),
+            NOW_S - zone_age_h[k] * HOUR,
+            tuple(
+                IntensityPoint(hour_start + h * HOUR, hour_start + (h + 1) * HOUR, 50.0 + k + h)
+                for h in range(-4, 4)
+            )
+            if with_forecast[k]
+            else (),
+            NOW_S - forecast_age_h[k] * HOUR if with_forecast[k] else math.nan,
+        )
+        for k, zone in enumerate(("zone-a", "zone-b", "zone-c"))
+    ]
+    node_readings = [
+        IntensityReading(node, AVERAGE, "site-meter", 15.0, NOW_S - age_h * HOUR)
+        for node, age_h in sorted(local.items())
+    ]
+    snapshot = build_snapshot(
+        zone_readings,
+        node_readings,
+        published_at_s=NOW_S,
+        max_age_s=2 * HOUR,
+        forecast_max_age_s=2 * HOUR,
+    )
+    state.set_signal(CARBON_SIGNAL, snapshot)
+    rows = explain_rows(run(predictor, state, prof, sorted(CURVES)))
+    for node in CURVES:
+        expected = node_g_per_kwh(
+            snapshot,
+            node,
+            ZONES.get(node),
+            AVERAGE,
+            NOW_S,
+            annotations=annotations.get(node),
+            max_age_s=CarbonArgs().max_age_seconds,
+        )
+        got = rows[node]["carbon_intensity_g_per_kwh"]
+        event("no intensity" if math.isnan(expected) else "an intensity")
+        if math.isnan(expected):
+            assert got is None, node
+        else:
+            assert got == pytest.approx(expected), node
