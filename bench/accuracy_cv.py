@@ -9,7 +9,9 @@ is fitted against a prior learned from the other prior-side servers *of other pr
 directly (`training.monoshape.fit_monotone_curve` on the older rows, as `training.fit` does),
 without the ONNX and bundle steps, so a case takes seconds. Printed per case: median and p90
 MAPE at the scored loads and how many servers beat the straight line (idle to max, or for
-`lowload` through idle and the 50 % point, extended).
+`lowload` through idle and the 50 % point, extended); for `levels` and `lowload` also what the
+prior makes of each server's exact watts at the loads it showed (no telemetry: the prior's own
+limit, `bench.accuracy_specpower.prior_from_exact_points`).
 
     python3 -m bench.accuracy_cv [--sampling all|levels,lowload] [--temperature tight,loose]
         [--side prior|eval] [--seed 7]
@@ -33,7 +35,9 @@ from bench.accuracy_specpower import (
     DEFAULT_CSV,
     LOAD_COLUMNS,
     SCORED_LOADS_PCT,
+    SHOWN_GRID_POINTS,
     _choices,
+    prior_from_exact_points,
     read_sample,
     shapes_table,
     steady_feature_rows,
@@ -115,11 +119,12 @@ def node_data(side: Side, sampling: str, temperature: str, seed: int, hours: flo
 
 
 def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
-    """Each server's MAPE at the scored loads, ours and the straight line's."""
+    """Each server's MAPE at the scored loads: ours, the straight line's, and (for the
+    samplings scored at loads never shown, else None) the prior's from the exact watts."""
     loads_u = np.array(SCORED_LOADS_PCT[sampling], dtype=float) / 100
     truth_index = np.rint(loads_u * 10).astype(int)
     steady_rows = steady_feature_rows(spec, loads_u).astype(np.float64)
-    ours, line = [], []
+    ours, line, exact = [], [], []
     for i, name in enumerate(side.names):
         truth_w = side.curves_w[i, truth_index]
         node = data[name]
@@ -127,19 +132,28 @@ def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
         ours.append(_mape(curve.predict_w(steady_rows[i]), truth_w))
         util = node.features[:, FEATURES.index(CPU_UTIL)]
         line.append(_mape(IdleToMaxLine.from_train(util, node.power_w).predict_w(loads_u), truth_w))
-    return np.array(ours), np.array(line)
+        if sampling in SHOWN_GRID_POINTS:
+            exact_w = prior_from_exact_points(side.priors[i], side.curves_w[i], sampling, loads_u)
+            exact.append(_mape(exact_w, truth_w))
+    return np.array(ours), np.array(line), (np.array(exact) if exact else None)
 
 
 def _mape(predicted_w, truth_w) -> float:
     return float(np.mean(np.abs(np.asarray(predicted_w) - truth_w) / truth_w) * 100)
 
 
-def summary(ours: np.ndarray, line: np.ndarray) -> str:
+def summary(ours: np.ndarray, line: np.ndarray, exact: np.ndarray | None = None) -> str:
     better = int(np.sum(ours < line))
     return (
         f"{np.median(ours):5.2f} / {np.percentile(ours, 90):5.2f} %  "
         f"(line {np.median(line):5.2f} / {np.percentile(line, 90):5.2f} %)  "
         f"better {better}/{len(ours)} ({better / len(ours) * 100:.0f} %)"
+        + (
+            f"  [prior from exact watts {np.median(exact):5.2f} / "
+            f"{np.percentile(exact, 90):5.2f} %]"
+            if exact is not None
+            else ""
+        )
     )
 
 
@@ -167,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     for sampling in _choices(args.sampling, SAMPLINGS, "--sampling"):
         for temperature in _choices(args.temperature, TEMPERATURE_MODES, "--temperature"):
             spec, data = node_data(side, sampling, temperature, args.seed, args.hours)
-            ours, line = score(side, spec, data, sampling)
-            print(f"{sampling:12s} {temperature:6s} {summary(ours, line)}")
+            ours, line, exact = score(side, spec, data, sampling)
+            print(f"{sampling:12s} {temperature:6s} {summary(ours, line, exact)}")
     return 0
 
 

@@ -25,7 +25,11 @@ Printed per case, over *every* scored server, fallback included: median and p90 
 models, the same for the idle-to-max straight line through the node's least and most loaded
 training rows (for `lowload` that is the line through idle and the 50 % point, extended), on
 how many servers ours beats it, the servers where ours is worse, and which families were
-chosen. For `levels` also linear interpolation between the held levels' mean power.
+chosen. For `levels` also linear interpolation between the held levels' mean power. For
+`levels` and `lowload` (scored at loads the nodes never showed) also the shape prior fed the
+*exact* SPECpower watts at the loads the node showed (`prior_from_exact_points`): no telemetry,
+no fit, so what the prior alone makes of a perfectly measured curve. Our models cannot be
+expected to beat it by much; where they are near it, the prior, not the fit, sets the error.
 
     python3 -m bench.accuracy_specpower [--sampling levels|even|mostly-idle|lowload|all]
         [--temperature tight|loose|tight,loose] [--hours 168] [--seed 7]
@@ -170,6 +174,32 @@ def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
     )
 
 
+# The grid points (0, 10, ..., 100 %) each sampling shows a node, for `prior_from_exact_points`;
+# the samplings scored at loads they showed have no entry.
+SHOWN_GRID_POINTS = {
+    "levels": tuple(int(i) for i in np.rint(HELD_LEVELS * 10)),
+    "lowload": (0, 1, 2, 3, 4, 5),
+}
+
+
+def prior_from_exact_points(
+    prior: ShapePrior, curve_w: np.ndarray, sampling: str, loads_u: np.ndarray
+) -> np.ndarray:
+    """The prior's prediction at `loads_u` (grid points) from a server's exact watts at the
+    grid points `sampling` shows (`SHOWN_GRID_POINTS`), as `training.monoshape`'s pass 3 draws
+    it: the conditional shape through those points, scaled by their rise from idle to the
+    highest one. A node's fit from telemetry replaces the exact watts with estimated ones."""
+    shown = SHOWN_GRID_POINTS[sampling]
+    top = max(shown)
+    observed = np.zeros(len(GRID_UTIL), dtype=bool)
+    observed[list(shown)] = True
+    # Between shown points the node's data say nothing: straight lines, as a fit would leave.
+    seen_w = np.interp(GRID_UTIL[: top + 1], GRID_UTIL[list(shown)], curve_w[list(shown)])
+    shape = np.concatenate([[0.0], np.cumsum(prior.conditional_shape(seen_w, top, observed))])
+    shape_w = seen_w[0] + (seen_w[top] - seen_w[0]) * shape / shape[top]
+    return np.interp(loads_u, GRID_UTIL, shape_w)
+
+
 @dataclass
 class CaseResult:
     sampling: str
@@ -177,6 +207,7 @@ class CaseResult:
     ours_pct: np.ndarray
     line_pct: np.ndarray
     interp_pct: np.ndarray | None
+    exact_prior_pct: np.ndarray | None
     families: dict[str, int]
     fallback: list[dict]
     names: list[str]
@@ -217,7 +248,7 @@ def run_case(
         truth_index = np.rint(loads_u * 10).astype(int)
         frame = cleaned.frame
         steady_rows = steady_feature_rows(spec, loads_u)
-        ours, line, interp = [], [], []
+        ours, line, interp, exact_prior = [], [], [], []
         for i, name in enumerate(servers.names):
             truth_w = servers.curves_w[i, truth_index]
             entry = bundle.entry_for(name)
@@ -230,6 +261,11 @@ def run_case(
             line.append(_mape_pct(baseline.predict_w(loads_u), truth_w))
             if sampling == "levels":
                 interp.append(_mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
+            if sampling in SHOWN_GRID_POINTS:
+                exact_w = prior_from_exact_points(
+                    servers.prior, servers.curves_w[i], sampling, loads_u
+                )
+                exact_prior.append(_mape_pct(exact_w, truth_w))
     summary = run.report["summary"]
     return CaseResult(
         sampling=sampling,
@@ -237,6 +273,7 @@ def run_case(
         ours_pct=np.array(ours),
         line_pct=np.array(line),
         interp_pct=np.array(interp) if interp else None,
+        exact_prior_pct=np.array(exact_prior) if exact_prior else None,
         families=summary["families_chosen"],
         fallback=summary["nodes_fallback"],
         names=servers.names,
@@ -290,6 +327,11 @@ def print_case(result: CaseResult) -> None:
     print(f"  {line_name + ':':<40} {_stats(result.line_pct)}")
     if result.interp_pct is not None:
         print(f"  {'linear interpolation between levels:':<40} {_stats(result.interp_pct)}")
+    if result.exact_prior_pct is not None:
+        print(
+            f"  {'the prior from the exact watts shown:':<40} {_stats(result.exact_prior_pct)} "
+            "(no telemetry, no fit: the prior's own limit)"
+        )
     better = int(np.sum(result.ours_pct < result.line_pct))
     print(
         f"  ours better than the {line_name} on {better} of {len(result.names)} servers "
@@ -301,16 +343,21 @@ def print_case(result: CaseResult) -> None:
 def print_table(results: list[CaseResult]) -> None:
     print(
         "\n| sampling | temperature | ours: median / p90 MAPE | straight line: median / p90 | "
-        "ours better than the line | on the fallback |"
+        "ours better than the line | on the fallback | the prior from exact watts |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         better = int(np.sum(r.ours_pct < r.line_pct))
+        exact = (
+            f"{np.median(r.exact_prior_pct):.2f} / {np.percentile(r.exact_prior_pct, 90):.2f} %"
+            if r.exact_prior_pct is not None
+            else "(loads shown)"
+        )
         print(
             f"| {r.sampling} | {r.temperature} | {np.median(r.ours_pct):.2f} / "
             f"{np.percentile(r.ours_pct, 90):.2f} % | {np.median(r.line_pct):.2f} / "
             f"{np.percentile(r.line_pct, 90):.2f} % | {better} of {len(r.names)} | "
-            f"{len(r.fallback)} |"
+            f"{len(r.fallback)} | {exact} |"
         )
 
 

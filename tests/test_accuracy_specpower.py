@@ -61,3 +61,28 @@ def test_cross_validation_never_judges_a_server_by_a_prior_that_saw_its_processo
     )
     out = capsys.readouterr().out
     assert "prior side: 77 servers" in out and "levels       tight" in out
+
+
+@pytest.mark.parametrize("sampling", sorted(accuracy_specpower.SHOWN_GRID_POINTS))
+def test_the_prior_from_exact_watts_passes_through_them_and_recovers_a_shape_it_knows(
+    sampling: str,
+) -> None:
+    # A bank of one server shape at many sizes: the prior knows that shape exactly, so from
+    # the exact watts at the loads a sampling shows it must draw the loads it hides.
+    from training.shape_prior import GRID_UTIL, ShapePrior
+
+    shape = GRID_UTIL**0.6  # concave, as real curves are
+    sizes = np.linspace(80, 400, 24)
+    bank_w = np.outer(sizes, 0.35 + 0.65 * shape) + np.linspace(0, 3, 24)[:, None] * GRID_UTIL
+    prior = ShapePrior.from_curves(bank_w)
+    server_w = 150 * (0.35 + 0.65 * shape)
+    predicted_w = accuracy_specpower.prior_from_exact_points(prior, server_w, sampling, GRID_UTIL)
+    shown = list(accuracy_specpower.SHOWN_GRID_POINTS[sampling])
+    np.testing.assert_allclose(predicted_w[shown], server_w[shown], rtol=1e-9)
+    assert np.all(np.diff(predicted_w) >= 0)
+    hidden = [i for i in range(len(GRID_UTIL)) if i not in shown]
+    np.testing.assert_allclose(predicted_w[hidden], server_w[hidden], rtol=0.01)
+    # and a server of another shape is not forced onto the bank's: its shown watts still hold
+    other_w = 150 * (0.35 + 0.65 * GRID_UTIL**1.4)
+    other_pred_w = accuracy_specpower.prior_from_exact_points(prior, other_w, sampling, GRID_UTIL)
+    np.testing.assert_allclose(other_pred_w[shown], other_w[shown], rtol=1e-9)
