@@ -35,10 +35,15 @@ powers off the most grams per idle core first and wakes the fewest grams per cor
 Deferrable pods (`--deferrable-share` of the trace, drawn from the seed) carry
 `power-aware-scheduler/defer-until: <--defer-hours>h` and a creationTimestamp at their
 arrival; they may wait until then plus `--max-pending` before counting as unplaced. A pod the
-extender holds is retried every `HELD_RETRY_S` (kube-scheduler's podMaxInUnschedulablePodsDuration,
-the longest it leaves an unschedulable pod alone when no cluster event moves it sooner), so
-release comes up to that much after the window opens or the deadline passes. Policies without
-the Carbon plugin ignore the annotation.
+extender holds is unschedulable to kube-scheduler: in a busy cluster some event moves it back
+within its backoff (at most `HELD_EVENT_DELAY_S`), and with none it is flushed back after
+`HELD_RETRY_S` (podMaxInUnschedulablePodsDuration). The extender answers it the same until the
+intensities it holds are next published (every hour here) or the pod's deadline passes, so the
+simulation asks it again then, plus that backoff, or at the flush, whichever is first: a pod is
+released within seconds of the window opening, as in a cluster, without thousands of
+identical /filter calls. (What the hold leaves out: a change of the candidates alone, which
+moves their mean intensity a little, is not re-asked before then.) Policies without the Carbon
+plugin ignore the annotation.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ log = logging.getLogger("bench.sim.carbon")
 FORECAST_HOURS = 24
 FORECAST_ERROR = 0.10  # log-normal sd of the forecast at a day ahead; grows with sqrt(lead)
 HELD_RETRY_S = 300.0
+# kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s): how soon after the extender's
+# answer may change a busy cluster's events have tried a held pod again.
+HELD_EVENT_DELAY_S = 10.0
 WORLD_KEY = "carbon"
 SOURCE_NAME = "simulated-grid"
 
@@ -374,10 +382,20 @@ class CarbonExtenderPolicy(ExtenderPolicy):
         self._publish(now_s)
         decision = super().place(uid, pod, ledger, now_s)
         if decision.node is None and CARBON_HOLD_REASON in decision.reason:
-            self.held_until_s[uid] = (now_s + HELD_RETRY_S, decision.reason)
-            return replace(decision, retry_at_s=now_s + HELD_RETRY_S)
+            retry_s = self._held_retry_s(uid, now_s)
+            self.held_until_s[uid] = (retry_s, decision.reason)
+            return replace(decision, retry_at_s=retry_s)
         self.held_until_s.pop(uid, None)
         return decision
+
+    def _held_retry_s(self, uid: str, now_s: float) -> float:
+        """When kube-scheduler asks again about a pod held at `now_s` (module docstring): just
+        after the next publication of intensities or the pod's deadline, or at the flush."""
+        next_publish_s = (math.floor(now_s / HOUR_S) + 1) * HOUR_S
+        if next_publish_s >= self.world.series.hours * HOUR_S:
+            next_publish_s = math.inf  # the series' last hour: nothing new is published
+        answer_may_change_s = min(next_publish_s, self.world.deadline_s.get(uid, math.inf))
+        return min(now_s + HELD_RETRY_S, max(answer_may_change_s, now_s) + HELD_EVENT_DELAY_S)
 
 
 @contextlib.contextmanager
