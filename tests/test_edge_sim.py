@@ -110,6 +110,21 @@ def test_our_policy_honours_the_limits_the_default_scheduler_ignores() -> None:
     assert ours.delay_violations == sum(1 for uid in placed if edge.violates(uid, placed[uid]))
 
 
+def test_cloud_preference_sends_the_unconstrained_pods_to_the_cloud_and_keeps_the_limits() -> None:
+    scenario = edge_scenario()
+    edge = scenario.world[WORLD_KEY]
+    assert isinstance(edge, EdgeWorld)
+    plain, _ = run_policy("power-aware+delay", scenario, progress=False)
+    cloud, _ = run_policy("power-aware+delay+cloud", scenario, progress=False)
+    assert cloud.unplaced_pods == 0
+    share = "unconstrained_on_cloud_share"
+    assert cloud.kpis[share] > plain.kpis[share] and cloud.kpis[share] > 0.9
+    placed = {d.pod: d.node for d in cloud.decisions if d.node}
+    for uid, (_, limit_ms) in edge.constraints.items():
+        if uid in placed and limit_ms < 50:
+            assert not edge.violates(uid, placed[uid])
+
+
 def test_delay_policies_need_the_edge_world() -> None:
     scenario = edge_scenario(hours=0.05)
     del scenario.world[WORLD_KEY]

@@ -29,8 +29,10 @@ Policies registered here: `delay-only` (kube-scheduler's default scoring plus ou
 the Delay filter alone: the seed's constraint without power awareness), `power-aware+delay`
 (our default scoring plus the Delay filter with its shipped settings, delay score weight 0:
 each link's median over 5 minutes, read as a 95 % upper confidence bound),
-`power-aware+delay-median` (the same reading the median as is) and `power-aware+delay-p90`
-(the same reading the p90 as is), and the reference
+`power-aware+delay-median` (the same reading the median as is), `power-aware+delay-p90`
+(the same reading the p90 as is), `power-aware+delay+cloud` (the shipped Delay filter plus
+CloudPreference at weight `CLOUD_PREFERENCE_WEIGHT`: pods without a limit steered to the
+cloud, as the edge seed binds them there), and the reference
 `cheapest+delay` (the node whose true curve adds the fewest watts among those whose typical RTT
 meets the limit: what the constraints cost any placement). `--delay-share` sets the share of
 constrained pods.
@@ -364,6 +366,7 @@ register_preset(
             "power-aware+delay",
             "power-aware+delay-median",
             "power-aware+delay-p90",
+            "power-aware+delay+cloud",
             "cheapest",
             "cheapest+delay",
         ),
@@ -387,6 +390,21 @@ POWER_AWARE_DELAY_PROFILE = {
     "plugins": {
         "filter": {"enabled": [{"name": "Delay"}]},
         "score": {"enabled": [{"name": "Delay", "weight": 0.0}]},
+    }
+}
+
+# CloudPreference's weight in `power-aware+delay+cloud`: its docstring's example, where a cloud
+# node still loses to an edge node whose power increase is less than half as large.
+CLOUD_PREFERENCE_WEIGHT = 0.3
+POWER_AWARE_DELAY_CLOUD_PROFILE = {
+    "plugins": {
+        "filter": {"enabled": [{"name": "Delay"}]},
+        "score": {
+            "enabled": [
+                {"name": "Delay", "weight": 0.0},
+                {"name": "CloudPreference", "weight": CLOUD_PREFERENCE_WEIGHT},
+            ]
+        },
     }
 }
 
@@ -440,6 +458,15 @@ register_policy(
         "power-aware + the Delay filter on Goldpinger-measured RTTs, shipped settings: median "
         "over 5 min as a 95 % upper confidence bound, upper bucket bound (edge preset)",
         _delay_policy("power-aware+delay", POWER_AWARE_DELAY_PROFILE, {}),
+        needs_bundle=True,
+    )
+)
+register_policy(
+    PolicySpec(
+        "power-aware+delay+cloud",
+        "power-aware+delay plus CloudPreference (weight 0.3): pods without a delay limit "
+        "steered to kubernetes.io/role=cloud nodes (edge preset)",
+        _delay_policy("power-aware+delay+cloud", POWER_AWARE_DELAY_CLOUD_PROFILE, {}),
         needs_bundle=True,
     )
 )
