@@ -80,6 +80,11 @@ SCORED_LOADS_PCT = {
     "mostly-idle": (10, 30, 50, 70, 90),
     "lowload": (60, 70, 80, 90, 100),
 }
+# The grid points (0, 10, ..., 100 %) each sampling shows a node, where it is scored at others.
+SHOWN_GRID_POINTS = {
+    "levels": tuple(int(i) for i in np.rint(HELD_LEVELS * 10)),
+    "lowload": (0, 1, 2, 3, 4, 5),
+}
 
 
 @dataclass
@@ -142,7 +147,7 @@ def load_servers(csv: Path, split_csv: Path) -> Servers:
 def steady_power(curves_w: np.ndarray, sampling: str):
     """Utilisation [n, T] -> each server's power at steady state, from its measured curve."""
     if sampling == "levels":
-        levels = np.rint(HELD_LEVELS * 10).astype(int)  # grid indices 0, 2, ..., 10
+        levels = list(SHOWN_GRID_POINTS["levels"])  # grid indices 0, 2, ..., 10
 
         def between_levels(util: np.ndarray) -> np.ndarray:
             return np.vstack(
@@ -172,14 +177,6 @@ def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
     return np.stack([util, np.broadcast_to(ambient_c, util.shape), cpu1_c, cpu2_c], axis=-1).astype(
         np.float32
     )
-
-
-# The grid points (0, 10, ..., 100 %) each sampling shows a node, for `prior_from_exact_points`;
-# the samplings scored at loads they showed have no entry.
-SHOWN_GRID_POINTS = {
-    "levels": tuple(int(i) for i in np.rint(HELD_LEVELS * 10)),
-    "lowload": (0, 1, 2, 3, 4, 5),
-}
 
 
 def prior_from_exact_points(
