@@ -42,6 +42,7 @@ def test_the_bench_scores_every_held_out_server(monkeypatch, capsys) -> None:
     assert "line through idle and 50 %, extended" in out
     assert out.count("on the fleet fallback: 0") == 2
     assert "| levels | tight |" in out and "| lowload | tight |" in out
+    assert out.count("the prior from the exact watts shown:") == 2
 
 
 @pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
@@ -61,6 +62,7 @@ def test_cross_validation_never_judges_a_server_by_a_prior_that_saw_its_processo
     )
     out = capsys.readouterr().out
     assert "prior side: 77 servers" in out and "levels       tight" in out
+    assert "[prior from exact watts" in out  # levels hides 10, 30, ..., 90 %: the prior's limit
 
 
 @pytest.mark.parametrize("sampling", sorted(accuracy_specpower.SHOWN_GRID_POINTS))
