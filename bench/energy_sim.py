@@ -412,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="edge preset: share of pods (0..1) carrying a delay_<node> limit "
         f"(default {d.delay_share:g})",
     )
+    workload.add_argument(
+        "--cloud-weight",
+        metavar="WEIGHT",
+        type=float,
+        default=None,
+        help="edge preset: CloudPreference's weight in power-aware+delay+cloud, beside "
+        f"PowerIncrease 0.6 and EnergyLevel 0.4 (default {d.cloud_weight:g})",
+    )
     sim = parser.add_argument_group("simulation")
     sim.add_argument(
         "--tick",
@@ -660,6 +668,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "extender_weight": ("extender_weight", 1),
     "reschedule_every": ("reschedule_interval_s", 1),
     "delay_share": ("delay_share", 1),
+    "cloud_weight": ("cloud_weight", 1),
     "max_pending": ("max_pending_s", 1),
     "tail_hours": ("tail_s", 3600.0),
     "empty_node_power": ("empty_node_power_w", 1),
@@ -750,6 +759,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--battery-share must be 0..1, got {settings.battery_share}"
     if not 0 <= settings.delay_share <= 1:
         return f"--delay-share must be 0..1, got {settings.delay_share}"
+    if not (math.isfinite(settings.cloud_weight) and settings.cloud_weight >= 0):
+        return f"--cloud-weight must be a finite weight >= 0, got {settings.cloud_weight}"
     if trace is None and not 0 < settings.load < 1:
         return f"--load must be between 0 and 1, got {settings.load}"
     for flag, value in (

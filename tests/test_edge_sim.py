@@ -3,6 +3,7 @@ the default scheduler and of `power-aware+delay` through a real extender server.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -123,6 +124,20 @@ def test_cloud_preference_sends_the_unconstrained_pods_to_the_cloud_and_keeps_th
     for uid, (_, limit_ms) in edge.constraints.items():
         if uid in placed and limit_ms < 50:
             assert not edge.violates(uid, placed[uid])
+
+
+def test_the_cloud_weight_is_the_runs_setting_and_a_negative_one_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--preset", "edge", "--cloud-weight", "-1", "--quiet"]) == 2
+    assert "--cloud-weight must be a finite weight >= 0, got -1" in capsys.readouterr().err
+    shares = {}
+    for weight in (0.0, 0.3):
+        scenario = edge_scenario()
+        scenario.settings = dataclasses.replace(scenario.settings, cloud_weight=weight)
+        result, _ = run_policy("power-aware+delay+cloud", scenario, progress=False)
+        shares[weight] = result.kpis["unconstrained_on_cloud_share"]
+    assert shares[0.0] < shares[0.3]  # weight 0: the power score alone decides
 
 
 def test_delay_policies_need_the_edge_world() -> None:

@@ -31,7 +31,7 @@ the Delay filter alone: the seed's constraint without power awareness), `power-a
 each link's median over 5 minutes, read as a 95 % upper confidence bound),
 `power-aware+delay-median` (the same reading the median as is), `power-aware+delay-p90`
 (the same reading the p90 as is), `power-aware+delay+cloud` (the shipped Delay filter plus
-CloudPreference at weight `CLOUD_PREFERENCE_WEIGHT`: pods without a limit steered to the
+CloudPreference at `--cloud-weight`, 0.3 by default: pods without a limit steered to the
 cloud, as the edge seed binds them there), and the reference
 `cheapest+delay` (the node whose true curve adds the fewest watts among those whose typical RTT
 meets the limit: what the constraints cost any placement). `--delay-share` sets the share of
@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +56,7 @@ from bench.sim.cluster import curve_power_w
 from bench.sim.engine import PolicyResult
 from bench.sim.policies import CheapestPolicy, Decision, Policy
 from bench.sim.runner import PolicyNotApplicable, PolicySpec, extender_policy, register_policy
-from bench.sim.scenario import Preset, Scenario, register_preset
+from bench.sim.scenario import BenchSettings, Preset, Scenario, register_preset
 from extender.plugins.delay import DelayArgs
 from extender.rtt import RTT_SIGNAL, RttLink, RttMatrix
 from extender.sources.goldpinger import histogram_quantile
@@ -393,31 +393,39 @@ POWER_AWARE_DELAY_PROFILE = {
     }
 }
 
-# CloudPreference's weight in `power-aware+delay+cloud`: its docstring's example, where a cloud
-# node still loses to an edge node whose power increase is less than half as large.
-CLOUD_PREFERENCE_WEIGHT = 0.3
-POWER_AWARE_DELAY_CLOUD_PROFILE = {
-    "plugins": {
-        "filter": {"enabled": [{"name": "Delay"}]},
-        "score": {
-            "enabled": [
-                {"name": "Delay", "weight": 0.0},
-                {"name": "CloudPreference", "weight": CLOUD_PREFERENCE_WEIGHT},
-            ]
-        },
+
+def power_aware_delay_cloud_profile(settings: BenchSettings) -> Mapping[str, object]:
+    """`power-aware+delay+cloud`'s profile: the shipped Delay filter, and CloudPreference at
+    `--cloud-weight` (default 0.3, its docstring's example: a cloud node still loses to an edge
+    node whose power increase is less than half as large)."""
+    return {
+        "plugins": {
+            "filter": {"enabled": [{"name": "Delay"}]},
+            "score": {
+                "enabled": [
+                    {"name": "Delay", "weight": 0.0},
+                    {"name": "CloudPreference", "weight": settings.cloud_weight},
+                ]
+            },
+        }
     }
-}
 
 
-def _delay_policy(name: str, profile: Mapping[str, object], delay_args: Mapping[str, object]):
-    """The factory of an extender policy with a Delay profile, measured with `delay_args`."""
+def _delay_policy(
+    name: str,
+    profile: Mapping[str, object] | Callable[[BenchSettings], Mapping[str, object]],
+    delay_args: Mapping[str, object],
+):
+    """The factory of an extender policy with a Delay profile (or one made from the run's
+    settings), measured with `delay_args`."""
     delay = DelayArgs(**{_snake(key): value for key, value in delay_args.items()})
-    document = {**profile, "pluginConfig": [{"name": "Delay", "args": dict(delay_args)}]}
 
     @contextlib.contextmanager
     def make(scenario: Scenario, rng: np.random.Generator) -> Iterator[Policy]:
         world = world_of(scenario)
         assert scenario.bundle_dir is not None
+        chosen = profile(scenario.settings) if callable(profile) else profile
+        document = {**chosen, "pluginConfig": [{"name": "Delay", "args": dict(delay_args)}]}
         with tempfile.TemporaryDirectory(prefix=f"{name}-") as directory:
             config_file = Path(directory) / "profile.yaml"
             config_file.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -464,9 +472,9 @@ register_policy(
 register_policy(
     PolicySpec(
         "power-aware+delay+cloud",
-        "power-aware+delay plus CloudPreference (weight 0.3): pods without a delay limit "
-        "steered to kubernetes.io/role=cloud nodes (edge preset)",
-        _delay_policy("power-aware+delay+cloud", POWER_AWARE_DELAY_CLOUD_PROFILE, {}),
+        "power-aware+delay plus CloudPreference at --cloud-weight (default 0.3): pods without "
+        "a delay limit steered to kubernetes.io/role=cloud nodes (edge preset)",
+        _delay_policy("power-aware+delay+cloud", power_aware_delay_cloud_profile, {}),
         needs_bundle=True,
     )
 )

@@ -51,6 +51,7 @@ class BenchSettings:
     assumed_window_s: float = 120.0
     reschedule_interval_s: float = 60.0
     delay_share: float = 0.4  # edge preset: share of pods with a delay_<node> limit
+    cloud_weight: float = 0.3  # edge preset: CloudPreference's weight in power-aware+delay+cloud
     # The multizone preset (bench.sim.carbon): grid zones, their intensity, deferrable pods.
     zones: int = 4
     zone_low_g_per_kwh: float = 50.0
