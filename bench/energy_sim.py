@@ -94,6 +94,7 @@ from bench.sim.scenario import (
     trained_bundle,
 )
 from bench.sim.workload import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, TraceError
+from extender.profile import DEFAULT_SCORES
 from predictor.bundle import BundleError
 from training.fit import FitError
 
@@ -418,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="edge preset: CloudPreference's weight in power-aware+delay+cloud, beside "
-        f"PowerIncrease 0.6 and EnergyLevel 0.4 (default {d.cloud_weight:g})",
+        + " and ".join(f"{name} {weight:g}" for name, weight in DEFAULT_SCORES)
+        + f" (default {d.cloud_weight:g})",
     )
     sim = parser.add_argument_group("simulation")
     sim.add_argument(

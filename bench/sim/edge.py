@@ -395,20 +395,12 @@ POWER_AWARE_DELAY_PROFILE = {
 
 
 def power_aware_delay_cloud_profile(settings: BenchSettings) -> Mapping[str, object]:
-    """`power-aware+delay+cloud`'s profile: the shipped Delay filter, and CloudPreference at
+    """`power-aware+delay+cloud`'s profile: power-aware+delay's, and CloudPreference at
     `--cloud-weight` (default 0.3, its docstring's example: a cloud node still loses to an edge
     node whose power increase is less than half as large)."""
-    return {
-        "plugins": {
-            "filter": {"enabled": [{"name": "Delay"}]},
-            "score": {
-                "enabled": [
-                    {"name": "Delay", "weight": 0.0},
-                    {"name": "CloudPreference", "weight": settings.cloud_weight},
-                ]
-            },
-        }
-    }
+    plugins = POWER_AWARE_DELAY_PROFILE["plugins"]
+    cloud = {"name": "CloudPreference", "weight": settings.cloud_weight}
+    return {"plugins": {**plugins, "score": {"enabled": [*plugins["score"]["enabled"], cloud]}}}
 
 
 def _delay_policy(
