@@ -32,18 +32,18 @@ import numpy as np
 import pandas as pd
 
 from bench.accuracy_specpower import (
-    DEFAULT_CSV,
     LOAD_COLUMNS,
     SCORED_LOADS_PCT,
     SHOWN_GRID_POINTS,
     _choices,
+    add_sample_arguments,
     prior_from_exact_points,
     read_sample,
+    sample_found,
     shapes_table,
     steady_feature_rows,
     steady_power,
 )
-from bench.specpower_split import SPLIT_CSV
 from livedata.metrics_table import CPU_UTIL, FEATURES
 from training.dataset import clean_metrics
 from training.fit import FitSettings, heldout_start_index
@@ -159,8 +159,7 @@ def summary(ours: np.ndarray, line: np.ndarray, exact: np.ndarray | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.accuracy_cv", description=__doc__)
-    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    parser.add_argument("--split", type=Path, default=SPLIT_CSV)
+    add_sample_arguments(parser)
     parser.add_argument("--side", choices=("prior", "eval"), default="prior")
     parser.add_argument("--sampling", default="all")
     parser.add_argument("--temperature", default="tight,loose")
@@ -168,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     logging.getLogger("training").setLevel(logging.ERROR)
+    if not sample_found(args.csv):
+        return 2
     side = load_side(args.csv, args.split, args.side)
     print(
         f"{args.side} side: {len(side.names)} servers, {len(set(side.models))} processor models; "

@@ -368,12 +368,8 @@ def _choices(value: str, known: tuple[str, ...], flag: str) -> list[str]:
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m bench.accuracy_specpower",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--csv` and `--split`, as every bench on the SPECpower sample reads them."""
     parser.add_argument(
         "--csv",
         type=Path,
@@ -387,6 +383,23 @@ def main(argv: list[str] | None = None) -> int:
         help="which servers the prior learns from and which are scored (default the committed "
         "bench/data/specpower_split.csv)",
     )
+
+
+def sample_found(csv: Path) -> bool:
+    """False, with a one-line error on stderr, when the sample is not where it was asked for."""
+    if csv.is_file():
+        return True
+    print(f"error: {csv}: no such file (run from the repo root or pass --csv)", file=sys.stderr)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench.accuracy_specpower",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_sample_arguments(parser)
     parser.add_argument(
         "--sampling",
         default="levels",
@@ -417,11 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.quiet)
     logging.getLogger("training.report").setLevel(logging.WARNING)
     logging.getLogger("training.synth").setLevel(logging.WARNING)
-    if not args.csv.is_file():
-        print(
-            f"error: {args.csv}: no such file (run from the repo root or pass --csv)",
-            file=sys.stderr,
-        )
+    if not sample_found(args.csv):
         return 2
 
     servers = load_servers(args.csv, args.split)

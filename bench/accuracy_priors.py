@@ -1,0 +1,232 @@
+"""What shape priors make of a server's *exact* watts at the loads it showed: no telemetry, no fit.
+
+`bench.accuracy_specpower` and `bench.accuracy_cv` measure the whole pipeline on a week of
+telemetry, and print beside it what the shipped prior makes of SPECpower's exact watts at the
+loads a node showed. This bench asks the question before that one: from perfect measurements
+at those loads, how well can *any* of a few priors predict the others? It compares, per
+sampling scored at loads never shown (`levels`: 0, 20, ..., 100 % shown, 10, 30, ..., 90 %
+scored; `lowload`: 0-50 % shown, 60-100 % scored):
+
+- `line`: straight lines between the shown points; above the highest, the line through idle
+  and it, extended (the baseline the issue names);
+- `mean shape`: the bank's mean normalised shape, scaled through idle and the highest shown
+  point;
+- `nearest k`: the mean shape of the k bank servers most alike at the shown points (each
+  normalised by its rise from idle to the highest shown point), scaled the same way;
+- `shipped prior`: `training.shape_prior.ShapePrior.conditional_shape`, as the model's pass 3
+  draws it (`bench.accuracy_specpower.prior_from_exact_points`).
+
+Each is judged three ways, over the servers of `../shared/data/specpower/ssj2008-sample.csv`:
+
+- `by processor`: every server against a bank of the others *without its processor model*
+  (the sample's near-twins, the same processor in another chassis, never judge each other);
+- `leave one out`: against all the others, near-twins included. This flatters every prior
+  that looks for similar servers; it is here because a quick check is easily done this way;
+- `scored side`: the committed split's held-out servers against its prior side (what
+  `bench.accuracy_specpower` scores on).
+
+Printed: MAPE median / p90 at the scored loads, and the share of servers each beats `line` on.
+
+    python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.accuracy_specpower import (
+    LOAD_COLUMNS,
+    SCORED_LOADS_PCT,
+    SHOWN_GRID_POINTS,
+    _choices,
+    add_sample_arguments,
+    prior_from_exact_points,
+    read_sample,
+    sample_found,
+)
+from training.shape_prior import GRID_UTIL, ShapePrior
+
+NEAREST_K = (1, 3, 5)
+JUDGINGS = ("by processor", "leave one out", "scored side")
+
+# A prior: (bank curves [m, 11] W, the node's exact curve [11] W, shown grid points,
+# scored grid points) -> predicted watts at the scored points.
+Prior = Callable[[np.ndarray, np.ndarray, tuple[int, ...], np.ndarray], np.ndarray]
+
+
+def _rise_shapes(curves_w: np.ndarray, top: int) -> np.ndarray:
+    """[m, 11] watts -> shapes running from 0 at idle to 1 at grid point `top`."""
+    curves_w = np.atleast_2d(curves_w)
+    rise_w = np.maximum(curves_w[:, top : top + 1] - curves_w[:, :1], 1e-9)
+    return (curves_w - curves_w[:, :1]) / rise_w
+
+
+def _scaled(shape: np.ndarray, curve_w: np.ndarray, top: int, scored: np.ndarray) -> np.ndarray:
+    """A shape through idle and grid point `top` of the node's curve, at the scored points."""
+    return curve_w[0] + shape[scored] * (curve_w[top] - curve_w[0])
+
+
+def line_prior(
+    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
+) -> np.ndarray:
+    """Straight lines between shown points; above the highest, idle-to-highest extended."""
+    top = max(shown)
+    inside = np.interp(GRID_UTIL[scored], GRID_UTIL[list(shown)], curve_w[list(shown)])
+    slope_w = (curve_w[top] - curve_w[0]) / GRID_UTIL[top]
+    above = curve_w[0] + slope_w * GRID_UTIL[scored]
+    return np.where(scored > top, above, inside)
+
+
+def mean_shape_prior(
+    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
+) -> np.ndarray:
+    top = max(shown)
+    return _scaled(_rise_shapes(bank_w, top).mean(axis=0), curve_w, top, scored)
+
+
+def nearest_prior(k: int) -> Prior:
+    def predict(
+        bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
+    ) -> np.ndarray:
+        top = max(shown)
+        inner = [j for j in shown if 0 < j < top]
+        bank = _rise_shapes(bank_w, top)
+        node = _rise_shapes(curve_w, top)[0]
+        distance = ((bank[:, inner] - node[inner]) ** 2).sum(axis=1)
+        nearest = np.argsort(distance, kind="stable")[:k]
+        return _scaled(bank[nearest].mean(axis=0), curve_w, top, scored)
+
+    return predict
+
+
+def shipped_prior(
+    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
+) -> np.ndarray:
+    sampling = next(name for name, points in SHOWN_GRID_POINTS.items() if points == shown)
+    return prior_from_exact_points(_prior_of(bank_w), curve_w, sampling, GRID_UTIL[scored])
+
+
+_PRIORS: dict[bytes, ShapePrior] = {}
+
+
+def _prior_of(bank_w: np.ndarray) -> ShapePrior:
+    """One `ShapePrior` per bank (the judgings reuse banks: a processor's servers share one)."""
+    key = np.ascontiguousarray(bank_w).tobytes()
+    if key not in _PRIORS:
+        _PRIORS[key] = ShapePrior.from_curves(bank_w)
+    return _PRIORS[key]
+
+
+PRIORS: dict[str, Prior] = {
+    "line": line_prior,
+    "mean shape": mean_shape_prior,
+    **{f"nearest {k}": nearest_prior(k) for k in NEAREST_K},
+    "shipped prior": shipped_prior,
+}
+
+
+@dataclass
+class Sample:
+    curves_w: np.ndarray  # [n, 11]
+    models: np.ndarray  # processor model per server
+    scored_side: np.ndarray  # [n] bool: on the committed split's held-out side
+
+
+def read(csv: Path, split_csv: Path) -> Sample:
+    sample, split = read_sample(csv, split_csv)
+    return Sample(
+        curves_w=sample[LOAD_COLUMNS].to_numpy(np.float64),
+        models=sample["result"].map(split["processor_model"]).to_numpy(),
+        scored_side=(sample["result"].map(split["split"]) == "eval").to_numpy(),
+    )
+
+
+def banks(sample: Sample, judging: str) -> list[tuple[int, np.ndarray]]:
+    """(server, the bank it is judged against) for every server a judging scores."""
+    n = len(sample.curves_w)
+    if judging == "by processor":
+        return [(i, sample.models != sample.models[i]) for i in range(n)]
+    if judging == "leave one out":
+        return [(i, np.arange(n) != i) for i in range(n)]
+    if judging == "scored side":
+        return [(int(i), ~sample.scored_side) for i in np.flatnonzero(sample.scored_side)]
+    raise ValueError(f"unknown judging {judging!r}; known: {', '.join(JUDGINGS)}")
+
+
+def mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted_w - truth_w) / truth_w) * 100)
+
+
+def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
+    """Per prior, each judged server's MAPE at the sampling's scored loads."""
+    shown = SHOWN_GRID_POINTS[sampling]
+    scored = np.rint(np.array(SCORED_LOADS_PCT[sampling]) / 10).astype(int)
+    errors: dict[str, list[float]] = {name: [] for name in PRIORS}
+    for i, in_bank in banks(sample, judging):
+        curve_w = sample.curves_w[i]
+        for name, prior in PRIORS.items():
+            predicted_w = prior(sample.curves_w[in_bank], curve_w, shown, scored)
+            errors[name].append(mape_pct(predicted_w, curve_w[scored]))
+    return {name: np.array(values) for name, values in errors.items()}
+
+
+def print_sampling(sample: Sample, sampling: str) -> None:
+    shown = ", ".join(f"{j * 10}" for j in SHOWN_GRID_POINTS[sampling])
+    scored = ", ".join(str(pct) for pct in SCORED_LOADS_PCT[sampling])
+    print(f"\n{sampling}: exact watts at {shown} %, predicted at {scored} %")
+    results = {judging: judge(sample, sampling, judging) for judging in JUDGINGS}
+    counts = {judging: len(next(iter(r.values()))) for judging, r in results.items()}
+    print(
+        "| prior | "
+        + " | ".join(f"{judging} ({counts[judging]} servers)" for judging in JUDGINGS)
+        + " |"
+    )
+    print("| --- |" + " --- |" * len(JUDGINGS))
+    for name in PRIORS:
+        cells = []
+        for judging in JUDGINGS:
+            errors, line = results[judging][name], results[judging]["line"]
+            cell = f"{np.median(errors):.2f} / {np.percentile(errors, 90):.2f} %"
+            if name != "line":
+                cell += f", beats the line on {np.mean(errors < line) * 100:.0f} %"
+            cells.append(cell)
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench.accuracy_priors",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_sample_arguments(parser)
+    parser.add_argument(
+        "--sampling",
+        default="lowload",
+        help=f"comma-separated, or all: {', '.join(SHOWN_GRID_POINTS)} (default lowload)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        samplings = _choices(args.sampling, tuple(SHOWN_GRID_POINTS), "--sampling")
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if not sample_found(args.csv):
+        return 2
+    sample = read(args.csv, args.split)
+    print(
+        f"{len(sample.curves_w)} servers of {len(set(sample.models))} processor models "
+        f"({args.csv}); MAPE median / p90 at the scored loads"
+    )
+    for sampling in samplings:
+        print_sampling(sample, sampling)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

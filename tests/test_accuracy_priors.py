@@ -1,0 +1,91 @@
+"""bench.accuracy_priors: the priors it compares, the banks it judges them against, its output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import accuracy_priors, accuracy_specpower
+from bench.accuracy_specpower import SHOWN_GRID_POINTS
+from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV
+from training.shape_prior import GRID_UTIL
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / DEFAULT_CSV
+LOWLOAD = SHOWN_GRID_POINTS["lowload"]
+LEVELS = SHOWN_GRID_POINTS["levels"]
+ABOVE_HALF = np.arange(6, 11)
+ODD = np.array([1, 3, 5, 7, 9])
+
+
+def concave_curve_w(idle_w: float, dynamic_w: float, power: float) -> np.ndarray:
+    return idle_w + dynamic_w * GRID_UTIL**power
+
+
+def test_the_line_is_exact_on_a_straight_curve_whatever_was_shown() -> None:
+    curve_w = 80.0 + 170.0 * GRID_UTIL
+    bank_w = np.stack([concave_curve_w(60, 200, p) for p in (0.6, 0.8, 1.2)])
+    for shown, scored in ((LOWLOAD, ABOVE_HALF), (LEVELS, ODD)):
+        predicted_w = accuracy_priors.line_prior(bank_w, curve_w, shown, scored)
+        np.testing.assert_allclose(predicted_w, curve_w[scored])
+
+
+def test_the_nearest_server_lends_its_shape_not_its_watts() -> None:
+    # the node has the shape of the bank's second server at twice its watts: nearest 1 finds
+    # it from the shown points alone and scales it through the node's own idle and top
+    node_w = 2 * concave_curve_w(50, 150, 0.7)
+    bank_w = np.stack([concave_curve_w(50, 150, p) for p in (0.5, 0.7, 0.9, 1.3)])
+    for shown, scored in ((LOWLOAD, ABOVE_HALF), (LEVELS, ODD)):
+        predicted_w = accuracy_priors.nearest_prior(1)(bank_w, node_w, shown, scored)
+        np.testing.assert_allclose(predicted_w, node_w[scored])
+        mean_w = accuracy_priors.mean_shape_prior(bank_w, node_w, shown, scored)
+        assert accuracy_priors.mape_pct(mean_w, node_w[scored]) > 0.5
+
+
+def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> None:
+    sample = accuracy_priors.Sample(
+        curves_w=np.stack([concave_curve_w(50 + i, 150, 0.7) for i in range(5)]),
+        models=np.array(["a", "a", "b", "c", "c"]),
+        scored_side=np.array([False, False, True, False, True]),
+    )
+    by_processor = dict(accuracy_priors.banks(sample, "by processor"))
+    assert by_processor[0].tolist() == [False, False, True, True, True]
+    assert by_processor[4].tolist() == [True, True, True, False, False]
+    leave_one_out = dict(accuracy_priors.banks(sample, "leave one out"))
+    assert leave_one_out[0].tolist() == [False, True, True, True, True]
+    scored = dict(accuracy_priors.banks(sample, "scored side"))
+    assert sorted(scored) == [2, 4]
+    assert scored[2].tolist() == [True, True, False, True, False]
+    with pytest.raises(ValueError, match="unknown judging"):
+        accuracy_priors.banks(sample, "by vendor")
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
+def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
+    monkeypatch.chdir(REPO)
+    assert accuracy_priors.main(["--sampling", "all", "--split", str(SPLIT_CSV)]) == 0
+    out = capsys.readouterr().out
+    assert "116 servers of 62 processor models" in out
+    assert out.count("| prior | by processor (116 servers) | leave one out (116 servers) |") == 2
+    assert out.count("scored side (39 servers)") == 2
+    for name in accuracy_priors.PRIORS:
+        assert out.count(f"| {name} |") == 2
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
+def test_the_shipped_prior_on_the_scored_side_is_what_the_scored_bench_prints(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    sample = accuracy_priors.read(DEFAULT_CSV, SPLIT_CSV)
+    judged = accuracy_priors.judge(sample, "lowload", "scored side")["shipped prior"]
+    servers = accuracy_specpower.load_servers(DEFAULT_CSV, SPLIT_CSV)
+    loads_u = GRID_UTIL[ABOVE_HALF]
+    direct = [
+        accuracy_priors.mape_pct(
+            accuracy_specpower.prior_from_exact_points(servers.prior, curve_w, "lowload", loads_u),
+            curve_w[ABOVE_HALF],
+        )
+        for curve_w in servers.curves_w
+    ]
+    np.testing.assert_allclose(judged, direct)
