@@ -226,6 +226,14 @@ def test_the_cli_fills_co2_for_every_policy_of_the_multizone_preset(tmp_path: Pa
         assert entry["co2_kg"] > 0
         assert 50 <= entry["mean_intensity_g_per_kwh"] <= 700
         assert entry["deferrable_pods"] > 0
+    # the CO2 bound: under every policy, above what idle power alone emits
+    bound = report["preset"]
+    assert bound["co2_idle_kg"] < bound["co2_ceiling_kg"]
+    assert bound["co2_ceiling_kg"] < min(e["co2_kg"] for e in report["policies"].values())
+    default_kg = report["policies"]["default"]["co2_kg"]
+    assert bound["co2_ceiling_vs_default"] == pytest.approx(
+        bound["co2_ceiling_kg"] / default_kg, 1e-3
+    )
     assert main([*args[:-2], "--carbon-csv", str(tmp_path / "missing.csv")]) == 2
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bench.sim.ceiling import (
+    ceiling_co2_kg,
     ceiling_energy_kwh,
     cheapest_dynamic_power_w,
     constrained_ceiling_energy_kwh,
@@ -148,3 +149,57 @@ class _WithinLimits(RandomPolicy):
         if feasible.size == 0:
             return Decision(None, reason="no allowed node has room")
         return Decision(int(self.rng.choice(feasible)))
+
+
+def test_co2_ceiling_fills_the_fewest_grams_per_core_each_hour() -> None:
+    # Node 0: 25 W/core; node 1: 50 W/core (both idle at 100 W). The first half hour node 0's
+    # grid emits 400 g/kWh and node 1's 100: 50 W x 100 g beats 25 W x 400 g, so the core runs
+    # on node 1; then both grids emit 100 and it runs on node 0.
+    cluster = sim_cluster([LINEAR, CONCAVE], [200.0, 200.0], [4.0, 2.0])
+    trace = _hour_long(a=1000)
+
+    def g_per_kwh(t_s: float) -> np.ndarray:
+        return np.array([400.0, 100.0]) if t_s < 1800.0 else np.array([100.0, 100.0])
+
+    bound = ceiling_co2_kg(cluster, trace, 3600.0, 60.0, g_per_kwh)
+    idle_g = 0.05 * 400 + 0.05 * 100 + 0.05 * 100 + 0.05 * 100  # 100 W per node, half hours
+    work_g = 0.025 * 100 + 0.0125 * 100  # 50 W then 25 W, half an hour each
+    assert bound.idle_co2_kg == pytest.approx(idle_g / 1000, rel=1e-6)
+    assert bound.co2_kg == pytest.approx((idle_g + work_g) / 1000, rel=1e-6)
+
+
+def test_co2_ceiling_under_one_intensity_is_the_energy_ceiling_times_it() -> None:
+    cluster = build_cluster(6, seed=3)
+    trace = generate_trace(float(cluster.cores.sum()), hours=1.0, load=0.4, seed=3)
+    flat = ceiling_co2_kg(cluster, trace, 4000.0, 5.0, lambda _: np.full(len(cluster), 250.0))
+    energy_kwh = ceiling_energy_kwh(cluster, trace, 4000.0, 5.0)
+    assert flat.co2_kg == pytest.approx(energy_kwh * 250.0 / 1000.0, rel=1e-9)
+
+
+class _GramsMeter:
+    """Grams as the multizone preset counts them: each tick, power times the node's intensity."""
+
+    def __init__(self, g_per_kwh) -> None:  # type: ignore[no-untyped-def]
+        self.g_per_kwh, self.grams = g_per_kwh, 0.0
+
+    def tick(self, t0_s: float, tick_s: float, node_power_w: np.ndarray) -> None:
+        self.grams += float(node_power_w @ self.g_per_kwh(t0_s)) * tick_s / 3.6e6
+
+    def finish(self, result) -> None:  # type: ignore[no-untyped-def]
+        result.co2_kg = self.grams / 1000.0
+
+
+@pytest.mark.parametrize("policy", [DefaultPolicy, RandomPolicy])
+def test_no_simulated_policy_emits_less_than_the_co2_ceiling(policy: type) -> None:
+    cluster = build_cluster(6, seed=3)
+    trace = generate_trace(float(cluster.cores.sum()), hours=3.0, load=0.4, seed=3)
+    hourly = np.random.default_rng(9).uniform(50.0, 700.0, size=(8, len(cluster)))
+
+    def g_per_kwh(t_s: float) -> np.ndarray:
+        return hourly[int(t_s // 3600.0)]
+
+    settings = SimSettings(tail_s=1800.0)
+    meter = _GramsMeter(g_per_kwh)
+    result = simulate(cluster, trace, policy(np.random.default_rng(0)), settings, meters=[meter])
+    bound = ceiling_co2_kg(cluster, trace, result.duration_s, settings.tick_s, g_per_kwh)
+    assert bound.idle_co2_kg < bound.co2_kg < result.co2_kg

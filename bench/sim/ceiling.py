@@ -26,11 +26,19 @@ a bound: the least cost of a split is convex in the loads (an LP's value in its 
 side), so by Jensen's inequality the cost of the mean load is at most the mean of the costs.
 Its distance to the unconstrained bound taken the same way is what the constraints cost any
 placement, at the least.
+
+`ceiling_co2_kg` is the same bound for grams of CO2 when each node's watts are weighed by its
+grid zone's intensity (the multizone preset): every node pays its idle power times its
+intensity, and at each instant the fluid load fills the segments whose grams per core
+(slope x intensity) are lowest first. Intensities are constant between their changes (hourly),
+so each instant is still a water-filling, of the segments weighed that hour. Pods run from
+their arrival, as above: it bounds where work runs, not when (deferral is outside it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import linprog
@@ -128,6 +136,49 @@ def used_cores_series(
     np.add.at(change, start, used)
     np.add.at(change, end, -used)
     return np.cumsum(change[:-1])
+
+
+class Co2Ceiling(NamedTuple):
+    co2_kg: float  # the bound
+    idle_co2_kg: float  # its part that every node's idle power emits, whatever runs where
+
+
+def ceiling_co2_kg(
+    cluster: SimCluster,
+    trace: Trace,
+    horizon_s: float,
+    step_s: float,
+    node_g_per_kwh: Callable[[float], np.ndarray],
+) -> Co2Ceiling:
+    """Lower bound on the cluster's CO2 (kg) over [0, horizon_s) with every node on.
+
+    `node_g_per_kwh(t_s)` is every node's grid intensity at time `t_s` ([nodes] g/kWh).
+    Load beyond the cluster's cores is priced at the steepest weighted segment.
+    """
+    times_s = np.arange(0.0, horizon_s, step_s)
+    used = used_cores_series(trace, times_s)
+    segments = envelope_segments(cluster)
+    lengths = np.concatenate([length for length, _ in segments])
+    node_of = np.concatenate([np.full(length.size, n) for n, (length, _) in enumerate(segments)])
+    slopes = np.concatenate([slope for _, slope in segments])
+    idle_w = cluster.spec.idle_share * cluster.spec.max_power_w
+    dynamic_w_g = idle_w_g = 0.0  # sums over steps of watts x g/kWh
+    intensities = np.stack([np.asarray(node_g_per_kwh(float(t)), dtype=float) for t in times_s])
+    # Instants under the same intensities share one water-filling (hourly: 24 instead of 86,400).
+    _, first, which = np.unique(intensities, axis=0, return_index=True, return_inverse=True)
+    for group, start in enumerate(first):
+        g_per_kwh = intensities[start]
+        weighted = slopes * g_per_kwh[node_of]
+        order = np.argsort(weighted, kind="stable")
+        filled_cores = np.concatenate([[0.0], np.cumsum(lengths[order])])
+        cost = np.concatenate([[0.0], np.cumsum(lengths[order] * weighted[order])])
+        load = used[which.ravel() == group]
+        beyond = np.maximum(load - filled_cores[-1], 0.0)
+        dynamic = np.interp(load, filled_cores, cost) + beyond * weighted.max()
+        dynamic_w_g += float(dynamic.sum())
+        idle_w_g += load.size * float(idle_w @ g_per_kwh)
+    kg = step_s / 3.6e6 / 1000.0  # W s x g/kWh -> kg
+    return Co2Ceiling((dynamic_w_g + idle_w_g) * kg, idle_w_g * kg)
 
 
 def ceiling_energy_kwh(cluster: SimCluster, trace: Trace, horizon_s: float, step_s: float) -> float:
