@@ -14,7 +14,8 @@ Placement by the carbon-blind policies (`default`, `power-aware`) does not depen
 intensities, so each runs once with one CO2 meter per spread; `power-aware+carbon` runs once
 per spread. Every figure is measured in this run, against the default scheduler's and
 power-aware's of the same spread: CO2 (kg), the share of it above the nodes' idle emissions
-(what placement can change while every node stays on), and energy.
+(what placement can change while every node stays on), energy, and the least CO2 any placement
+with every node on could emit (`bench.sim.carbon.co2_ceiling`; not with --empty-node-power).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.sim import presets as _presets  # noqa: F401  (registers the multizone preset)
-from bench.sim.carbon import CarbonMeter, carbon_world
+from bench.sim.carbon import CarbonMeter, carbon_world, co2_ceiling
 from bench.sim.engine import SimSettings
 from bench.sim.runner import run_policy, setup_logging
 from bench.sim.scenario import (
@@ -165,6 +166,8 @@ def sweep(
                 "kpis": dict(result.kpis),
             }
         )
+        if scenario.sim_settings.empty_node_power_w is None:  # the bound keeps every node on
+            rows[-1]["co2_ceiling_kg"] = round(co2_ceiling(scenario, result.duration_s).co2_kg, 4)
     return rows
 
 
@@ -172,17 +175,22 @@ def print_rows(rows: Sequence[dict]) -> None:
     print(
         f"{'zones g/kWh':<30} {'CO2 kg default':>14} {'power-aware':>11} {'+carbon':>8} "
         f"{'vs default':>10} {'vs power-aware':>14} {'above idle vs default':>21} "
-        f"{'energy vs power-aware':>21}"
+        f"{'energy vs power-aware':>21} {'ceiling vs default':>18}"
     )
     for row in rows:
         co2, energy, above = row["co2_kg"], row["energy_kwh"], row["co2_above_idle_kg"]
+        ceiling = (
+            f"{row['co2_ceiling_kg'] / co2['default'] - 1:>+18.1%}"
+            if "co2_ceiling_kg" in row
+            else f"{'-':>18}"
+        )
         means = "/".join(f"{m:.0f}" for m in row["zone_means_g_per_kwh"])
         print(
             f"{means:<30} {co2['default']:>14.2f} {co2['power-aware']:>11.2f} {co2[CARBON]:>8.2f} "
             f"{co2[CARBON] / co2['default'] - 1:>+10.1%} "
             f"{co2[CARBON] / co2['power-aware'] - 1:>+14.1%} "
             f"{above[CARBON] / above['default'] - 1:>+21.1%} "
-            f"{energy[CARBON] / energy['power-aware'] - 1:>+21.1%}"
+            f"{energy[CARBON] / energy['power-aware'] - 1:>+21.1%} {ceiling}"
         )
 
 

@@ -274,6 +274,8 @@ def test_the_sweep_meters_each_policy_once_per_spread(tmp_path: Path) -> None:
         assert 0.8 < row["energy_kwh"]["power-aware+carbon"] / row["energy_kwh"]["default"] < 1.2
         mean = row["co2_kg"]["power-aware+carbon"] * 1000 / row["energy_kwh"]["power-aware+carbon"]
         assert mean == pytest.approx(row["kpis"]["mean_intensity_g_per_kwh"], rel=2e-3)
+        # each spread's bound is under every policy's CO2 in that spread
+        assert row["co2_ceiling_kg"] < min(row["co2_kg"].values())
     # Equal zones: every policy emits the same per kWh.
     flat = rows[0]
     assert flat["co2_kg"]["default"] / flat["energy_kwh"]["default"] == pytest.approx(

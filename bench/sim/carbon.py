@@ -14,7 +14,7 @@ series from `--carbon-csv`). Every policy's grams of CO2 are counted the same wa
   and the latest any was placed after its deadline (`deferrable_late_max_s`).
 
 After the runs the preset prints the least CO2 any placement with every node on could emit
-(`report_multizone`, `bench.sim.ceiling.ceiling_co2_kg`), into the summary's `preset` block.
+(`co2_ceiling`, `bench.sim.ceiling.ceiling_co2_kg`), into the summary's `preset` block.
 
 `power-aware+carbon` is the extender with the Carbon plugin (`extender.plugins.carbon`)
 scoring beside PowerIncrease and EnergyLevel and filtering (deferral). The simulation plays
@@ -69,7 +69,7 @@ from bench.sim.carbon_series import (
     generate_zone_series,
     load_zone_series_csv,
 )
-from bench.sim.ceiling import ceiling_co2_kg
+from bench.sim.ceiling import Co2Ceiling, ceiling_co2_kg
 from bench.sim.cluster import SimCluster
 from bench.sim.engine import PolicyResult
 from bench.sim.kube_default import NodeLedger, PodRequest
@@ -245,23 +245,28 @@ def prepare_multizone(scenario: Scenario) -> None:
     scenario.meters.append(lambda: CarbonMeter(world, scenario.cluster))
 
 
-def report_multizone(
-    scenario: Scenario, results: Sequence[PolicyResult]
-) -> dict[str, float] | None:
-    """The least CO2 any placement of the trace could emit with every node on
-    (`bench.sim.ceiling.ceiling_co2_kg`), beside the default's and what idle power alone emits.
-    It bounds where pods run, not when: deferral moves work in time, outside the bound."""
-    if scenario.sim_settings.empty_node_power_w is not None or not results:
-        return None  # the bound assumes every node stays on
+def co2_ceiling(scenario: Scenario, horizon_s: float) -> Co2Ceiling:
+    """The least CO2 any placement of the scenario's trace could emit over `horizon_s` with
+    every node on, its nodes weighed by their zones' hourly intensities."""
     world = carbon_world(scenario)
-    horizon_s, step_s = results[0].duration_s, scenario.sim_settings.tick_s
-    ceiling_kg, idle_kg = ceiling_co2_kg(
+    return ceiling_co2_kg(
         scenario.cluster,
         scenario.trace,
         horizon_s,
-        step_s,
+        scenario.sim_settings.tick_s,
         lambda t_s: world.series.at(t_s)[world.node_zone],
     )
+
+
+def report_multizone(
+    scenario: Scenario, results: Sequence[PolicyResult]
+) -> dict[str, float] | None:
+    """The least CO2 any placement of the trace could emit with every node on (`co2_ceiling`),
+    beside the default's and what idle power alone emits. It bounds where pods run, not
+    when: deferral moves work in time, outside the bound."""
+    if scenario.sim_settings.empty_node_power_w is not None or not results:
+        return None  # the bound assumes every node stays on
+    ceiling_kg, idle_kg = co2_ceiling(scenario, results[0].duration_s)
     figures = {"co2_ceiling_kg": round(ceiling_kg, 4), "co2_idle_kg": round(idle_kg, 4)}
     default = next((r for r in results if r.policy == "default"), None)
     versus = ""
