@@ -114,12 +114,17 @@ def cheapest_dynamic_power_w(cluster: SimCluster, used_cores: np.ndarray) -> np.
     segments = envelope_segments(cluster)
     slopes = np.concatenate([slope for _, slope in segments])
     lengths = np.concatenate([length for length, _ in segments])
-    order = np.argsort(slopes, kind="stable")
-    filled_cores = np.concatenate([[0.0], np.cumsum(lengths[order])])
-    cost_w = np.concatenate([[0.0], np.cumsum(lengths[order] * slopes[order])])
-    load = np.asarray(used_cores, dtype=float)
-    beyond = np.maximum(load - filled_cores[-1], 0.0)
-    return np.interp(load, filled_cores, cost_w) + beyond * slopes.max()
+    return water_fill(lengths, slopes, np.asarray(used_cores, dtype=float))
+
+
+def water_fill(lengths: np.ndarray, unit_costs: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """The least cost of `load` (per entry) over segments of `lengths` at `unit_costs` each,
+    cheapest first; load beyond them all is priced at the dearest unit cost."""
+    order = np.argsort(unit_costs, kind="stable")
+    filled = np.concatenate([[0.0], np.cumsum(lengths[order])])
+    cost = np.concatenate([[0.0], np.cumsum(lengths[order] * unit_costs[order])])
+    beyond = np.maximum(load - filled[-1], 0.0)
+    return np.interp(load, filled, cost) + beyond * unit_costs.max()
 
 
 def used_cores_series(
@@ -168,14 +173,8 @@ def ceiling_co2_kg(
     _, first, which = np.unique(intensities, axis=0, return_index=True, return_inverse=True)
     for group, start in enumerate(first):
         g_per_kwh = intensities[start]
-        weighted = slopes * g_per_kwh[node_of]
-        order = np.argsort(weighted, kind="stable")
-        filled_cores = np.concatenate([[0.0], np.cumsum(lengths[order])])
-        cost = np.concatenate([[0.0], np.cumsum(lengths[order] * weighted[order])])
         load = used[which.ravel() == group]
-        beyond = np.maximum(load - filled_cores[-1], 0.0)
-        dynamic = np.interp(load, filled_cores, cost) + beyond * weighted.max()
-        dynamic_w_g += float(dynamic.sum())
+        dynamic_w_g += float(water_fill(lengths, slopes * g_per_kwh[node_of], load).sum())
         idle_w_g += load.size * float(idle_w @ g_per_kwh)
     kg = step_s / 3.6e6 / 1000.0  # W s x g/kWh -> kg
     return Co2Ceiling((dynamic_w_g + idle_w_g) * kg, idle_w_g * kg)
