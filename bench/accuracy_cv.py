@@ -37,6 +37,7 @@ from bench.accuracy_specpower import (
     SHOWN_GRID_POINTS,
     _choices,
     add_sample_arguments,
+    mape_pct,
     prior_from_exact_points,
     read_sample,
     sample_found,
@@ -129,17 +130,15 @@ def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
         truth_w = side.curves_w[i, truth_index]
         node = data[name]
         curve, _ = fit_monotone_curve(node.features, node.power_w, side.priors[i])
-        ours.append(_mape(curve.predict_w(steady_rows[i]), truth_w))
+        ours.append(mape_pct(curve.predict_w(steady_rows[i]), truth_w))
         util = node.features[:, FEATURES.index(CPU_UTIL)]
-        line.append(_mape(IdleToMaxLine.from_train(util, node.power_w).predict_w(loads_u), truth_w))
+        line.append(
+            mape_pct(IdleToMaxLine.from_train(util, node.power_w).predict_w(loads_u), truth_w)
+        )
         if sampling in SHOWN_GRID_POINTS:
             exact_w = prior_from_exact_points(side.priors[i], side.curves_w[i], sampling, loads_u)
-            exact.append(_mape(exact_w, truth_w))
+            exact.append(mape_pct(exact_w, truth_w))
     return np.array(ours), np.array(line), (np.array(exact) if exact else None)
-
-
-def _mape(predicted_w, truth_w) -> float:
-    return float(np.mean(np.abs(np.asarray(predicted_w) - truth_w) / truth_w) * 100)
 
 
 def summary(ours: np.ndarray, line: np.ndarray, exact: np.ndarray | None = None) -> str:

@@ -46,6 +46,7 @@ from bench.accuracy_specpower import (
     SHOWN_GRID_POINTS,
     _choices,
     add_sample_arguments,
+    mape_pct,
     prior_from_exact_points,
     read_sample,
     sample_found,
@@ -55,9 +56,15 @@ from training.shape_prior import GRID_UTIL, ShapePrior
 NEAREST_K = (1, 3, 5)
 JUDGINGS = ("by processor", "leave one out", "scored side")
 
-# A prior: (bank curves [m, 11] W, the node's exact curve [11] W, shown grid points,
-# scored grid points) -> predicted watts at the scored points.
-Prior = Callable[[np.ndarray, np.ndarray, tuple[int, ...], np.ndarray], np.ndarray]
+# A prior: (bank curves [m, 11] W, the node's exact curve [11] W, the sampling whose grid
+# points it shows) -> predicted watts at the sampling's scored grid points.
+Prior = Callable[[np.ndarray, np.ndarray, str], np.ndarray]
+
+
+def grid_points(sampling: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """The grid points (0..10) a sampling shows, and those it is scored at."""
+    scored = np.rint(np.array(SCORED_LOADS_PCT[sampling]) / 10).astype(int)
+    return SHOWN_GRID_POINTS[sampling], scored
 
 
 def _rise_shapes(curves_w: np.ndarray, top: int) -> np.ndarray:
@@ -72,10 +79,9 @@ def _scaled(shape: np.ndarray, curve_w: np.ndarray, top: int, scored: np.ndarray
     return curve_w[0] + shape[scored] * (curve_w[top] - curve_w[0])
 
 
-def line_prior(
-    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
-) -> np.ndarray:
+def line_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
     """Straight lines between shown points; above the highest, idle-to-highest extended."""
+    shown, scored = grid_points(sampling)
     top = max(shown)
     inside = np.interp(GRID_UTIL[scored], GRID_UTIL[list(shown)], curve_w[list(shown)])
     slope_w = (curve_w[top] - curve_w[0]) / GRID_UTIL[top]
@@ -83,17 +89,15 @@ def line_prior(
     return np.where(scored > top, above, inside)
 
 
-def mean_shape_prior(
-    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
-) -> np.ndarray:
+def mean_shape_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+    shown, scored = grid_points(sampling)
     top = max(shown)
     return _scaled(_rise_shapes(bank_w, top).mean(axis=0), curve_w, top, scored)
 
 
 def nearest_prior(k: int) -> Prior:
-    def predict(
-        bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
-    ) -> np.ndarray:
+    def predict(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+        shown, scored = grid_points(sampling)
         top = max(shown)
         inner = [j for j in shown if 0 < j < top]
         bank = _rise_shapes(bank_w, top)
@@ -105,10 +109,8 @@ def nearest_prior(k: int) -> Prior:
     return predict
 
 
-def shipped_prior(
-    bank_w: np.ndarray, curve_w: np.ndarray, shown: tuple[int, ...], scored: np.ndarray
-) -> np.ndarray:
-    sampling = next(name for name, points in SHOWN_GRID_POINTS.items() if points == shown)
+def shipped_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+    _, scored = grid_points(sampling)
     return prior_from_exact_points(_prior_of(bank_w), curve_w, sampling, GRID_UTIL[scored])
 
 
@@ -159,19 +161,14 @@ def banks(sample: Sample, judging: str) -> list[tuple[int, np.ndarray]]:
     raise ValueError(f"unknown judging {judging!r}; known: {', '.join(JUDGINGS)}")
 
 
-def mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
-    return float(np.mean(np.abs(predicted_w - truth_w) / truth_w) * 100)
-
-
 def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
     """Per prior, each judged server's MAPE at the sampling's scored loads."""
-    shown = SHOWN_GRID_POINTS[sampling]
-    scored = np.rint(np.array(SCORED_LOADS_PCT[sampling]) / 10).astype(int)
+    _, scored = grid_points(sampling)
     errors: dict[str, list[float]] = {name: [] for name in PRIORS}
     for i, in_bank in banks(sample, judging):
         curve_w = sample.curves_w[i]
         for name, prior in PRIORS.items():
-            predicted_w = prior(sample.curves_w[in_bank], curve_w, shown, scored)
+            predicted_w = prior(sample.curves_w[in_bank], curve_w, sampling)
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}
 

@@ -250,19 +250,19 @@ def run_case(
             truth_w = servers.curves_w[i, truth_index]
             entry = bundle.entry_for(name)
             predicted_w = onnx_predict_w(bundle.model_path(entry).read_bytes(), steady_rows[i])
-            ours.append(_mape_pct(predicted_w, truth_w))
+            ours.append(mape_pct(predicted_w, truth_w))
             node_rows = frame[frame[NODE] == name]
             train = node_rows.iloc[: heldout_start_index(len(node_rows), settings.test_fraction)]
             util, power_w = train[CPU_UTIL].to_numpy(), train[POWER_W].to_numpy()
             baseline = IdleToMaxLine.from_train(util, power_w)
-            line.append(_mape_pct(baseline.predict_w(loads_u), truth_w))
+            line.append(mape_pct(baseline.predict_w(loads_u), truth_w))
             if sampling == "levels":
-                interp.append(_mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
+                interp.append(mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
             if sampling in SHOWN_GRID_POINTS:
                 exact_w = prior_from_exact_points(
                     servers.prior, servers.curves_w[i], sampling, loads_u
                 )
-                exact_prior.append(_mape_pct(exact_w, truth_w))
+                exact_prior.append(mape_pct(exact_w, truth_w))
     summary = run.report["summary"]
     return CaseResult(
         sampling=sampling,
@@ -279,7 +279,8 @@ def run_case(
     )
 
 
-def _mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
+def mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
+    """Mean absolute percentage error of predicted watts against measured ones."""
     return float(np.mean(np.abs(np.asarray(predicted_w) - truth_w) / truth_w) * 100)
 
 

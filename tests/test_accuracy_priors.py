@@ -8,16 +8,13 @@ import numpy as np
 import pytest
 
 from bench import accuracy_priors, accuracy_specpower
-from bench.accuracy_specpower import SHOWN_GRID_POINTS
 from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV
 from training.shape_prior import GRID_UTIL
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / DEFAULT_CSV
-LOWLOAD = SHOWN_GRID_POINTS["lowload"]
-LEVELS = SHOWN_GRID_POINTS["levels"]
-ABOVE_HALF = np.arange(6, 11)
-ODD = np.array([1, 3, 5, 7, 9])
+ABOVE_HALF = np.arange(6, 11)  # lowload's scored grid points
+ODD = np.array([1, 3, 5, 7, 9])  # levels'
 
 
 def concave_curve_w(idle_w: float, dynamic_w: float, power: float) -> np.ndarray:
@@ -27,8 +24,8 @@ def concave_curve_w(idle_w: float, dynamic_w: float, power: float) -> np.ndarray
 def test_the_line_is_exact_on_a_straight_curve_whatever_was_shown() -> None:
     curve_w = 80.0 + 170.0 * GRID_UTIL
     bank_w = np.stack([concave_curve_w(60, 200, p) for p in (0.6, 0.8, 1.2)])
-    for shown, scored in ((LOWLOAD, ABOVE_HALF), (LEVELS, ODD)):
-        predicted_w = accuracy_priors.line_prior(bank_w, curve_w, shown, scored)
+    for sampling, scored in (("lowload", ABOVE_HALF), ("levels", ODD)):
+        predicted_w = accuracy_priors.line_prior(bank_w, curve_w, sampling)
         np.testing.assert_allclose(predicted_w, curve_w[scored])
 
 
@@ -37,11 +34,11 @@ def test_the_nearest_server_lends_its_shape_not_its_watts() -> None:
     # it from the shown points alone and scales it through the node's own idle and top
     node_w = 2 * concave_curve_w(50, 150, 0.7)
     bank_w = np.stack([concave_curve_w(50, 150, p) for p in (0.5, 0.7, 0.9, 1.3)])
-    for shown, scored in ((LOWLOAD, ABOVE_HALF), (LEVELS, ODD)):
-        predicted_w = accuracy_priors.nearest_prior(1)(bank_w, node_w, shown, scored)
+    for sampling, scored in (("lowload", ABOVE_HALF), ("levels", ODD)):
+        predicted_w = accuracy_priors.nearest_prior(1)(bank_w, node_w, sampling)
         np.testing.assert_allclose(predicted_w, node_w[scored])
-        mean_w = accuracy_priors.mean_shape_prior(bank_w, node_w, shown, scored)
-        assert accuracy_priors.mape_pct(mean_w, node_w[scored]) > 0.5
+        mean_w = accuracy_priors.mean_shape_prior(bank_w, node_w, sampling)
+        assert accuracy_specpower.mape_pct(mean_w, node_w[scored]) > 0.5
 
 
 def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> None:
@@ -82,7 +79,7 @@ def test_the_shipped_prior_on_the_scored_side_is_what_the_scored_bench_prints(mo
     servers = accuracy_specpower.load_servers(DEFAULT_CSV, SPLIT_CSV)
     loads_u = GRID_UTIL[ABOVE_HALF]
     direct = [
-        accuracy_priors.mape_pct(
+        accuracy_specpower.mape_pct(
             accuracy_specpower.prior_from_exact_points(servers.prior, curve_w, "lowload", loads_u),
             curve_w[ABOVE_HALF],
         )
