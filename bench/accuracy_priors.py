@@ -111,18 +111,8 @@ def nearest_prior(k: int) -> Prior:
 
 def shipped_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
     _, scored = grid_points(sampling)
-    return prior_from_exact_points(_prior_of(bank_w), curve_w, sampling, GRID_UTIL[scored])
-
-
-_PRIORS: dict[bytes, ShapePrior] = {}
-
-
-def _prior_of(bank_w: np.ndarray) -> ShapePrior:
-    """One `ShapePrior` per bank (the judgings reuse banks: a processor's servers share one)."""
-    key = np.ascontiguousarray(bank_w).tobytes()
-    if key not in _PRIORS:
-        _PRIORS[key] = ShapePrior.from_curves(bank_w)
-    return _PRIORS[key]
+    prior = ShapePrior.from_curves(bank_w)
+    return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored])
 
 
 PRIORS: dict[str, Prior] = {
