@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.sim.carbon import CarbonMeter, CarbonWorld
+from bench.sim.carbon_series import ZoneSeries
 from bench.sim.ceiling import (
     ceiling_co2_kg,
     ceiling_energy_kwh,
@@ -176,30 +178,16 @@ def test_co2_ceiling_under_one_intensity_is_the_energy_ceiling_times_it() -> Non
     assert flat.co2_kg == pytest.approx(energy_kwh * 250.0 / 1000.0, rel=1e-9)
 
 
-class _GramsMeter:
-    """Grams as the multizone preset counts them: each tick, power times the node's intensity."""
-
-    def __init__(self, g_per_kwh) -> None:  # type: ignore[no-untyped-def]
-        self.g_per_kwh, self.grams = g_per_kwh, 0.0
-
-    def tick(self, t0_s: float, tick_s: float, node_power_w: np.ndarray) -> None:
-        self.grams += float(node_power_w @ self.g_per_kwh(t0_s)) * tick_s / 3.6e6
-
-    def finish(self, result) -> None:  # type: ignore[no-untyped-def]
-        result.co2_kg = self.grams / 1000.0
-
-
 @pytest.mark.parametrize("policy", [DefaultPolicy, RandomPolicy])
 def test_no_simulated_policy_emits_less_than_the_co2_ceiling(policy: type) -> None:
     cluster = build_cluster(6, seed=3)
     trace = generate_trace(float(cluster.cores.sum()), hours=3.0, load=0.4, seed=3)
-    hourly = np.random.default_rng(9).uniform(50.0, 700.0, size=(8, len(cluster)))
-
-    def g_per_kwh(t_s: float) -> np.ndarray:
-        return hourly[int(t_s // 3600.0)]
-
+    # one grid zone per node, each with its own hourly intensities, counted by the preset's meter
+    hourly = np.random.default_rng(9).uniform(50.0, 700.0, size=(len(cluster), 8))
+    series = ZoneSeries(zones=tuple(cluster.names), g_per_kwh=hourly, origin="test")
+    world = CarbonWorld(series, np.arange(len(cluster)), {}, {}, defer_hours=0.0, seed=0)
     settings = SimSettings(tail_s=1800.0)
-    meter = _GramsMeter(g_per_kwh)
+    meter = CarbonMeter(world, cluster)
     result = simulate(cluster, trace, policy(np.random.default_rng(0)), settings, meters=[meter])
-    bound = ceiling_co2_kg(cluster, trace, result.duration_s, settings.tick_s, g_per_kwh)
+    bound = ceiling_co2_kg(cluster, trace, result.duration_s, settings.tick_s, series.at)
     assert bound.idle_co2_kg < bound.co2_kg < result.co2_kg
