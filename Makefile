@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11+:
 #   make run    serve the shipped model bundle on the built-in demo cluster (http://127.0.0.1:8888)
-#   make test   lint and run the whole test suite (installs Prometheus through apt-get when root)
+#   make test   lint and run the whole test suite (installs Prometheus and etcd through apt-get
+#               when root, and unpacks the Kubernetes binaries of ../shared/k8s into .kube-assets/)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,6 +20,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	scripts/ensure-prometheus
+	scripts/ensure-kube-assets
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest
 
