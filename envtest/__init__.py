@@ -1,4 +1,4 @@
-"""A real Kubernetes control plane on loopback, for tests and benches (as controller-runtime's envtest).
+"""A real Kubernetes control plane on loopback for tests and benches (like envtest).
 
 `ControlPlane` runs etcd, kube-apiserver (RBAC on, a PKI made at start), kube-controller-manager
 (every controller) and kube-scheduler, from the binaries in the directory `KUBEBUILDER_ASSETS`

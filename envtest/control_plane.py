@@ -169,7 +169,10 @@ def write_kubeconfig(
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {"name": "envtest", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}
+            {
+                "name": "envtest",
+                "cluster": {"server": server, "certificate-authority": str(ca_cert)},
+            }
         ],
         "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": user, "context": {"cluster": "envtest", "user": user}}],
@@ -303,8 +306,7 @@ class ControlPlane:
         )
         if check and result.returncode != 0:
             raise ControlPlaneError(
-                f"kubectl {' '.join(args)} exited with {result.returncode}: "
-                f"{result.stderr.strip()}"
+                f"kubectl {' '.join(args)} exited with {result.returncode}: {result.stderr.strip()}"
             )
         return result
 
@@ -498,4 +500,3 @@ class ControlPlane:
                 return
             time.sleep(0.3)
         raise ControlPlaneError("kube-controller-manager made no ServiceAccount default/default")
-

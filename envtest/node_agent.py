@@ -324,9 +324,7 @@ class NodeAgent:
                 if resource_version is None:
                     listed = self.core.list_pod_for_all_namespaces()
                     with self._lock:
-                        self._pods = {
-                            p.metadata.uid: p for p in listed.items if self._ours(p)
-                        }
+                        self._pods = {p.metadata.uid: p for p in listed.items if self._ours(p)}
                     resource_version = listed.metadata.resource_version
                     self._wake.set()
                 self._watch = kubernetes.watch.Watch()
@@ -453,9 +451,15 @@ class NodeAgent:
             if all(not s.ready for s in statuses) and statuses:
                 return
             containers = [
-                {"name": s.name, "image": s.image, "imageID": "", "ready": False,
-                 "started": True, "restartCount": s.restart_count or 0,
-                 "state": {"running": {"startedAt": now}}}
+                {
+                    "name": s.name,
+                    "image": s.image,
+                    "imageID": "",
+                    "ready": False,
+                    "started": True,
+                    "restartCount": s.restart_count or 0,
+                    "state": {"running": {"startedAt": now}},
+                }
                 for s in statuses
             ]
         else:

@@ -116,7 +116,7 @@ def test_node_follows_its_bmc_power(control_plane: ControlPlane) -> None:
 
         wait_for(lambda: ready_status() == ("True", []), what="Ready, untainted")
         power["bmc-node"] = "off"
-        status, taints = wait_for(
+        _, taints = wait_for(
             lambda: (s := ready_status())[0] == "Unknown" and s,
             timeout_s=control_plane.node_monitor_grace_s + 20,
             what="the node lifecycle controller marking it Unknown",
