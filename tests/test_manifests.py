@@ -228,7 +228,9 @@ def test_applying_the_manifests_deploys_no_workload_outside_our_namespace() -> N
 
 def test_images_tied_to_the_cluster_version_say_so() -> None:
     # kube-scheduler and the descheduler are built per Kubernetes minor version: each image
-    # line carries the advice to match the cluster's version.
+    # line carries the advice to match the cluster's version and names the version pinned,
+    # and the two are pinned for the same minor (kube-scheduler v1.X, descheduler v0.X).
+    minors = []
     for path, image in (
         (BASE / "scheduler.yaml", "registry.k8s.io/kube-scheduler:"),
         (BASE / "descheduler.yaml", "registry.k8s.io/descheduler/descheduler:"),
@@ -237,6 +239,10 @@ def test_images_tied_to_the_cluster_version_say_so() -> None:
         (at,) = [i for i, line in enumerate(lines) if f"image: {image}" in line]
         comment = " ".join(line.strip() for line in lines[max(0, at - 4) : at])
         assert "Match the cluster's minor version" in comment, (path.name, comment)
+        tag = lines[at].split(image)[1].strip()
+        assert tag in comment, (path.name, tag, comment)
+        minors.append(tag.split(".")[1])
+    assert minors[0] == minors[1], minors
 
 
 def test_dashboard_is_provisioned_for_the_grafana_sidecar() -> None:
@@ -768,8 +774,14 @@ def test_descheduler_policy_evicts_only_for_the_powerless_taint() -> None:
     }
     assert enabled == {"RemovePodsViolatingNodeTaints"}
     configs = {c["name"]: c.get("args", {}) for c in profile["pluginConfig"]}
-    assert configs["DefaultEvictor"]["nodeFit"] is True
-    assert configs["DefaultEvictor"].get("evictSystemCriticalPods", False) is False
+    evictor = configs["DefaultEvictor"]
+    assert evictor["nodeFit"] is True
+    # Only local scratch is given up; system-critical pods stay, and so do pods with claims.
+    # The booleans every descheduler since v0.26 reads, not podProtections (v0.34 and newer,
+    # unknown to the releases older clusters run), and never both: one source per setting.
+    assert evictor.get("evictSystemCriticalPods", False) is False
+    assert evictor["evictLocalStoragePods"] is True and evictor["ignorePvcPods"] is True
+    assert "podProtections" not in evictor
     assert configs["RemovePodsViolatingNodeTaints"]["includedTaints"] == [
         "power-aware-scheduler/powerless"
     ]
