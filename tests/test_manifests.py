@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import ssl
 import subprocess
 import time
@@ -30,6 +29,8 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
+from envtest.assets import assets_dir
+from envtest.control_plane import free_port
 from tests.support.manifests import (
     ALL_OBJECTS,
     BASE,
@@ -42,7 +43,6 @@ from tests.support.manifests import (
     Sourced,
     dashboard,
     find_object,
-    kube_assets,
     kustomization,
     kustomization_dirs,
     load_kustomization,
@@ -277,7 +277,7 @@ def test_metrics_are_scrapeable_where_the_dashboard_expects_them() -> None:
 
 def _kube_scheduler() -> Path:
     """The kube-scheduler binary of the test assets (the version the manifests ship)."""
-    path = kube_assets() / "kube-scheduler"
+    path = assets_dir() / "kube-scheduler"
     if not os.access(path, os.X_OK):
         pytest.fail(f"{path}: missing; run scripts/ensure-kube-assets", pytrace=False)
     return path
@@ -333,12 +333,6 @@ def test_scheduler_config_is_valid_for_the_shipped_kube_scheduler(tmp_path: Path
     assert refused.returncode != 0 and "unknown field" in refused.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _https_get(url: str) -> tuple[int, str]:
     """(status, body) of a GET on a server with a self-signed certificate."""
     context = ssl.create_default_context()
@@ -371,7 +365,7 @@ def test_scheduler_probes_hit_endpoints_the_kube_scheduler_serves(tmp_path: Path
     # The shipped configuration, served on a free port; no API server is needed to answer.
     config = tmp_path / "config.yaml"
     config.write_text(_config_text())
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             str(_kube_scheduler()),

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from envtest.control_plane import free_port
 from tests.support.manifests import (
     LARGE_FLEET,
     LARGE_FLEET_OBJECTS,
@@ -89,12 +89,6 @@ def test_dask_pods_run_no_api_token_and_idle_until_a_run(name: str) -> None:
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _local_command(container: dict, ports: dict[int, int], tmp_path: Path) -> list[str]:
     """The container's `dask ...` command run here: its ports moved to free ones, the
     scheduler's Service name to localhost, /tmp to a test directory."""
@@ -121,7 +115,7 @@ def test_dask_probes_hit_endpoints_a_real_dask_cluster_serves(tmp_path: Path) ->
         for name in DASK_DEPLOYMENTS
         for c in _dask_object("Deployment", name)["spec"]["template"]["spec"]["containers"]
     ]
-    ports = {p["containerPort"]: _free_port() for c in containers for p in c["ports"]}
+    ports = {p["containerPort"]: free_port() for c in containers for p in c["ports"]}
     processes = [
         subprocess.Popen(
             _local_command(container, ports, tmp_path),

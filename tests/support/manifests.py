@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from envtest.assets import assets_dir
+
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 BASE = MANIFESTS / "base"
@@ -39,13 +41,8 @@ class KustomizeError(AssertionError):
     """A kustomization that kustomize cannot build."""
 
 
-def kube_assets() -> Path:
-    """The directory of Kubernetes binaries the tests run (envtest's convention)."""
-    return Path(os.environ.get("KUBEBUILDER_ASSETS") or REPO / ".kube-assets")
-
-
 def kubectl() -> Path:
-    path = kube_assets() / "kubectl"
+    path = assets_dir() / "kubectl"
     if not os.access(path, os.X_OK):
         # Expected on a fresh checkout: one line saying what to do, no traceback.
         pytest.fail(
