@@ -430,7 +430,7 @@ def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: 
 
 
 def test_manifest_args_parse_and_taint_matches_the_descheduler_policy() -> None:
-    manifests = Path(__file__).resolve().parent.parent / "manifests"
+    manifests = Path(__file__).resolve().parent.parent / "manifests" / "base"
     documents = list(yaml.safe_load_all((manifests / "energy-adapter.yaml").read_text()))
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]

@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 
 from envtest import ControlPlane
+from tests.support.manifests import kustomization, kustomization_dirs
 
 REPO = Path(__file__).resolve().parents[1]
-KUSTOMIZATIONS = sorted(p.parent for p in (REPO / "manifests").rglob("kustomization.yaml"))
+# A kustomize Component (manifests/image/) builds nothing on its own: it is applied through the
+# kustomizations that include it.
+KUSTOMIZATIONS = sorted(
+    d for d in kustomization_dirs() if kustomization(d).get("kind") != "Component"
+)
 
 
 def test_kustomizations_are_found() -> None:
