@@ -7,8 +7,13 @@ conflicts as the real server answers them) and read time from clocks the test mo
 
 from __future__ import annotations
 
+import logging
+import re
+import signal
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
+from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
 from tests.support.fake_kube import FakeKube
+from tests.support.power_cluster import make_kube, node, pod, wait_until
+from tests.support.power_cluster import settings as controller_settings
+from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
+from tests.support.tcp_proxy import TcpProxy
 
 DURATION_S, DEADLINE_S, RETRY_S = 15.0, 10.0, 2.0
 
@@ -67,8 +77,8 @@ def candidate(
     )
 
 
-def lease_spec(kube: FakeKube, name: str) -> dict[str, Any]:
-    return kube.get("leases", name, "kube-system")["spec"]
+def lease_spec(kube: FakeKube, name: str, namespace: str = "kube-system") -> dict[str, Any]:
+    return kube.get("leases", name, namespace)["spec"]
 
 
 def test_one_candidate_leads_and_the_other_takes_over_only_after_the_lease_expires(
@@ -234,3 +244,154 @@ def test_never_two_leaders_whatever_the_schedule_and_clock_skew(
         else:
             electors[who].release()
         check()
+
+
+# ---- the real controller process: API failures and stopping -------------------------------
+
+NAMESPACE = "power-aware-scheduler"
+LEASE = "power-node-controller"
+# Short election times so a run shows several retries and a lapsed renewal within seconds.
+FAST_ELECTION = [
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+]
+
+
+def test_an_unreachable_api_server_is_one_line_per_retry_without_traceback(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
+    try:
+        controller.wait_for("node power controller a:")
+        started = time.monotonic()
+        time.sleep(10)
+        elapsed_s = time.monotonic() - started + 1
+        code = controller.stop(signal.SIGTERM)
+    finally:
+        controller.kill()
+    log = controller.log()
+    text = "\n".join(log)
+    assert code == 0, text
+    assert "Traceback" not in text and "unexpected error" not in text, text
+    retries = controller.matching("leader election (a): cannot reach the API server")
+    # One line per attempt, each naming the server, what failed and when it tries next; the
+    # tries back off (1, 2, 4, 4... s) while this replica does not lead.
+    assert 2 <= len(retries) <= elapsed_s / 1.0, text
+    for line in retries:
+        assert f"http://127.0.0.1:{port}" in line, line
+        assert f"reading Lease {NAMESPACE}/{LEASE}: connection refused" in line, line
+        assert re.search(r"next retry in \d+ s$", line), line
+    assert [float(re.findall(r"in (\d+) s", line)[0]) for line in retries[:3]] == [1, 2, 4]
+    assert "urllib3" not in text  # no "Retrying (Retry(total=2...))" triplets
+    assert not controller.matching("leading")  # it never led: nothing to stop
+    assert len(log) <= 12, text  # the informers say once that they retry; nothing more
+    assert log[-1].endswith("node power controller a stopped on SIGTERM"), text
+
+
+def test_a_leader_cut_off_from_the_api_server_stops_leading_once(tmp_path: Path) -> None:
+    kube = make_kube([])
+    proxy = TcpProxy(int(kube.url.rsplit(":", 1)[1]))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", proxy.url)
+    controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
+    try:
+        controller.wait_for("a started leading")
+        assert lease_spec(kube, LEASE, NAMESPACE)["holderIdentity"] == "a"
+        proxy.cut()
+        cut_at = time.monotonic()
+        controller.wait_for("a stopped leading", timeout_s=15)
+        assert time.monotonic() - cut_at < 3 + 2 + 1  # the renew deadline, one retry late
+        time.sleep(6)
+        elapsed_s = time.monotonic() - cut_at
+        code = controller.stop(signal.SIGTERM)
+    finally:
+        controller.kill()
+        proxy.close()
+        kube.stop()
+    text = "\n".join(controller.log())
+    assert code == 0, text
+    assert "Traceback" not in text and "unexpected error" not in text, text
+    stopped = controller.matching("stopped leading")
+    assert len(stopped) == 1, text
+    assert "renew deadline" in stopped[0] and "last error" in stopped[0], stopped[0]
+    retries = controller.matching("cannot reach the API server")
+    assert 2 <= len(retries) <= elapsed_s / 1.0 + 1, text
+    assert all("next retry in" in line for line in retries), text
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
+    tmp_path: Path, stop_signal: int
+) -> None:
+    kube = make_kube([])
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    # The default lease duration (15 s): a replica that waited it out would take over late.
+    election = ["--leader-elect-retry-period=1s"]
+    first = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *election])
+    second = None
+    try:
+        first.wait_for("a started leading")
+        second = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=b", *election])
+        second.wait_for("node power controller b:")
+        time.sleep(2)  # b has read the Lease held by a, and waits
+        assert not second.matching("started leading")
+        stopped_at = time.monotonic()
+        code = first.stop(stop_signal)
+        second.wait_for("b started leading", timeout_s=10)
+        takeover_s = time.monotonic() - stopped_at
+        time.sleep(1.5)  # a could not take it back: it has exited, its election first
+        assert lease_spec(kube, LEASE, NAMESPACE)["holderIdentity"] == "b"
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+        kube.stop()
+    text = "\n".join(first.log())
+    assert code == 0, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    name = signal.Signals(stop_signal).name
+    shutdown = first.matching(f"stopped on {name}")
+    assert len(shutdown) == 1 and f"released Lease {NAMESPACE}/{LEASE}" in shutdown[0], text
+    assert first.log()[-1] == shutdown[0], text  # one line, the last
+    assert takeover_s < 5, f"b took over {takeover_s:.1f} s after a stopped"
+
+
+def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
+    proxy = TcpProxy(int(kube.url.rsplit(":", 1)[1]))  # the elector's way to the API server
+    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
+    configuration = client.Configuration(host=proxy.url)
+    configuration.retries = 0
+    elector = candidate(
+        kube, "a", clock, name, api=client.CoordinationV1Api(client.ApiClient(configuration))
+    )
+    controller = NodePowerController(controller_settings(), kube.api_client(), elector=elector)
+    controller.start()
+    try:
+        wait_until(lambda: controller.synced, what="caches synced")
+        assert elector.try_acquire_or_renew()
+        proxy.cut()
+        clock.advance(DEADLINE_S + 0.1)
+        with caplog.at_level(logging.INFO, logger="controllers.node_power"):
+            assert not elector.try_acquire_or_renew()  # no exception: an expected failure
+            assert not elector.try_acquire_or_renew()
+        stopped = [r for r in caplog.records if "stopped leading" in r.getMessage()]
+        assert len(stopped) == 1 and not any(r.exc_info for r in caplog.records)
+        result = controller.run_round(time.time())
+        assert not result.leader and result.decisions is None and result.acted == []
+        assert not [r for r in kube.requests if "/nodes" in r.path and r.method != "GET"]
+        assert (
+            "power-aware-scheduler/power-state"
+            not in (kube.get("nodes", "empty")["metadata"]["annotations"])
+        )
+        proxy.restore()
+        assert elector.try_acquire_or_renew()  # its own record: re-acquired at once
+        assert controller.run_round(time.time()).acted == ["power_off empty"]
+    finally:
+        controller.stop()
+        proxy.close()
+        kube.stop()

@@ -280,38 +280,40 @@ class LeaderElector:
         """Log a failed API call (see the module docstring for which way), plan the next try."""
         self.failures += 1
         unavailable = api_unavailable(error)
-        leading = self.is_leader()
         if unavailable is not None:
-            # Leading, the renewal must land before the deadline: keep the retry period. Not
-            # leading, back off: nothing is lost by trying less often but log lines.
-            backoff = 1 if leading else 2 ** min(self.failures - 1, 16)
-            self.next_retry_s = min(
-                self.settings.retry_period_s * backoff,
-                max(self.settings.lease_duration_s, self.settings.retry_period_s),
-            )
             why = f"{UNAVAILABLE} {doing} Lease {self.lease_name}: {unavailable}"
-            log.warning(
-                "leader election (%s): cannot reach the API server at %s (%s Lease %s: %s); "
-                "next retry in %g s",
-                self.settings.identity,
-                self.server,
-                doing,
-                self.lease_name,
-                unavailable,
-                self.next_retry_s,
-            )
+        elif isinstance(error, ApiException):
+            what = "Conflict" if error.status == HTTP_CONFLICT else f"HTTP {error.status}"
+            why = f"{doing} Lease {self.lease_name}: {what} {error.reason}"
         else:
+            why = f"{doing} Lease {self.lease_name}: {type(error).__name__}: {error}"
+        repeated, self.last_error = why == self.last_error, why
+        # Leadership is not dropped here: it lapses by itself at the renew deadline (and this
+        # says so, once, with `last_error` as the cause).
+        leading = self.is_leader()
+        if unavailable is None:
             self.next_retry_s = self.settings.retry_period_s
-            if isinstance(error, ApiException):
-                what = "Conflict" if error.status == HTTP_CONFLICT else f"HTTP {error.status}"
-                why = f"{doing} Lease {self.lease_name}: {what} {error.reason}"
-            else:
-                why = f"{doing} Lease {self.lease_name}: {type(error).__name__}: {error}"
-            if why != self.last_error:
+            if not repeated:
                 log.warning("leader election (%s): %s", self.settings.identity, why)
-        self.last_error = why
-        # Leadership is not dropped here: it lapses by itself at the renew deadline.
-        return self.is_leader()
+            return leading
+        # Leading, the renewal must land before the deadline: keep the retry period. Not
+        # leading, back off: trying less often loses nothing but log lines.
+        backoff = 1 if leading else 2 ** min(self.failures - 1, 16)
+        self.next_retry_s = min(
+            self.settings.retry_period_s * backoff,
+            max(self.settings.lease_duration_s, self.settings.retry_period_s),
+        )
+        log.warning(
+            "leader election (%s): cannot reach the API server at %s (%s Lease %s: %s); "
+            "next retry in %g s",
+            self.settings.identity,
+            self.server,
+            doing,
+            self.lease_name,
+            unavailable,
+            self.next_retry_s,
+        )
+        return leading
 
     def _unexpected(self, error: Exception) -> None:
         """A bug in an attempt: its traceback once per distinct error, then one line."""
