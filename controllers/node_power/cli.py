@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -685,7 +686,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_bmc:
         return check_bmcs(api_client, args.check_bmc, controller)
     if args.once:
-        return _run_once(controller, elector)
+        stop = threading.Event()
+        with stop_on_signals(stop) as signals:
+            code = _run_once(controller, elector, stop)
+        if signals.received:
+            print(f"error: stopped on {signals.received} before the round", file=sys.stderr)
+        return code
     if args.listen_port is not None:
         server = serve_health(controller, args.listen_host, args.listen_port)
         log.info("health, metrics and status on http://%s:%d", *server.server_address[:2])
@@ -749,9 +755,12 @@ def check_bmcs(
     return 1 if failed else 0
 
 
-def _run_once(controller: NodePowerController, elector: LeaderElector | None) -> int:
+def _run_once(
+    controller: NodePowerController, elector: LeaderElector | None, stop: threading.Event
+) -> int:
     """One round. Acting (`--apply`) takes the Lease first, so that it never acts beside a
-    running controller; a dry run reads only and needs none."""
+    running controller; a dry run reads only and needs none. `stop` (SIGTERM, Ctrl-C) set
+    before the round starts: no round, exit 1, the Lease released."""
     if elector is not None and not elector.try_acquire_or_renew():
         if elector.last_error is not None:
             print(f"error: cannot take the Lease: {elector.last_error}", file=sys.stderr)
@@ -765,8 +774,17 @@ def _run_once(controller: NodePowerController, elector: LeaderElector | None) ->
         return 1
     controller.start()
     try:
-        if not _wait_synced(controller):
-            print("error: the node, pod and budget caches did not sync", file=sys.stderr)
+        if not _wait_synced(controller, stop):
+            if not stop.is_set():
+                why = next(
+                    (
+                        f": {informer.name}: {informer.status.last_error}"
+                        for informer in (controller.nodes, controller.pods, controller.budgets)
+                        if informer.status.last_error
+                    ),
+                    "",
+                )
+                print(f"error: the node, pod and budget caches did not sync{why}", file=sys.stderr)
             return 1
         if controller.carbon is not None:
             controller.carbon.poll_once()  # this round's intensities, not the next poll's
@@ -779,10 +797,12 @@ def _run_once(controller: NodePowerController, elector: LeaderElector | None) ->
     return 1 if result.error else 0
 
 
-def _wait_synced(controller: NodePowerController, timeout_s: float = 60.0) -> bool:
-    stop = threading.Event()
-    waited = 0.0
-    while not controller.synced and waited < timeout_s:
-        stop.wait(0.1)
-        waited += 0.1
+def _wait_synced(
+    controller: NodePowerController, stop: threading.Event, timeout_s: float = 60.0
+) -> bool:
+    """Whether the caches synced within `timeout_s` (False at once when `stop` is set)."""
+    deadline_s = time.monotonic() + timeout_s
+    while not controller.synced and time.monotonic() < deadline_s:
+        if stop.wait(0.1):
+            return False
     return controller.synced

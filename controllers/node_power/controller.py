@@ -303,10 +303,13 @@ class NodePowerController:
 
     def _evidence(self, view: ClusterView, now_s: float) -> dict[str, float]:
         """Since when each node can have been unneeded, by the evidence the cluster holds;
-        nothing (every clock starts now) when the Events cannot be read."""
+        nothing (every clock starts now) when the Events may not be read. An unreachable
+        API server fails the round, which the next round retries with the evidence."""
         try:
             events = self.ops.pod_events()
         except ApiException as error:
+            if api_unavailable(error) is not None:
+                raise
             if not self._evidence_warned:
                 self._evidence_warned = True
                 log.warning(
