@@ -1,12 +1,18 @@
-"""Leader election on a Lease: two controller replicas never both lead.
+"""Leader election on a Lease: two controller replicas never both lead, and neither hangs on.
 
 Candidates talk to the fake API server (real HTTP, the official client, resourceVersion
 conflicts as the real server answers them) and read time from clocks the test moves, so
 "never both" is checked at every instant of a schedule, not by sleeping and hoping.
+
+The real controller process (`python -m controllers.node_power`) is run as users run it: against
+a closed port (the API server unreachable from the start), and on the real control plane
+(`control_plane`, as its own ServiceAccount) behind a TCP proxy the test cuts (the API server
+gone mid-run), or beside a second replica that must take over at once when it is stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import signal
@@ -17,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
+from envtest import ControlPlane
 from tests.support.fake_kube import FakeKube
 from tests.support.power_cluster import make_kube, node, pod, wait_until
 from tests.support.power_cluster import settings as controller_settings
@@ -291,14 +300,51 @@ def test_an_unreachable_api_server_is_one_line_per_retry_without_traceback(
     assert log[-1].endswith("node power controller a stopped on SIGTERM"), text
 
 
-def test_a_leader_cut_off_from_the_api_server_stops_leading_once(tmp_path: Path) -> None:
-    kube = make_kube([])
-    proxy = TcpProxy(int(kube.url.rsplit(":", 1)[1]))
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", proxy.url)
+@pytest.fixture
+def controller_kubeconfig(
+    control_plane: ControlPlane, kube_api: client.ApiClient, tmp_path: Path
+) -> Iterator[Path]:
+    """A kubeconfig of the real control plane as the controller's own ServiceAccount (the
+    manifests' RBAC is what it gets), and no Lease left over from another test."""
+    leases = client.CoordinationV1Api(kube_api)
+
+    def delete_lease() -> None:
+        with contextlib.suppress(ApiException):
+            leases.delete_namespaced_lease(LEASE, NAMESPACE)
+
+    delete_lease()
+    yield control_plane.service_account_kubeconfig(
+        NAMESPACE, "power-node-controller", tmp_path / "controller.kubeconfig"
+    )
+    delete_lease()
+
+
+def lease_holder(kube_api: client.ApiClient) -> str | None:
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, NAMESPACE)
+    return lease.spec.holder_identity
+
+
+def through(kubeconfig: Path, proxy: TcpProxy, path: Path) -> Path:
+    """`kubeconfig` with its server reached through `proxy` (TLS passes through untouched)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    (cluster,) = config["clusters"]
+    upstream = cluster["cluster"]["server"]
+    assert upstream.startswith("https://127.0.0.1:"), upstream
+    cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
+    controller_kubeconfig: Path, kube_api: client.ApiClient, tmp_path: Path
+) -> None:
+    upstream = yaml.safe_load(controller_kubeconfig.read_text())["clusters"][0]["cluster"]
+    proxy = TcpProxy(int(upstream["server"].rsplit(":", 1)[1]))
+    kubeconfig = through(controller_kubeconfig, proxy, tmp_path / "proxied.kubeconfig")
     controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
     try:
         controller.wait_for("a started leading")
-        assert lease_spec(kube, LEASE, NAMESPACE)["holderIdentity"] == "a"
+        assert lease_holder(kube_api) == "a"
         proxy.cut()
         cut_at = time.monotonic()
         controller.wait_for("a stopped leading", timeout_s=15)
@@ -309,7 +355,6 @@ def test_a_leader_cut_off_from_the_api_server_stops_leading_once(tmp_path: Path)
     finally:
         controller.kill()
         proxy.close()
-        kube.stop()
     text = "\n".join(controller.log())
     assert code == 0, text
     assert "Traceback" not in text and "unexpected error" not in text, text
@@ -318,22 +363,23 @@ def test_a_leader_cut_off_from_the_api_server_stops_leading_once(tmp_path: Path)
     assert "renew deadline" in stopped[0] and "last error" in stopped[0], stopped[0]
     retries = controller.matching("cannot reach the API server")
     assert 2 <= len(retries) <= elapsed_s / 1.0 + 1, text
-    assert all("next retry in" in line for line in retries), text
+    for line in retries:
+        assert f"https://127.0.0.1:{proxy.port}" in line and "next retry in" in line, line
+    # Cut off, it could not clear the Lease: the other replica waits out the 4 s duration.
+    assert controller.matching("cannot release Lease"), text
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
-    tmp_path: Path, stop_signal: int
+    controller_kubeconfig: Path, kube_api: client.ApiClient, stop_signal: int
 ) -> None:
-    kube = make_kube([])
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     # The default lease duration (15 s): a replica that waited it out would take over late.
-    election = ["--leader-elect-retry-period=1s"]
-    first = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *election])
+    common = [f"--kubeconfig={controller_kubeconfig}", "--leader-elect-retry-period=1s"]
+    first = ControllerProcess([*common, "--identity=a"])
     second = None
     try:
         first.wait_for("a started leading")
-        second = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=b", *election])
+        second = ControllerProcess([*common, "--identity=b"])
         second.wait_for("node power controller b:")
         time.sleep(2)  # b has read the Lease held by a, and waits
         assert not second.matching("started leading")
@@ -342,12 +388,13 @@ def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
         second.wait_for("b started leading", timeout_s=10)
         takeover_s = time.monotonic() - stopped_at
         time.sleep(1.5)  # a could not take it back: it has exited, its election first
-        assert lease_spec(kube, LEASE, NAMESPACE)["holderIdentity"] == "b"
+        assert lease_holder(kube_api) == "b"
+        second.stop(signal.SIGTERM)
+        assert lease_holder(kube_api) is None  # b released it too
     finally:
         first.kill()
         if second is not None:
             second.kill()
-        kube.stop()
     text = "\n".join(first.log())
     assert code == 0, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
