@@ -16,6 +16,7 @@ import contextlib
 import logging
 import re
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -442,3 +443,40 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
         controller.stop()
         proxy.close()
         kube.stop()
+
+
+class BrokenApi:
+    """A CoordinationV1Api whose reads hit a bug (not an API failure): `errors` in turn."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors = errors
+        self.calls = 0
+
+    def read_namespaced_lease(self, *_args: Any, **_kwargs: Any) -> Any:
+        error = self.errors[min(self.calls, len(self.errors) - 1)]
+        self.calls += 1
+        raise error
+
+
+def test_an_unexpected_error_shows_its_traceback_once_then_one_line_per_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = BrokenApi([KeyError("spec")] * 5 + [TypeError("bad record")] * 5)
+    elector = LeaderElector(
+        api,  # type: ignore[arg-type]
+        LeaseSettings(
+            "ns", "lock", "a", lease_duration_s=0.3, renew_deadline_s=0.2, retry_period_s=0.01
+        ),
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=elector.run, args=(stop,))
+    with caplog.at_level(logging.INFO, logger="controllers.node_power"):
+        thread.start()
+        wait_until(lambda: api.calls >= 12, what="a dozen attempts")
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()  # the elector outlives its bugs
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [type(r.exc_info[1]).__name__ for r in tracebacks] == ["KeyError", "TypeError"]  # type: ignore[index]
+    again = [r.getMessage() for r in caplog.records if "unexpected error again" in r.getMessage()]
+    assert len(again) == api.calls - 2 and all("next retry in" in line for line in again)
