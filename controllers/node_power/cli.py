@@ -85,9 +85,9 @@ A node goes off once it has been unneeded for --scale-down-unneeded-time. The fi
 a process leads (every --once run, a new leader) starts that clock from the evidence the
 cluster holds, not from the process start: the node's {POWER_STATE_SINCE_ANNOTATION}
 (or its creation), the pods the API still lists on it, and its kubelet's Events about pods,
-kept for the API server's --event-ttl (see --event-ttl here): a node empty for longer than the
-unneeded time shows as a power-off in the first round, one whose last pod ended a minute ago
-does not. Without leave to list Events the clocks start at that round.
+which the API server keeps for its --event-ttl (give the same value here): a node empty for
+longer than the unneeded time shows as a power-off in the first round, one whose last pod
+ended a minute ago does not. Without leave to list Events the clocks start at that round.
 
 Stopping: SIGTERM or Ctrl-C stops acting at once, stops the leader election and releases the
 Lease (the other replica takes over at once), and exits 0. When the API server is unreachable

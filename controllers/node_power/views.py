@@ -593,8 +593,10 @@ def unneeded_evidence_s(
     - `now_s - lookback_s`, with `lookback_s` that event retention: further back the absence
       of Events proves nothing, so no clock is started earlier than it.
 
-    Nothing here can be later than the truth: a node that ran a pod a minute ago has
-    evidence of it (the pod, or its kubelet's Events), so its clock starts no earlier.
+    The truth can be no earlier than this: a node that ran a pod a minute ago has evidence of
+    it (the pod, or its kubelet's Events), so its clock starts no earlier. The other half of
+    "unneeded", that the nodes left on keep the headroom without it, is judged on the round's
+    own arrival estimate, which `ArrivalTracker` rebuilds from the pods' creation times.
     """
     floor_s = now_s - lookback_s
     since = {name: max(record.since_s, floor_s) for name, record in records.items()}
