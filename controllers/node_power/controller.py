@@ -26,9 +26,9 @@ first round a process leads (a `--once` run, a new leader, a leader back after l
 Lease) has no memory of since when each node has been unneeded: it starts each clock where the
 evidence the cluster holds puts it (`views.unneeded_evidence_s`: the power-state annotation's
 time, the node's pods, its kubelet's Events about pods within the Events' retention
-`event_ttl_s`), never earlier than the last sign that the node was needed. Later rounds carry
-their own observation forward, as cluster-autoscaler's unneeded clock does. Without leave to
-list Events the clocks start at that first round.
+`event_ttl_s`): at the last sign that the node was needed. Later rounds carry their own
+observation forward, as cluster-autoscaler's unneeded clock does. Without leave to list Events
+the clocks start at that first round.
 
 The controller acts only while it leads, and stops at once when the process is told to stop
 (`stop` set): every write asks `may_write()` first, so neither a lapsed renewal nor a

@@ -593,10 +593,15 @@ def unneeded_evidence_s(
     - `now_s - lookback_s`, with `lookback_s` that event retention: further back the absence
       of Events proves nothing, so no clock is started earlier than it.
 
-    The truth can be no earlier than this: a node that ran a pod a minute ago has evidence of
-    it (the pod, or its kubelet's Events), so its clock starts no earlier. The other half of
-    "unneeded", that the nodes left on keep the headroom without it, is judged on the round's
-    own arrival estimate, which `ArrivalTracker` rebuilds from the pods' creation times.
+    Every sign of a pod is from before the node became empty, so this is never later than
+    the truth, and it is the truth (to within the last pod's grace period) when the last pod
+    left a trace: it is still listed, or its kubelet's "Killing" Event is. A pod whose Events
+    were dropped (the kubelet's event rate limit, an API server shedding load) goes unseen and
+    the clock starts early by as much; that is the limit of what the cluster holds, and why
+    only a round with no memory reads it: later rounds carry their own observation. The
+    other half of "unneeded", that the nodes left on keep the headroom without this one, is
+    judged on the round's own arrival estimate, which `ArrivalTracker` rebuilds from the
+    pods' creation times.
     """
     floor_s = now_s - lookback_s
     since = {name: max(record.since_s, floor_s) for name, record in records.items()}
