@@ -6,7 +6,7 @@ then read from the Node watch.
 
 - `energy_adapter`: battery level (Prometheus) -> the `energy-status` label, with hysteresis;
 - `node_power`: powers off the nodes consolidation empties and wakes them for pods;
-- `probes`, `shutdown`: what both share: /healthz, /readyz, /metrics; stopping on SIGTERM and
+- `probes`: what both share as pods: /healthz, /readyz, /metrics; stopping on SIGTERM and
   Ctrl-C.
 
 Controllers import `livedata` (and may import `predictor`), never `extender`: the service and

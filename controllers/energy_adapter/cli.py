@@ -26,7 +26,7 @@ from controllers.energy_adapter.policy import (
     POWERLESS_TAINT_KEY,
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
-from controllers.shutdown import stop_on_signals
+from controllers.probes import stop_on_signals
 from livedata.collect_config import CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL

@@ -36,7 +36,7 @@ from controllers.node_power.kube import describe_api_error, rfc3339
 from controllers.node_power.lease import LeaderElector, LeaseSettings
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import RANK_BY, RANK_BY_GRAMS, RANK_BY_WATTS, PolicySettings
-from controllers.shutdown import stop_on_signals
+from controllers.probes import stop_on_signals
 from livedata.carbon import SIGNALS
 from livedata.collect_config import CollectConfig, CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
