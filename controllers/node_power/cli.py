@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="timeout of each API call (default: %(default)s)",
     )
-    parser.add_argument(
+    where.add_argument(
         "--event-ttl",
         type=_duration("--event-ttl"),
         default="1h",
