@@ -56,6 +56,8 @@ log = logging.getLogger(__package__)
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+# `last_error` of a failure that `api_unavailable` classed as expected starts with this.
+UNAVAILABLE = "API server unavailable:"
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ class LeaderElector:
 
     def _answered(self) -> None:
         """The API server answered as expected: no failure streak, the plain retry period."""
-        if self.failures and api_unavailable_text(self.last_error):
+        if self.failures and (self.last_error or "").startswith(UNAVAILABLE):
             log.info("leader election: the API server at %s answers again", self.server)
         self.last_error = None
         self.failures = 0
@@ -432,11 +434,3 @@ class LeaderElector:
             )
             return False
         return True
-
-
-# `last_error` of a failure that `api_unavailable` classed as expected starts with this.
-UNAVAILABLE = "API server unavailable:"
-
-
-def api_unavailable_text(error: str | None) -> bool:
-    return bool(error) and error.startswith(UNAVAILABLE)  # type: ignore[union-attr]
