@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -240,7 +241,8 @@ class EnergyAdapter:
                     result.nodes_with_reading,
                     len(result.changes),
                 )
-            except (CollectError, ApiException, OSError) as error:
+            # urllib3's connection errors (the API server unreachable) are not OSErrors.
+            except (CollectError, ApiException, urllib3.exceptions.HTTPError, OSError) as error:
                 self.last_error = one_line_error(error)
                 self.metrics.passes.labels(result="error").inc()
                 log.warning("pass failed, labels left as they are: %s", self.last_error)

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -25,6 +26,7 @@ from controllers.energy_adapter.policy import (
     POWERLESS_TAINT_KEY,
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
+from controllers.probes import stop_on_signals
 from livedata.collect_config import CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL
@@ -154,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.once:
         try:
             result = adapter.run_pass()
-        except (CollectError, ApiException, OSError) as error:
+        except (CollectError, ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             print(f"error: {one_line_error(error)}", file=sys.stderr)
             return 1
         log.info(
@@ -175,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.hysteresis_pct,
     )
     stop = threading.Event()
-    try:
+    with stop_on_signals(stop) as signals:
         adapter.run_forever(stop)
-    except KeyboardInterrupt:
-        stop.set()
+    log.info("energy adapter stopped on %s", signals.received or "request")
     return 0
