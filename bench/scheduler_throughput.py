@@ -183,7 +183,7 @@ def binding_rate(bound: dict[str, float]) -> tuple[float, float]:
     return (len(times) - 1) / span_s if span_s > 0 else float("inf"), span_s
 
 
-METRIC_LINE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+METRIC_LINE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
 
 
 Totals = dict[str, tuple[float, float]]  # label value -> (sum of seconds, count)
@@ -197,7 +197,7 @@ def histogram_totals(text: str, metric: str, label: str) -> Totals:
         match = METRIC_LINE.match(line)
         if not match or not match["name"].startswith(metric):
             continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
         key = labels.get(label, "")
         if match["name"] == f"{metric}_sum":
             sums[key] = sums.get(key, 0.0) + float(match["value"])
