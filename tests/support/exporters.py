@@ -107,14 +107,17 @@ def serve(host: FakeHost) -> Exporter:
 
 
 @contextlib.contextmanager
-def two_nodes() -> Iterator[tuple[Exporter, Exporter]]:
-    """node-a: uname-mapped, two sockets; node-b: no uname (map it by instance), one socket."""
+def two_nodes(node_a_name: str = "node-a") -> Iterator[tuple[Exporter, Exporter]]:
+    """node-a: uname-mapped, two sockets; node-b: no uname (map it by instance), one socket.
+
+    `node_a_name` is the nodename node-a's `node_uname_info` reports: a test sharing a cluster
+    with others names its nodes uniquely."""
     node_a = serve(
         FakeHost(
             cpu_util=0.25,
             temperatures_c={"Inlet Temp": 22.0, "CPU1 Temp": 55.0, "CPU2 Temp": 53.0},
             power_w=310.0,
-            nodename="node-a",
+            nodename=node_a_name,
         )
     )
     node_b = serve(
