@@ -2,7 +2,8 @@
 
 The state is written the way the background sources write it (an `RttMatrix` and a `PodIndex`
 as signals); pod-prefix origins are also resolved from the real Kubernetes watch against the
-fake API server, and `/explain` is read over HTTP from the whole service with an RTT file.
+real control plane (tests/conftest.py), and `/explain` is read over HTTP from the whole service
+with an RTT file.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 import re
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import kubernetes.client
 import pytest
 import yaml
 
+from envtest import ControlPlane, NodeAgent
 from extender.plugins.delay import DelayPlugin, delay_constraints
 from extender.pods import PODS_SIGNAL, PodIndex, PodPlacement
 from extender.profile import ProfileError, build_profile
@@ -26,7 +29,6 @@ from extender.scoring import Assessment, assess
 from extender.sources.kube_watch import ClusterWatcher
 from extender.sources.rtt_file import RttFileError
 from extender.state import ClusterState, NodeInfo
-from tests.support.fake_kube import FakeKube
 from tests.support.manifests import find_object
 from tests.support.server import REPO_ROOT, extender_service, write_snapshot
 
@@ -270,38 +272,67 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0
         time.sleep(0.02)
 
 
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
+def test_the_kubernetes_watch_publishes_where_pods_run(
+    control_plane: ControlPlane, node_agent: NodeAgent, namespace: str
+) -> None:
+    # The cluster is shared with other tests: this test's nodes carry its namespace's name,
+    # and only its own pods and nodes are looked at.
+    named = {name: f"{namespace}-{name}" for name in NODES}
+    for name in NODES:
+        node_agent.add_node(named[name], cpu=16)
+    names = [named[name] for name in NODES]
+    links = tuple((named[a], named[b], ms) for a, b, ms in MEASURED)
+    state = state_with(links)
+    chosen = profile()
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
 
+    def passing_near_camera() -> list[str]:
+        request = pod({"delay_camera-": "2"}, namespace)
+        return passing(assess(state.view(NOW_S), None, names, 0.5, chosen, now_s=NOW_S,
+                              telemetry_ttl_s=None, pod=request))  # fmt: skip
 
-def test_the_kubernetes_watch_publishes_where_pods_run(kube: FakeKube) -> None:
-    for number, name in enumerate(NODES):
-        address = {"type": "InternalIP", "address": f"10.0.0.{number}"}
-        status = {"allocatable": {"cpu": "16"}, "addresses": [address]}
-        kube.create("nodes", {"metadata": {"name": name}, "status": status})
-    kube.create("pods", {"metadata": {"name": "camera-1", "namespace": "default"},
-                         "spec": {"containers": [{"name": "c", "image": "x"}]}})  # fmt: skip
-    state = state_with()
-    watcher = ClusterWatcher(kube.core_v1(), state, resync_backoff_s=0.05, watch_timeout_s=2)
+    def cameras() -> list[PodPlacement]:
+        index = state.view(NOW_S).signal(PODS_SIGNAL)
+        return [] if index is None else index.with_prefix("camera-", namespace)
+
+    # A scheduler nobody runs: the pod stays pending until the test binds it.
+    core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "camera-1"},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+    })  # fmt: skip
+    watcher = ClusterWatcher(
+        kubernetes.client.CoreV1Api(
+            control_plane.api_client(
+                control_plane.service_account_kubeconfig("power-aware-scheduler", "power-extender")
+            )
+        ),
+        state,
+        resync_backoff_s=0.05,
+        watch_timeout_s=2,
+    )
     watcher.start()
     try:
         wait_until(lambda: watcher.healthy, "the watch to sync")
+        wait_until(lambda: set(names) <= {n.name for n in state.node_infos()}, "the nodes")
         # A pending pod runs nowhere yet: the constraint cannot be met.
-        assert passing(run(state, {"delay_camera-": "2"})) == []
-        kube.bind_pod("camera-1", "edge-2a")
-        wait_until(lambda: len(state.view(NOW_S).signal(PODS_SIGNAL)) == 1, "the bound pod")
-        assert passing(run(state, {"delay_camera-": "2"})) == ["edge-2a"]
-        kube.patch("pods", "camera-1", {"status": {"podIP": "10.244.3.9"}}, "default")
-        wait_until(
-            lambda: state.view(NOW_S).signal(PODS_SIGNAL).pods[0].pod_ip == "10.244.3.9",
-            "the pod IP",
+        assert passing_near_camera() == []
+        binding = {"target": {"kind": "Node", "name": named["edge-2a"]},
+                   "metadata": {"name": "camera-1"}}  # fmt: skip
+        # The client cannot decode the Binding API's answer (a Status): take it raw.
+        core.create_namespaced_binding(namespace, binding, _preload_content=False)
+        wait_until(lambda: len(cameras()) == 1, "the bound pod")
+        assert passing_near_camera() == [named["edge-2a"]]
+        # The node agent, as a kubelet, reports the pod's IP.
+        wait_until(lambda: core.read_namespaced_pod("camera-1", namespace).status.pod_ip, "an IP")
+        pod_ip = core.read_namespaced_pod("camera-1", namespace).status.pod_ip
+        wait_until(lambda: cameras()[0].pod_ip == pod_ip, "the pod IP")
+        core.delete_namespaced_pod("camera-1", namespace)
+        wait_until(lambda: len(cameras()) == 0, "the pod gone")
+        assert passing_near_camera() == []
+        cloud = core.read_node(named["cloud-1"])
+        assert {n.name: n.addresses for n in state.node_infos()}[named["cloud-1"]] == tuple(
+            address.address for address in cloud.status.addresses
         )
-        kube.delete("pods", "camera-1", "default")
-        wait_until(lambda: len(state.view(NOW_S).signal(PODS_SIGNAL)) == 0, "the pod gone")
-        assert passing(run(state, {"delay_camera-": "2"})) == []
-        assert {n.name: n.addresses for n in state.node_infos()}["cloud-1"] == ("10.0.0.3",)
     finally:
         watcher.stop()
 
