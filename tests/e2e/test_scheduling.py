@@ -42,6 +42,7 @@ from envtest import ControlPlane, NodeAgent
 from envtest.control_plane import free_port
 from livedata.labels import ENERGY_LABEL, POWER_STATE_ANNOTATION
 from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.exporters import wait_until
 from tests.support.live_scheduling import (
     CrashingNodeAgent,
     DelayingProxy,
@@ -51,7 +52,6 @@ from tests.support.live_scheduling import (
     node_telemetry,
     stop_extender,
     top_choice,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -141,14 +141,14 @@ class Cluster:
         self.apps = kubernetes.client.AppsV1Api(api)
 
     def bound_node(self, name: str, timeout_s: float = 30.0) -> str:
-        return wait_for(
+        return wait_until(
             lambda: self.core.read_namespaced_pod(name, self.namespace).spec.node_name,
             f"pod {name} to be bound",
             timeout_s,
         )
 
     def wait_running(self, name: str) -> None:
-        wait_for(
+        wait_until(
             lambda: self.core.read_namespaced_pod(name, self.namespace).status.phase == "Running",
             f"pod {name} to run",
         )
@@ -174,7 +174,7 @@ class Cluster:
                 return ready
             return []
 
-        return wait_for(done, f"all {wanted} replicas of {name} Running and Ready", timeout_s)
+        return wait_until(done, f"all {wanted} replicas of {name} Running and Ready", timeout_s)
 
     def as_sent(self, pod_object: Any) -> dict[str, Any]:
         """A Pod object as JSON, as kube-scheduler sends it to the extender."""
@@ -433,7 +433,7 @@ def test_replicas_leave_the_node_where_they_crash_and_the_lesson_survives_a_rest
                             )
                 return rewards_fail_bad(extender.url)
 
-            verdict = wait_for(learned, "the Reward filter to fail the crashing node", 90)
+            verdict = wait_until(learned, "the Reward filter to fail the crashing node", 90)
             assert "reward" in verdict["note"], verdict
             assert verdict["reward_bad"] >= 5, verdict
 
@@ -456,7 +456,7 @@ def test_replicas_leave_the_node_where_they_crash_and_the_lesson_survives_a_rest
         with extender_for(
             control_plane, extender_kubeconfig, telemetry, bundle, profile=profile
         ) as extender:
-            verdict = wait_for(
+            verdict = wait_until(
                 lambda: rewards_fail_bad(extender.url), "the saved rewards to be loaded", 30
             )
             assert verdict["reward_bad"] >= 5, verdict

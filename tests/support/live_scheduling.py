@@ -22,7 +22,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,7 +33,7 @@ import yaml
 
 from bench.support.server import ExtenderProcess, run_extender
 from envtest import NodeAgent
-from tests.support.exporters import Exporter, FakeHost, serve
+from tests.support.exporters import Exporter, FakeHost, serve, wait_until
 from tests.support.prometheus import PrometheusServer, start_prometheus
 
 # What ipmi_exporter shows of a two-socket server at rest; the power curves of the tests' bundles
@@ -150,7 +149,7 @@ def live_extender(
                 raise AssertionError("the extender exited:\n" + "\n".join(extender.log_lines[-20:]))
             return http_json(f"{extender.url}/readyz")[0] == 200
 
-        wait_for(ready, "the extender's /readyz to answer 200")
+        wait_until(ready, "the extender's /readyz to answer 200")
         nodes = list(telemetry.exporters)
         probe = {"metadata": {"name": "probe", "namespace": "default"}, "spec": {}}
 
@@ -166,7 +165,7 @@ def live_extender(
                 for name, record in records.items()
             )
 
-        wait_for(settled, "every node's telemetry and power curve in the extender")
+        wait_until(settled, "every node's telemetry and power curve in the extender")
         yield extender
 
 
@@ -242,18 +241,6 @@ class DelayingProxy:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-
-
-def wait_for(check: Any, what: str, timeout_s: float = 60.0) -> Any:
-    """Poll `check` until it returns something true; that value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for: {what}")
-        time.sleep(0.2)
 
 
 class CrashingNodeAgent(NodeAgent):
