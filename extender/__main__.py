@@ -175,23 +175,6 @@ def prepare(config: ExtenderConfig) -> Runtime:
     return runtime
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server, minus its re-raise of the signal that stopped it.
-
-    Once shut down, uvicorn raises SIGTERM or SIGINT again with the default handlers back, which
-    ends the process there (status 143, or a KeyboardInterrupt traceback) before `main` stops
-    the runtime (watches, pollers, the Reward plugin's last save) and returns 0. The signal is
-    handled as uvicorn handles it otherwise: a first one shuts down gracefully, a second Ctrl-C
-    forces the exit.
-    """
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            self.should_exit = True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(argv)
@@ -239,33 +222,7 @@ def _serve_on(
     port = sock.getsockname()[1]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"{config.scheme}://{host}:{port}"
-    server = Server(
-        uvicorn.Config(
-            create_app(runtime),
-            log_config=None,
-            access_log=False,
-            # The context is built (and its files checked) above, before anything started.
-            ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
-        )
-    )
-    # From here on a stop signal ends in `runtime.stop()`: until uvicorn installs its own
-    # handlers (in `server.run`), one arriving marks the server to exit as soon as it starts.
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop_signal, server.handle_exit)
-    try:
-        serve_until_stopped(server, sock, runtime, config, url)
-    finally:
-        runtime.stop()
-        sock.close()
-        log.info("stopped")
-    return 0
-
-
-def serve_until_stopped(
-    server: uvicorn.Server, sock: socket.socket, runtime: Runtime, config: ExtenderConfig, url: str
-) -> None:
-    """Start the runtime's background work and serve until a stop signal; the caller stops
-    the runtime whatever happens."""
+    app = create_app(runtime)
     runtime.start_background()
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
     # collector's passes, which would otherwise walk it during requests.
@@ -274,6 +231,15 @@ def serve_until_stopped(
     # A background thread (curve rebuild, bundle validation) holding the GIL makes a request
     # wait up to the switch interval (default 5 ms): bound that wait to 1 ms.
     sys.setswitchinterval(REQUEST_GIL_WAIT_S)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            # The context is built (and its files checked) above, before anything started.
+            ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
+        )
+    )
     names = runtime.state.node_names()[:EXAMPLE_NODE_COUNT]
     if names:
         options = _curl_tls_options(config)
@@ -285,7 +251,7 @@ def serve_until_stopped(
         "listening",
         extra={
             "url": url,
-            "bind": f"{config.host}:{sock.getsockname()[1]}",
+            "bind": f"{config.host}:{port}",
             "mutual_tls": bool(config.tls_client_ca),
         },
     )
