@@ -446,11 +446,11 @@ class NodeAgent:
                 for container in pod.spec.containers
             ],
         }
-        self.core.patch_namespaced_pod_status(
+        running = self.core.patch_namespaced_pod_status(
             pod.metadata.name, pod.metadata.namespace, {"status": status}
         )
-        if failure is not None:
-            self._fail(pod, failure.mode)
+        if failure is not None:  # from the statuses just written: a container ran, then failed
+            self._fail(running, failure.mode)
 
     def _host_ip(self, node_name: str) -> str:
         with self._lock:

@@ -44,7 +44,6 @@ from livedata.labels import ENERGY_LABEL, POWER_STATE_ANNOTATION
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import wait_until
 from tests.support.live_scheduling import (
-    CrashingNodeAgent,
     DelayingProxy,
     NodeTelemetry,
     explain,
@@ -83,7 +82,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def agent(kube_api: kubernetes.client.ApiClient) -> Iterator[NodeAgent]:
     """A kubelet stand-in, not started: a test registers its nodes, then starts it (a node
     added while the agent runs can race its heartbeat to create the node's Lease)."""
-    node_agent = CrashingNodeAgent(kube_api, heartbeat_s=1.0)
+    node_agent = NodeAgent(kube_api, heartbeat_s=1.0)
     yield node_agent
     node_agent.stop()
     for name in node_agent.node_names:

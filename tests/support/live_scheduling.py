@@ -32,7 +32,6 @@ from typing import Any
 import yaml
 
 from bench.support.server import ExtenderProcess, run_extender
-from envtest import NodeAgent
 from tests.support.exporters import Exporter, FakeHost, serve, wait_until
 from tests.support.prometheus import PrometheusServer, start_prometheus
 
@@ -241,20 +240,3 @@ class DelayingProxy:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-
-
-class CrashingNodeAgent(NodeAgent):
-    """`envtest.NodeAgent` whose failing pods keep the container statuses they fail with.
-
-    NodeAgent writes a new pod's running status, then its failure from the pod as it was
-    *before* that write (no container statuses yet): the failure is written with none, and the
-    pod shows no restart and no crash loop, so nothing learns from it. Here the failure is
-    written from the statuses just written, as a kubelet reports a container that ran and died.
-    """
-
-    def _fail(self, pod: Any, mode: str) -> None:
-        if not pod.status.container_statuses:
-            pod = self.core.read_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace)
-            if not pod.status.container_statuses:
-                return  # not running yet: failed once it is
-        super()._fail(pod, mode)
