@@ -7,7 +7,8 @@ kube-scheduler's scheduler_perf measures it. Then, several rounds alternating:
 - `no extender`: a kube-scheduler with the default plugins only;
 - `extender`: the same scheduler with the extender entry the manifests ship (verbs, weight,
   `nodeCacheCapable`, `httpTimeout`, `ignorable`), calling the real extender (`python -m
-  extender`, uvicorn) serving the shipped bundle on a snapshot of the same N nodes.
+  extender`, uvicorn) serving the shipped bundle on a snapshot of the same N nodes;
+- `prioritize only`: that entry without its `filterVerb`, one round trip per pod instead of two.
 
 Throughput is pods/s from the first binding to the last, as seen by a watch on the pods. Both
 schedulers get scheduler_perf's client rate limits (QPS and burst 5000): with kube-scheduler's
@@ -52,7 +53,10 @@ NAMESPACE = "default"
 # Only what the bench needs from kube-controller-manager: the `default` ServiceAccount pods use.
 CONTROLLERS = "serviceaccount-controller,serviceaccount-token-controller,namespace-controller"
 CLIENT_QPS = 5000  # scheduler_perf's; see the module docstring
-MODES = ("no extender", "extender")
+# The shipped entry (filter + prioritize: two round trips per pod), and the same without its
+# filter verb (one): what a profile whose filters only depend on the node costs, since the
+# controllers' cordons and taints then filter for free in kube-scheduler (docs/operations.md).
+MODES = ("no extender", "extender", "prioritize only")
 
 
 @dataclass
@@ -270,7 +274,10 @@ def one_run(
 ) -> Run:
     seed = round_index * 10 + MODES.index(mode)
     create_pods(core, pods, seed)
-    extender = shipped_extender(plane, extender_url) if mode == "extender" else None
+    extender = None if mode == "no extender" else shipped_extender(plane, extender_url)
+    if mode == "prioritize only":
+        assert extender is not None
+        extender.pop("filterVerb", None)
     before = extender_totals(extender_url) if extender else {}
     component = plane.start_scheduler("bench-scheduler", scheduler_config(extender), verbosity=2)
     bound = wait_for_bindings(component.log, f"{NAMESPACE}/{pod_prefix(seed)}", pods, timeout_s)
@@ -356,6 +363,7 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
         summary[str(nodes)] = {
             "pods_per_s": medians,
             "ratio": round(medians["extender"] / medians["no extender"], 3),
+            "ratio_prioritize_only": round(medians["prioritize only"] / medians["no extender"], 3),
             "scheduler_ms": {m: last[m].scheduler_ms for m in MODES},
             "extender_ms": last["extender"].extender_ms,
         }
@@ -364,12 +372,16 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
 
 def print_summary(summary: dict[str, Any]) -> None:
     print("\nkube-scheduler v1.36 throughput, pods/s from first to last binding (median of rounds)")
-    print(f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6}")
+    print(
+        f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6} "
+        f"{'prioritize only':>16} {'ratio':>6}"
+    )
     for nodes, row in summary.items():
         rates = row["pods_per_s"]
         print(
             f"{nodes:>6} {rates['no extender']:>12.0f} {rates['extender']:>10.0f} "
-            f"{row['ratio']:>6.2f}x"
+            f"{row['ratio']:>6.2f}x {rates['prioritize only']:>16.0f} "
+            f"{row['ratio_prioritize_only']:>6.2f}x"
         )
     print("\nwhere the time goes (mean ms per pod; scheduler side, then extender server side)")
     for nodes, row in summary.items():
