@@ -1,9 +1,11 @@
 """Faults in what the extender depends on: it keeps answering, degrades as documented, recovers.
 
 The world is real: Prometheus (started by the test) scrapes two tiny exporters standing in for
-node-a and node-b; the fake Kubernetes API serves node-a, node-b and node-c; the service runs in
-live mode (``extender.__main__.prepare``: the same wiring as ``python -m extender --prometheus
---kubeconfig --collect-config``) under uvicorn on 127.0.0.1. Between the poller and Prometheus
+node-a and node-b; the real control plane (tests/conftest.py) holds node-a, node-b and node-c,
+kept alive by a node agent (their names carry this run's id: the cluster is shared with other
+tests); the service runs in live mode (``extender.__main__.prepare``: the same wiring as
+``python -m extender --prometheus --kubeconfig --collect-config``) as the extender's
+ServiceAccount, under uvicorn on 127.0.0.1. Between the poller and Prometheus
 sits a small HTTP front the test switches between forwarding, down (not listening), slow (answers
 after the poll timeout) and garbage (HTML, or JSON of the wrong shape).
 
@@ -15,10 +17,11 @@ Asserted for each fault, with bounded polling waits and no timing assertion:
   the lowest power score (0), notes say "stale", ``/readyz`` is 503 with the reason;
 - when the fault ends, fresh telemetry, scores and readiness come back by themselves.
 
-The Kubernetes watch dropping (``drop_watches``, ``fail_next``) is resumed without a visible
-gap; the API failing for longer than the TTL makes ``/readyz`` say so while answers continue
-from the last node view. The bundle directory vanishing keeps the loaded model serving (and
-``/status`` names the refusal) until a bundle is back, which is then swapped in.
+The Kubernetes watch dropping (a TCP proxy in front of the API server cut: streams end,
+connections are refused) is resumed without a visible gap; the API unreachable for longer than
+the TTL makes ``/readyz`` say so while answers continue from the last node view. The bundle
+directory vanishing keeps the loaded model serving (and ``/status`` names the refusal) until a
+bundle is back, which is then swapped in.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +44,9 @@ import httpx
 import orjson
 import pytest
 import yaml
+from kubernetes import client
 
+from envtest import ControlPlane, NodeAgent
 from extender.__main__ import prepare
 from extender.app import create_app
 from extender.config import ExtenderConfig
@@ -48,24 +54,28 @@ from extender.runtime import Runtime
 from extender.sources.telemetry import TelemetryPoller
 from tests.support.bundles import PowerCurveSpec, edit_manifest, make_bundle
 from tests.support.exporters import two_nodes, wait_until
-from tests.support.fake_kube import FakeKube
 from tests.support.prometheus import PrometheusServer, start_prometheus
 from tests.support.server import REPO_ROOT, serve_app
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube-scheduler-v1.28"
-NODES = ("node-a", "node-b", "node-c")  # node-c never has telemetry
+# Unique in the shared cluster; node-c never has telemetry.
+NODE_A, NODE_B, NODE_C = NODES = tuple(f"faults-{uuid.uuid4().hex[:6]}-node-{x}" for x in "abc")
 TTL_S = 10.0
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 1.0
 SLOW_S = 4.0  # how long the slow front waits before answering: beyond the poll timeout
 CLIENT_TIMEOUT_S = 5.0  # every answer must come within this (the scheduler's httpTimeout)
 CURVES = {
-    "node-a": PowerCurveSpec(idle_w=100.0, max_w=300.0, exponent=1),
-    "node-b": PowerCurveSpec(idle_w=90.0, max_w=350.0, exponent=2),
-    "node-c": PowerCurveSpec(idle_w=120.0, max_w=400.0, exponent=1),
+    NODE_A: PowerCurveSpec(idle_w=100.0, max_w=300.0, exponent=1),
+    NODE_B: PowerCurveSpec(idle_w=90.0, max_w=350.0, exponent=2),
+    NODE_C: PowerCurveSpec(idle_w=120.0, max_w=400.0, exponent=1),
 }
+# Other tests' nodes, never fresh here, may share the cluster: the service is ready once any
+# node has fresh telemetry (one in a hundred), which only this test's node-a and node-b can.
+READY_MIN_FRESH_SHARE = 0.01
 
 
 # ---- a switchable front of Prometheus ---------------------------------------------------------
@@ -156,65 +166,86 @@ class PrometheusFront:
 JSON = "application/json"
 
 
-# ---- the world: Prometheus, exporters, fake API, bundle ----------------------------------------
+# ---- the world: Prometheus, exporters, the control plane, bundle ------------------------------
 
 
 @dataclass
 class World:
     prometheus: PrometheusServer
-    kube: FakeKube
+    control_plane: ControlPlane
     collect_config: Path
     bundle_dir: Path
-    kubeconfig: Path
+    kubeconfig: Path  # the extender's ServiceAccount, straight to the API server
+
+    def kubeconfig_through(self, proxy: TcpProxy, path: Path) -> Path:
+        """The extender's kubeconfig, reaching the API server through `proxy`."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for cluster in config["clusters"]:
+            cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def label_node_c(self, energy_status: str | None) -> None:
+        core = client.CoreV1Api(self.control_plane.api_client())
+        core.patch_node(NODE_C, {"metadata": {"labels": {"energy-status": energy_status}}})
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane) -> Iterator[World]:
     root = tmp_path_factory.mktemp("faults")
     exporters = contextlib.ExitStack()
-    node_a, node_b = exporters.enter_context(two_nodes())
+    node_a, node_b = exporters.enter_context(two_nodes(NODE_A))
     # Both exporters listen on 127.0.0.1: node-b is mapped by instance, through the same
     # collect settings file training would use (--collect-config).
     collect_config = root / "collect.yaml"
     collect_config.write_text(
-        yaml.safe_dump({"cpu_rate_window": "5s", "instance_nodes": {node_b.target: "node-b"}})
+        yaml.safe_dump({"cpu_rate_window": "5s", "instance_nodes": {node_b.target: NODE_B}})
     )
     bundle = make_bundle(root / "bundle", CURVES)
     prometheus = start_prometheus(root, scrape_targets=[node_a.target, node_b.target])
-    kube = FakeKube().start()
-    for name in NODES:
-        kube.create("nodes", {"metadata": {"name": name}, "status": {"allocatable": {"cpu": "8"}}})
+    # The kubelets, straight to the API server: nodes stay Ready while the extender's way there
+    # is cut.
+    agent = NodeAgent(control_plane.api_client(), heartbeat_s=1.0).start()
     try:
+        for name in NODES:
+            agent.add_node(name, cpu=8)
         prometheus.wait_for('rate(node_cpu_seconds_total{mode="idle"}[5s])')
         yield World(
             prometheus,
-            kube,
+            control_plane,
             collect_config,
             bundle.directory,
-            kube.write_kubeconfig(root / "kubeconfig"),
+            control_plane.service_account_kubeconfig(
+                "power-aware-scheduler", "power-extender", root / "extender.kubeconfig"
+            ),
         )
     finally:
-        kube.stop()
+        agent.stop()
+        for name in NODES:
+            agent.remove_node(name)
         prometheus.stop()
         exporters.close()
 
 
 @contextlib.contextmanager
 def live_service(
-    world: World, prometheus_url: str, bundle_dir: Path | None = None
+    world: World,
+    prometheus_url: str,
+    bundle_dir: Path | None = None,
+    kubeconfig: Path | None = None,
 ) -> Iterator[tuple[httpx.Client, Runtime]]:
     config = ExtenderConfig(
         port=0,
         bundle_dir=bundle_dir or world.bundle_dir,
         prometheus_url=prometheus_url,
-        kubeconfig=world.kubeconfig,
+        kubeconfig=kubeconfig or world.kubeconfig,
         collect_config=world.collect_config,
         refresh_interval_s=POLL_INTERVAL_S,
         prometheus_timeout_s=POLL_TIMEOUT_S,
         telemetry_ttl_s=TTL_S,
         bundle_poll_interval_s=0.2,
         curve_refresh_interval_s=0.2,
-        ready_min_fresh_share=0.5,
+        ready_min_fresh_share=READY_MIN_FRESH_SHARE,
     ).validate()
     runtime = prepare(config)
     runtime.start_background()
@@ -255,16 +286,16 @@ def readiness_reasons(client: httpx.Client) -> list[str]:
 
 def assert_scored_from_telemetry(client: httpx.Client) -> None:
     rows = explain(client)
-    for name in ("node-a", "node-b"):
+    for name in (NODE_A, NODE_B):
         assert rows[name]["note"] == "", rows[name]
         assert rows[name]["power_after_w"] > rows[name]["power_before_w"] > 0
-    assert rows["node-c"]["note"] != ""  # no telemetry (or, when labelled, powerless)
+    assert rows[NODE_C]["note"] != ""  # no telemetry (or, when labelled, powerless)
 
 
 def assert_neutral(client: httpx.Client) -> None:
     """Stale telemetry: all pass the filter, nobody gets a power score, answers still decode."""
     rows = explain(client)
-    for name in ("node-a", "node-b"):
+    for name in (NODE_A, NODE_B):
         assert "stale" in rows[name]["note"], rows[name]
     assert all(
         row["plugins"]["PowerIncrease"]["points"] == 0.0 and row["passes"] for row in rows.values()
@@ -278,7 +309,7 @@ def assert_neutral(client: httpx.Client) -> None:
 
 def fresh_and_ready(client: httpx.Client) -> bool:
     rows = explain(client)
-    return ready(client) and rows["node-a"]["note"] == "" and rows["node-b"]["note"] == ""
+    return ready(client) and rows[NODE_A]["note"] == "" and rows[NODE_B]["note"] == ""
 
 
 # ---- Prometheus faults ------------------------------------------------------------------------
@@ -307,7 +338,7 @@ def test_prometheus_fault_last_good_data_then_neutral_then_recovery(
             (poller_status,) = [s for s in status["live_sources"] if "polls_total" in s]
             assert poller_status["last_error"]
 
-            wait_until(lambda: "stale" in explain(client)["node-a"]["note"], "telemetry to age")
+            wait_until(lambda: "stale" in explain(client)[NODE_A]["note"], "telemetry to age")
             assert_neutral(client)
             assert not ready(client)
             assert any("fresher than" in reason for reason in readiness_reasons(client))
@@ -327,54 +358,66 @@ def test_prometheus_fault_last_good_data_then_neutral_then_recovery(
 # ---- Kubernetes watch faults -------------------------------------------------------------------
 
 
-def test_kubernetes_watch_drops_and_outage(world: World) -> None:
-    kube = world.kube
-    with live_service(world, world.prometheus.url) as (client, runtime):
-        (watcher,) = [s for s in runtime.live_sources if hasattr(s, "healthy")]
-        wait_until(lambda: fresh_and_ready(client), "fresh telemetry and /readyz 200")
-
-        # Dropped streams and a few failing requests: resumed, and a change made meanwhile
-        # still arrives (the watch continues from the last resourceVersion it saw).
-        kube.fail_next(2)
-        kube.drop_watches()
-        kube.patch("nodes", "node-c", {"metadata": {"labels": {"energy-status": "powerless"}}})
-        wait_until(
-            lambda: "node-c" in client.post("/filter", content=request()).json()["FailedNodes"],
-            "the label changed during the drop to reach the filter",
-        )
-        wait_until(lambda: watcher.healthy, "the watches to be healthy again")
-        assert ready(client)
-
-        # The API failing for longer than the TTL: still answering from the last node view,
-        # but /readyz says the view can no longer be trusted.
-        kube.failing = True
-        kube.drop_watches()
-        try:
-            wait_until(
-                lambda: any("watch failing" in r for r in readiness_reasons(client)),
-                "/readyz to report the failing watch",
-                timeout_s=TTL_S * 6,
-            )
-            assert not ready(client)
-            answer = client.post("/filter", content=request())
-            assert answer.status_code == 200
-            assert answer.json()["NodeNames"] == ["node-a", "node-b"]  # node-c still powerless
-            assert_scored_from_telemetry(client)
-        finally:
-            kube.failing = False
-        wait_until(lambda: watcher.healthy and ready(client), "recovery of the watch")
-        kube.patch("nodes", "node-c", {"metadata": {"labels": {"energy-status": None}}})
-        wait_until(
-            lambda: client.post("/filter", content=request()).json()["FailedNodes"] == {},
-            "a change after the outage to arrive",
-        )
-
-
-def test_not_ready_until_the_watch_has_listed(world: World) -> None:
-    kube = world.kube
-    kube.failing = True
+def test_kubernetes_watch_drops_and_outage(world: World, tmp_path: Path) -> None:
+    proxy = TcpProxy(world.control_plane.apiserver_port)
+    kubeconfig = world.kubeconfig_through(proxy, tmp_path / "through-proxy.kubeconfig")
     try:
-        with live_service(world, world.prometheus.url) as (client, _runtime):
+        with live_service(world, world.prometheus.url, kubeconfig=kubeconfig) as (client, runtime):
+            (watcher,) = [s for s in runtime.live_sources if hasattr(s, "healthy")]
+            wait_until(lambda: fresh_and_ready(client), "fresh telemetry and /readyz 200")
+
+            def failures() -> int:
+                status = watcher.status()
+                return status["nodes"]["failures_total"] + status["pods"]["failures_total"]
+
+            # Dropped streams and a few failing requests (refused while the way is cut):
+            # resumed, and a change made meanwhile still arrives (the watch continues from the
+            # last resourceVersion it saw).
+            before = failures()
+            proxy.cut()
+            world.label_node_c("powerless")
+            wait_until(lambda: failures() >= before + 2, "a few failed requests")
+            proxy.restore()
+            wait_until(
+                lambda: NODE_C in client.post("/filter", content=request()).json()["FailedNodes"],
+                "the label changed during the drop to reach the filter",
+            )
+            wait_until(lambda: watcher.healthy, "the watches to be healthy again")
+            assert ready(client)
+
+            # The API unreachable for longer than the TTL: still answering from the last node
+            # view, but /readyz says the view can no longer be trusted.
+            proxy.cut()
+            try:
+                wait_until(
+                    lambda: any("watch failing" in r for r in readiness_reasons(client)),
+                    "/readyz to report the failing watch",
+                    timeout_s=TTL_S * 6,
+                )
+                assert not ready(client)
+                answer = client.post("/filter", content=request())
+                assert answer.status_code == 200
+                assert answer.json()["NodeNames"] == [NODE_A, NODE_B]  # node-c still powerless
+                assert_scored_from_telemetry(client)
+            finally:
+                proxy.restore()
+            wait_until(lambda: watcher.healthy and ready(client), "recovery of the watch")
+            world.label_node_c(None)
+            wait_until(
+                lambda: client.post("/filter", content=request()).json()["FailedNodes"] == {},
+                "a change after the outage to arrive",
+            )
+    finally:
+        proxy.cut()
+        world.label_node_c(None)
+
+
+def test_not_ready_until_the_watch_has_listed(world: World, tmp_path: Path) -> None:
+    proxy = TcpProxy(world.control_plane.apiserver_port)
+    kubeconfig = world.kubeconfig_through(proxy, tmp_path / "through-proxy.kubeconfig")
+    proxy.cut()  # the API server out of reach from the start
+    try:
+        with live_service(world, world.prometheus.url, kubeconfig=kubeconfig) as (client, _):
             wait_until(
                 lambda: any("has not synced" in r for r in readiness_reasons(client)),
                 "/readyz to say the watch has not synced",
@@ -382,10 +425,10 @@ def test_not_ready_until_the_watch_has_listed(world: World) -> None:
             # Unknown nodes still get an answer the scheduler can use: all pass, all score 0.
             scores = client.post("/prioritize", content=request()).json()
             assert [(e["Host"], e["Score"]) for e in scores] == [(n, 0) for n in NODES]
-            kube.failing = False
+            proxy.restore()
             wait_until(lambda: fresh_and_ready(client), "ready once the API answers")
     finally:
-        kube.failing = False
+        proxy.cut()
 
 
 # ---- the bundle directory vanishing ------------------------------------------------------------
