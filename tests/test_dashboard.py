@@ -7,21 +7,24 @@ checked without touching this file; a panel on a metric nothing exports fails he
 panel.
 
 The world: three tiny exporters stand in for node_exporter + ipmi_exporter on node-a, node-b
-and node-c (node-a and node-c with a battery); the fake Kubernetes API serves the three nodes
-(node-b with a power cap it always exceeds; node-a and node-b in grid zone eu-north, node-c in
-eu-south) and pods with a history (a crash-looping one on node-b, a finished Job on node-a, an
-image that cannot be pulled); the bundle has models for node-a and node-b, so the fleet
-fallback serves node-c. The extender runs in live mode (Prometheus + Kubernetes) with a
+and node-c (node-a and node-c with a battery); the real control plane (tests/conftest.py)
+holds the three nodes, kept alive by a node agent and named after this run (the cluster is
+shared with other tests) (node-b with a power cap it always exceeds; node-a and node-b in grid
+zone eu-north, node-c in eu-south), and pods with a history that the real ReplicaSet and Job
+controllers create and the test reports as kubelets would (a crash-looping one on node-b, a
+finished Job on node-a, an image that cannot be pulled); the bundle has models for node-a and
+node-b, so the fleet fallback serves node-c. Every component runs as its own ServiceAccount.
+The extender runs in live mode (Prometheus + Kubernetes) with a
 profile that adds Carbon (a static intensity file with a forecast), Delay (a static RTT file)
 and Reward (the pod watch, evidence saved to a ConfigMap). The energy adapter labels the nodes
 from their batteries (node-c becomes powerless). The node power controller
 (`python -m controllers.node_power --apply`, the dry-run driver) powers off idle node-c, wakes
-it for a pod that fits nowhere else, and powers it off again once that pod is gone; node-b is
-opted in with the redfish driver but has no entry in the BMC Secret, so its power-off fails
-before anything is touched; node-a comes cordoned in the middle of a drain a previous leader
-began, with the kill switch set since, and the drain is given up. A client plays
-kube-scheduler (filter, prioritize, a pod that may wait for cleaner power, one bad request)
-while the queries run.
+it for a pod the real scheduler finds no room for, and powers it off again once that pod is
+gone; node-b is opted in with the redfish driver but has no entry in the BMC Secret, so its
+power-off fails before anything is touched; node-a comes cordoned in the middle of a drain a
+previous leader began, with the kill switch set since, and the drain is given up. A client
+plays kube-scheduler (filter, prioritize, a pod that may wait for cleaner power, one bad
+request) while the queries run.
 """
 
 from __future__ import annotations
