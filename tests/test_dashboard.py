@@ -59,6 +59,7 @@ from envtest import ControlPlane, NodeAgent
 from extender.__main__ import prepare
 from extender.app import create_app
 from extender.config import ExtenderConfig
+from extender.plugins.reward import DEFAULT_CONFIG_MAP
 from livedata.labels import (
     DEFER_UNTIL_ANNOTATION,
     POWER_DRAINING,
@@ -501,6 +502,11 @@ def _power_cycle(core: client.CoreV1Api, namespace: str) -> None:
     assert "kill switch" in annotation(NODE_A, POWER_STATE_REASON_ANNOTATION)
 
 
+def _delete_config_map(core: client.CoreV1Api, name: str, namespace: str) -> None:
+    with contextlib.suppress(ApiException):
+        core.delete_namespaced_config_map(name, namespace)
+
+
 def _delete_namespace(core: client.CoreV1Api, namespace: str) -> None:
     """The namespace, then its pods at once: no kubelet finishes their graceful deletion (and
     a terminating namespace takes no replacements from their controllers)."""
@@ -536,6 +542,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane)
         namespace = RUN  # the pods' namespace
         admin.create_namespace({"metadata": {"name": namespace}})
         stack.callback(_delete_namespace, admin, namespace)
+        # The extender saves its evidence under the one name its Role allows: gone after.
+        stack.callback(_delete_config_map, admin, DEFAULT_CONFIG_MAP, NAMESPACE)
         agent = _HeartbeatsOnly(control_plane.api_client(), heartbeat_s=1.0).start()
         for name in hosts:
             stack.callback(agent.remove_node, name)
@@ -801,23 +809,13 @@ def test_the_world_shows_what_the_later_rows_are_about(world: World) -> None:
     assert reads["ok"] > 0  # Prometheus answered (no Goldpinger series here: nothing mapped)
 
     # The saved evidence the extender loaded may hold other tests' nodes: this test's only.
-    ours = {NODE_A, NODE_B, NODE_C}
-    reward = {
-        node: value
-        for node, value in values(
-            "max by (node) (power_aware_extender_reward_node)", "node"
-        ).items()
-        if node in ours
-    }
+    ours = f'node=~"{RUN}-.*"'
+    reward = values(f"max by (node) (power_aware_extender_reward_node{{{ours}}})", "node")
     assert set(reward) == {NODE_A, NODE_B}  # node-c never ran a pod: no evidence
     assert reward[NODE_B] < 0.5 < reward[NODE_A]
-    evidence = {
-        node: value
-        for node, value in values(
-            "max by (node) (power_aware_extender_reward_node_evidence)", "node"
-        ).items()
-        if node in ours
-    }
+    evidence = values(
+        f"max by (node) (power_aware_extender_reward_node_evidence{{{ours}}})", "node"
+    )
     assert evidence == {NODE_A: pytest.approx(1, rel=1e-2), NODE_B: pytest.approx(3, rel=1e-2)}
     outcomes = values("sum by (kind) (power_aware_extender_reward_outcomes_total > 0)", "kind")
     assert outcomes == {"oom_killed": 3.0, "succeeded": 1.0}
