@@ -205,9 +205,12 @@ def all_replicas_running(cluster: PowerCluster) -> bool:
 # ---- consolidation, power off through Redfish, waking for waiting pods ------------------------
 
 
+@pytest.mark.parametrize("scheduler", [SCHEDULER, "default-scheduler"])
 def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_they_need(
-    control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
+    scheduler: str, control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
 ) -> None:
+    """The waiting pods are for the power-aware scheduler, or for the default one with a
+    controller told so (`--scheduler-name`): either scheduler marks them Unschedulable."""
     shorts = ["a", "b", "c", "d"]
     names = [cluster.name(s) for s in shorts]
     with RedfishEmulator(tmp_path / "redfish", names, auth=("admin", PASSWORD)) as bmc:
@@ -224,7 +227,7 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
         for short in shorts:
             cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
         secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
-        flags = ("--min-on-nodes=1", "--max-off-fraction=0.5")
+        flags = ("--min-on-nodes=1", "--max-off-fraction=0.5", f"--scheduler-name={scheduler}")
         with (
             Limits(cluster, shorts) as limits,
             controller_running(control_plane, tmp_path, secret, *flags) as controller,
@@ -253,9 +256,9 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
             time.sleep(3)  # a few rounds: nothing more goes off (the off share is reached)
             assert sorted(s for s in shorts if cluster.state_of(s)[0] == "off") == sorted(off)
 
-            # Three pods of 5 cores for the power-aware scheduler: the two nodes on take one each
-            # (6 cores free on each), the third waits as Unschedulable: one node is woken.
-            cluster.deployment("batch", "5", replicas=3)
+            # Three pods of 5 cores: the two nodes on take one each (6 cores free on each), the
+            # third waits as Unschedulable: one node is woken.
+            cluster.deployment("batch", "5", replicas=3, scheduler=scheduler)
             wait_for(
                 controller,
                 lambda: [s for s in off if cluster.state_of(s)[0] in ("waking", "on")],
