@@ -96,6 +96,18 @@ def redfish_power(bmc: RedfishEmulator, node: str):  # type: ignore[no-untyped-d
     return lambda: bmc.power_state(node).lower()
 
 
+@contextlib.contextmanager
+def keep_and_light(
+    cluster: PowerCluster, tmp_path: Path, boot_s: float = 0.0
+) -> Iterator[tuple[RedfishEmulator, str, str]]:
+    """Nodes keep and light behind one Redfish emulator; (emulator, keep's name, light's)."""
+    keep, light = cluster.name("keep"), cluster.name("light")
+    with RedfishEmulator(tmp_path / "redfish", [keep, light], auth=("admin", PASSWORD)) as bmc:
+        for short, name in (("keep", keep), ("light", light)):
+            cluster.add_node(short, driver="redfish", power=redfish_power(bmc, name), boot_s=boot_s)
+        yield bmc, keep, light
+
+
 def set_emulator_power(bmc: RedfishEmulator, name: str, power: str) -> None:
     """Switch a system by hand (someone at the BMC's web page)."""
     reset = "ForceOff" if power == "Off" else "On"
@@ -230,10 +242,7 @@ def recent_pods_elsewhere(cluster: PowerCluster, within_s: float) -> list[str]:
 def test_a_drain_refused_by_a_budget_leaves_the_node_on_and_uncordoned(
     cluster: PowerCluster, api: client.ApiClient, cleanup: list, tmp_path: Path
 ) -> None:
-    keep, light = cluster.name("keep"), cluster.name("light")
-    with RedfishEmulator(tmp_path / "redfish", [keep, light], auth=("admin", PASSWORD)) as bmc:
-        for short, name in (("keep", keep), ("light", light)):
-            cluster.add_node(short, driver="redfish", power=redfish_power(bmc, name))
+    with keep_and_light(cluster, tmp_path) as (bmc, keep, light):
         cluster.wait_ready("keep", "light")
         cluster.deployment("big", "10", on="keep")
         cluster.deployment("db", "1", on="light")
@@ -394,10 +403,7 @@ def test_pending_pods_wake_exactly_the_nodes_their_demand_needs(
 def test_drain_power_off_and_wake_through_redfish(
     cluster: PowerCluster, api: client.ApiClient, cleanup: list, tmp_path: Path
 ) -> None:
-    keep, light = cluster.name("keep"), cluster.name("light")
-    with RedfishEmulator(tmp_path / "redfish", [keep, light], auth=("admin", PASSWORD)) as bmc:
-        for short, name in (("keep", keep), ("light", light)):
-            cluster.add_node(short, driver="redfish", power=redfish_power(bmc, name), boot_s=1.0)
+    with keep_and_light(cluster, tmp_path, boot_s=1.0) as (bmc, keep, light):
         cluster.wait_ready("keep", "light")
         cluster.deployment("big", "10", on="keep")
         cluster.deployment("web", "1", on="light")
