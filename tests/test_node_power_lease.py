@@ -401,9 +401,8 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
-    proxy = TcpProxy(
-        ("127.0.0.1", int(kube.url.rsplit(":", 1)[1]))
-    )  # the elector's way to the API server
+    # The elector's way to the API server.
+    proxy = TcpProxy(("127.0.0.1", int(kube.url.rsplit(":", 1)[1])))
     clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
     configuration = client.Configuration(host=proxy.url)
     configuration.retries = 0
