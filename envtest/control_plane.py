@@ -368,6 +368,9 @@ class ControlPlane:
             raise ControlPlaneError(f"manifests ship no ConfigMap {namespace}/{name}")
         for extender in config.get("extenders") or []:
             extender["urlPrefix"] = self.extender_url
+        # One replica here: with leader election, an API server restarted under a test makes
+        # it lose its Lease and exit (in a cluster its pod would be restarted).
+        config["leaderElection"] = {"leaderElect": False}
         return config
 
     def _default_scheduler_config(self) -> dict[str, Any]:
