@@ -352,8 +352,9 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "--field-manager=envtest", "-f", "-", input=document)
 
     def power_aware_scheduler_config(self) -> dict[str, Any]:
-        """The shipped KubeSchedulerConfiguration, made to run here: our kubeconfig, our
-        extender URL; the rest (profiles, extender verbs, weights, timeouts) as shipped."""
+        """The shipped KubeSchedulerConfiguration, made to run here: our extender URL, one
+        replica (no leader election); the rest (profiles, extender verbs, weights, timeouts)
+        as shipped."""
         namespace, name = SCHEDULER_CONFIG_MAP
         for obj in self.rendered_manifests():
             meta = obj.get("metadata", {})
