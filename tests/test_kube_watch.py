@@ -37,6 +37,7 @@ from extender.state import ClusterState
 from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     RequestLog,
+    add_node,
     component_client,
     force_delete_pods,
     kubeconfig_via,
@@ -253,7 +254,7 @@ def test_bound_pod_adds_assumed_load_until_deleted(
     cluster: Cluster, node_agent: NodeAgent, state: ClusterState, watcher: ClusterWatcher
 ) -> None:
     a = cluster.name("a")
-    node_agent.add_node(a, cpu=8)  # a kubelet stand-in: runs pods, finishes their deletion
+    add_node(node_agent, a, cpu=8)  # a kubelet stand-in: runs pods, finishes their deletion
     watcher.start()
     wait_until(lambda: watcher.healthy, "the watcher to sync")
 
@@ -314,8 +315,8 @@ def test_requested_cpu_per_node_counts_every_running_pod_but_daemon_and_mirror_p
     watcher: ClusterWatcher,
 ) -> None:
     a, b = cluster.name("a"), cluster.name("b")
-    node_agent.add_node(a, cpu=8)
-    node_agent.add_node(b, cpu=8)
+    add_node(node_agent, a, cpu=8)
+    add_node(node_agent, b, cpu=8)
     long_ago = datetime.fromtimestamp(time.time() - 3600, UTC)
     # Bound long ago: no assumed load, but its requests count.
     cluster.create_pod(pod("old", a, cpu="4", scheduled_at=long_ago))
@@ -417,8 +418,8 @@ def test_410_gone_relists(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     a, b = cluster.name("a"), cluster.name("b")
-    node_agent.add_node(a, cpu=8)
-    node_agent.add_node(b, cpu=8)
+    add_node(node_agent, a, cpu=8)
+    add_node(node_agent, b, cpu=8)
     cluster.create_pod(pod("web", a, cpu="1"))
     watcher.start()
     wait_until(lambda: watcher.status()["pods"]["relists_total"] == 1, "the first pod list")
