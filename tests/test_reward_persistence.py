@@ -181,6 +181,18 @@ def test_an_api_outage_at_start_never_overwrites_saved_rewards(kube: Kube) -> No
     assert evidence(third, "shop/Deployment/web", "node-b")[1] == pytest.approx(1.0, rel=1e-3)
 
 
+def test_a_refusal_of_the_api_is_reported_with_the_rbac_to_look_at(kube: Kube) -> None:
+    # An identity without the extender's rights (the energy adapter's): the server's 403.
+    store = ConfigMapStore(component_client(kube.plane, "energy-adapter"), NAMESPACE, CONFIG_MAP)
+    source = RewardSource(RewardSettings(half_life_s=6 * 3600.0), ClusterState(), store=store)
+    assert not source.load()
+    error = source.status()["persistence"]["last_error"]
+    assert f"reading ConfigMap {NAMESPACE}/{CONFIG_MAP}: HTTP 403" in error
+    assert "manifests/extender.yaml" in error and "energy-adapter" in error
+    assert source.save() is None  # never writes what it could not read
+    assert kube.config_map() is None
+
+
 def test_the_pod_watch_feeds_the_plugin_and_a_restart_keeps_what_it_learned(
     kube: Kube, kube_api: client.ApiClient, namespace: str
 ) -> None:
