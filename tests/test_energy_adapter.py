@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -28,11 +29,13 @@ from kubernetes import client
 from controllers import energy_adapter as ea
 from envtest import ControlPlane, NodeAgent
 from livedata.labels import ENERGY_BAND_BY_NAME, ENERGY_LABEL
+from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     RequestLog,
     add_node,
     component_client,
     component_kubeconfig,
+    kubeconfig_via,
     wait_until,
 )
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
@@ -91,6 +94,12 @@ INSTANCES = {
     "node-grid": "10.0.0.5:9100",  # on grid power: no battery series
 }
 OTHER_TAINT = {"key": "dedicated", "value": "edge", "effect": "NoSchedule"}
+# Each node's last reading, evaluated now (long after the backfilled samples), its node name
+# brought along by the query itself (--node-from label).
+LATEST_QUERY = (
+    "last_over_time(node_power_supply_capacity[3650d]) * on (instance) "
+    "group_left (nodename) last_over_time(node_uname_info[3650d])"
+)
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"  # on every new Node until it is seen Ready
 
 
@@ -390,6 +399,85 @@ def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: Kube) -
     assert patches(kube) == []
 
 
+def test_an_unreachable_api_server_fails_passes_and_they_go_on(
+    prometheus: PrometheusServer, kube: Kube
+) -> None:
+    # The API server stops answering (a stall: connections open, no bytes back), then comes
+    # back: every pass in between fails with one line, and the loop keeps going.
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        api = client.CoreV1Api(component_client(kube.plane, ADAPTER, host=proxy.url))
+        settings = ea.AdapterSettings(
+            prometheus_url=prometheus.url,
+            hysteresis_pct=HYSTERESIS_PCT,
+            timeout_s=0.5,
+            interval_s=0.2,
+            query=LATEST_QUERY,
+            node_from="label",
+            node_label="nodename",
+        )
+        adapter = ea.EnergyAdapter(settings, api)
+        proxy.stall()
+        stop = threading.Event()
+        loop = threading.Thread(target=adapter.run_forever, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            registry = adapter.metrics.registry
+            wait_until(
+                lambda: (
+                    (
+                        registry.get_sample_value(
+                            "energy_adapter_passes_total", {"result": "error"}
+                        )
+                        or 0
+                    )
+                    >= 2
+                ),
+                "two failed passes",
+                timeout_s=60,
+            )
+            assert loop.is_alive()
+            assert adapter.last_error is not None and "\n" not in adapter.last_error
+            assert adapter.last_error.startswith("Kubernetes API unreachable")
+            assert not adapter.health()[1]  # not ready
+            assert patches(kube) == []
+            proxy.resume()
+            wait_until(lambda: adapter.last_error is None, "a pass to succeed again", 60)
+            assert labels_of(kube)["node-c"] == "vulnerable"
+        finally:
+            stop.set()
+            proxy.resume()
+            loop.join(timeout=30)
+        assert not loop.is_alive()
+
+
+def test_cli_once_with_the_api_server_unreachable_is_one_line(
+    prometheus: PrometheusServer, kube: Kube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        proxy.refuse()
+        kubeconfig = kubeconfig_via(component_kubeconfig(kube.plane, ADAPTER), proxy.url)
+        code = ea.main(
+            [
+                "--prometheus",
+                prometheus.url,
+                "--query",
+                LATEST_QUERY,
+                "--node-from",
+                "label",
+                "--node-label",
+                "nodename",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--once",
+                "--log-level",
+                "warning",
+            ]
+        )
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert "\n" not in err and err.startswith("error: Kubernetes API unreachable")
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI and health
 
@@ -401,11 +489,7 @@ def test_cli_once_labels_the_nodes(
     # enough and brings the node name along itself (--node-from label), as an operator
     # whose battery series lack a usable instance would configure it.
     kubeconfig = component_kubeconfig(kube.plane, ADAPTER)
-    window = f"{10 * 365}d"
-    query = (
-        f"last_over_time(node_power_supply_capacity[{window}]) * on (instance) "
-        f"group_left (nodename) last_over_time(node_uname_info[{window}])"
-    )
+    query = LATEST_QUERY
     code = ea.main(
         [
             "--prometheus",

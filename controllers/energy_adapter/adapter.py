@@ -22,6 +22,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as ConnectionFailure
 
 from controllers.energy_adapter.metrics import AdapterMetrics
 from controllers.energy_adapter.policy import (
@@ -41,6 +42,10 @@ from livedata.prometheus import CollectError
 
 # One logger name for the whole process (every module of the package), for log filters.
 log = logging.getLogger(__package__)
+# What fails a pass, not the process: Prometheus, an API answer, or no answer at all (the
+# official client raises urllib3's errors, not OSError, when the API server cannot be reached
+# or stops answering within the timeout).
+PASS_ERRORS = (CollectError, ApiException, OSError, ConnectionFailure)
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,7 @@ class EnergyAdapter:
                     result.nodes_with_reading,
                     len(result.changes),
                 )
-            except (CollectError, ApiException, OSError) as error:
+            except PASS_ERRORS as error:
                 self.last_error = one_line_error(error)
                 self.metrics.passes.labels(result="error").inc()
                 log.warning("pass failed, labels left as they are: %s", self.last_error)
@@ -267,4 +272,7 @@ def one_line_error(error: BaseException) -> str:
     """A failed pass's cause on one line, for the log, /readyz and the CLI's error."""
     if isinstance(error, ApiException):
         return f"Kubernetes API: HTTP {error.status} {error.reason}"
+    if isinstance(error, ConnectionFailure):
+        cause = getattr(error, "reason", None) or error
+        return f"Kubernetes API unreachable: {' '.join(str(cause).split())}"
     return " ".join(str(error).split())
