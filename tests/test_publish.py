@@ -41,11 +41,13 @@ from tests.support.bundles import (
     fit_curve_model,
     make_bundle,
 )
+from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     COMPONENT_NAMESPACE,
     RequestLog,
     SentRequest,
     component_kubeconfig,
+    kubeconfig_via,
 )
 from training import publish
 
@@ -534,6 +536,22 @@ def test_a_namespace_the_trainer_may_not_write_is_a_403_naming_its_rbac(
     assert err.count("\n") == 1
     assert "ConfigMap default/power-models-0" in err and "HTTP 403" in err
     assert publish.RBAC_MANIFEST in err and f"serviceaccount:{NAMESPACE}:{TRAINER}" in err
+
+
+def test_an_unreachable_api_server_is_one_clear_line(
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        proxy.refuse()  # every connection reset: no answer at all
+        kubeconfig = kubeconfig_via(trainer_kubeconfig, proxy.url)
+        code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
+
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert f"writing ConfigMap {NAMESPACE}/{NAME}-0: Kubernetes API unreachable" in err
+    assert kube.configmaps() == {}
 
 
 def test_a_missing_kubeconfig_is_one_clear_line(

@@ -28,7 +28,8 @@ from livedata.collect_config import load_collect_config
 from livedata.instant import read_instant
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import FakeHost, serve, wait_until
-from tests.support.kube_api import component_kubeconfig
+from tests.support.fault_proxy import FaultProxy
+from tests.support.kube_api import component_kubeconfig, kubeconfig_via
 from tests.support.prometheus import start_prometheus
 from tests.support.server import REPO_ROOT, extender_service
 
@@ -250,22 +251,36 @@ def test_from_a_live_cluster_nodes_from_the_api_telemetry_from_prometheus(
 
 
 @pytest.mark.prometheus
-def test_from_a_live_cluster_a_refusal_of_the_api_is_one_line(
+def test_from_a_live_cluster_a_refusal_or_no_answer_of_the_api_is_one_line(
     tmp_path: Path, control_plane: ControlPlane
 ) -> None:
-    # An identity that may not list nodes (the model trainer's): the server's 403, in words.
+    # An identity that may not list nodes (the model trainer's): the server's 403, in words;
+    # and no answer at all (a proxy resetting every connection): unreachable, in words.
     kubeconfig = component_kubeconfig(control_plane, "power-model-trainer")
-    with start_prometheus(tmp_path) as prometheus:
-        done = write_snapshot_cli(
-            "--prometheus",
-            prometheus.url,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--out",
-            str(tmp_path / "c.json"),
-        )
-    assert done.returncode == 2
-    assert "Traceback" not in done.stderr
-    (line,) = done.stderr.strip().splitlines()
-    assert "listing nodes: HTTP 403" in line and "cannot list resource" in line
+    extender = component_kubeconfig(control_plane, "power-extender")
+    with (
+        start_prometheus(tmp_path) as prometheus,
+        FaultProxy("127.0.0.1", control_plane.apiserver_port) as proxy,
+    ):
+        proxy.refuse()
+        runs = [
+            write_snapshot_cli(
+                "--prometheus",
+                prometheus.url,
+                "--kubeconfig",
+                str(config),
+                "--out",
+                str(tmp_path / "c.json"),
+            )
+            for config in (kubeconfig, kubeconfig_via(extender, proxy.url))
+        ]
+    expected = [
+        ("listing nodes: HTTP 403", "cannot list resource"),
+        ("listing nodes: Kubernetes API unreachable", "Connection reset by peer"),
+    ]
+    for done, words in zip(runs, expected, strict=True):
+        assert done.returncode == 2
+        assert "Traceback" not in done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert all(w in line for w in words), line
     assert not (tmp_path / "c.json").exists()

@@ -37,6 +37,7 @@ from controllers.energy_adapter.policy import (
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY, BatteryReadings, read_batteries
 from livedata.collect_config import CollectConfig
+from livedata.kube_client import describe_unreachable
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL, POWERLESS
 from livedata.prometheus import CollectError
 
@@ -273,6 +274,5 @@ def one_line_error(error: BaseException) -> str:
     if isinstance(error, ApiException):
         return f"Kubernetes API: HTTP {error.status} {error.reason}"
     if isinstance(error, ConnectionFailure):
-        cause = getattr(error, "reason", None) or error
-        return f"Kubernetes API unreachable: {' '.join(str(cause).split())}"
+        return describe_unreachable(error)
     return " ".join(str(error).split())

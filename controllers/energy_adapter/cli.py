@@ -30,7 +30,12 @@ from controllers.energy_adapter.policy import (
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
 from livedata.collect_config import CollectConfigError, parse_duration_s
-from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
+from livedata.kube_client import (
+    KubeConfigError,
+    add_kube_arguments,
+    kube_api_client,
+    quiet_client_retries,
+)
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL
 from livedata.logs import LOG_FORMATS, configure_logging
 
@@ -147,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the adapter; exit status 0, 1 (`--once` pass failed) or 2 (bad flags or kubeconfig)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
-    # A failed pass says in one line what failed; the client's per-retry warnings would only
-    # repeat it, three times over.
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    quiet_client_retries()  # a failed pass says in one line what failed
     try:
         settings = settings_from_args(args)
         api_client = kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
