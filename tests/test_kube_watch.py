@@ -61,7 +61,8 @@ def pod(
     cpu: str = "500m",
     scheduled_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """A pod body; `scheduled_at` is status, which the server takes only through `create_pod`."""
+    """A pod body, no scheduler's; `scheduled_at` goes in its status (`Cluster.create_pod`
+    writes that through the status subresource: the server drops status on create)."""
     body: dict[str, Any] = {
         "metadata": {"name": name},
         "spec": {
@@ -118,8 +119,8 @@ class Cluster:
         return name
 
     def create_pod(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create, then write the status (the server ignores status on create, as kubelet
-        and scheduler write it later through the status subresource)."""
+        """Create, then write the body's status, as a scheduler or kubelet would (the server
+        drops status on create)."""
         status = body.pop("status", None)
         wait_until(self._default_service_account, "the namespace's default ServiceAccount")
         self.core.create_namespaced_pod(self.namespace, body)
