@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint models clean
+.PHONY: run test e2e lint models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: $(STAMP)
 	scripts/ensure-kube-assets
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest
+
+# The end-to-end scenarios alone, on the real control plane (KUBEBUILDER_ASSETS names other
+# binaries: a directory with etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl).
+e2e: $(STAMP)
+	scripts/ensure-prometheus
+	scripts/ensure-kube-assets
+	$(BIN)/python -m pytest tests/e2e tests/test_envtest.py
 
 # Rebuild the shipped default bundle (models/default) from a synthetic 12-node fleet.
 models: $(STAMP)

@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WEIGHT",
         type=int,
         default=None,
-        help="extender weight in KubeSchedulerConfiguration (manifests/scheduler.yaml uses 5; "
+        help="extender weight in KubeSchedulerConfiguration (manifests/base/scheduler.yaml uses 5; "
         f"default {d.extender_weight})",
     )
     sim.add_argument(

@@ -1,17 +1,28 @@
-"""The controllers' probes and metrics over HTTP: /healthz, /readyz, /metrics, and JSON pages.
+"""The controllers' life as a pod: probes and metrics over HTTP, and stopping on a signal.
 
-A small standard-library server in a daemon thread (the controllers have no web framework):
-the kubelet's probes, Prometheus's scrape and an operator's curl are its only callers. Each
-controller hands it its `health()` (alive, ready, details), its metrics registry and any JSON
-pages of its own (the node power controller's /status).
+Probes: a small standard-library server in a daemon thread (the controllers have no web
+framework) for /healthz, /readyz, /metrics and JSON pages: the kubelet's probes,
+Prometheus's scrape and an operator's curl are its only callers. Each controller hands it its
+`health()` (alive, ready, details), its metrics registry and any JSON pages of its own (the node
+power controller's /status).
+
+Stopping (`stop_on_signals`): the kubelet stops a pod with SIGTERM and waits its grace period;
+a developer presses Ctrl-C. Either sets the controller's stop event, so its loop ends where it
+would wait next, it stops acting and releases what it holds (the node power controller's
+Lease), and the process exits 0 with no traceback. A second signal while stopping ends the
+process at once with status 1, as client-go's `SetupSignalHandler` does, for a stop that hangs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -75,3 +86,38 @@ def serve_probes(
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+# ---- stopping on SIGTERM and Ctrl-C ----------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Which stop signal arrived (None until one does)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.received: str | None = None
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is not None:
+            os.write(2, b"second stop signal: exiting at once\n")
+            os._exit(1)
+        self.received = signal.Signals(signum).name
+        # Not `stop.set()` here: the handler runs on the main thread between two bytecodes, and
+        # that thread may be inside `stop.wait()` holding the event's (non-reentrant) lock.
+        threading.Thread(target=self.stop.set, name="stop-signal", daemon=True).start()
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[StopSignals]:
+    """Within the block, SIGTERM and SIGINT set `stop` instead of killing the process or
+    raising KeyboardInterrupt; the previous handlers come back after it."""
+    signals = StopSignals(stop)
+    previous = {sig: signal.signal(sig, signals.handle) for sig in STOP_SIGNALS}
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

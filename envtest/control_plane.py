@@ -90,6 +90,7 @@ class Component:
     argv: list[str]
     log: Path
     ready: Callable[[], bool]
+    port: int | None = None  # its secure (https) port, where it has one: /healthz, /metrics
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -196,6 +197,7 @@ class ControlPlane:
         scheduler_verbosity: int = 2,
         default_scheduler: bool = True,
         power_aware_scheduler: bool = True,
+        controllers: str = "*",
         assets: Assets | None = None,
     ) -> None:
         self.assets = assets or find_assets()
@@ -211,6 +213,7 @@ class ControlPlane:
         self.scheduler_verbosity = scheduler_verbosity
         self.default_scheduler = default_scheduler
         self.power_aware_scheduler = power_aware_scheduler
+        self.controllers = controllers  # kube-controller-manager's --controllers
         self.etcd_port = free_port()
         self.apiserver_port = free_port()
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
@@ -252,11 +255,13 @@ class ControlPlane:
         self.apply_bootstrap_objects()
         self._add(self._controller_manager()).start()
         if self.default_scheduler:
-            self._add(self._scheduler("default-scheduler", self._default_scheduler_config()))
-            self.components["default-scheduler"].start()
+            self.start_scheduler("default-scheduler", self._default_scheduler_config())
         if self.power_aware_scheduler:
-            config = self.power_aware_scheduler_config()
-            self._add(self._scheduler("power-aware-scheduler", config)).start()
+            # Runs as the ServiceAccount the manifests give it: their RBAC is what it gets.
+            account = self.service_account_kubeconfig(NAMESPACE, "power-aware-scheduler")
+            self.start_scheduler(
+                "power-aware-scheduler", self.power_aware_scheduler_config(), kubeconfig=account
+            )
         self._wait_for_default_service_account()
 
     def stop(self) -> None:
@@ -447,7 +452,7 @@ class ControlPlane:
                 f"--cluster-signing-cert-file={self.pki.ca_cert}",
                 f"--cluster-signing-key-file={self.pki.ca_key}",
                 "--leader-elect=false",
-                "--controllers=*",
+                f"--controllers={self.controllers}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.run_dir / 'kcm-certs'}",
@@ -456,23 +461,32 @@ class ControlPlane:
             ],
             self.run_dir / "kube-controller-manager.log",
             lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", insecure),
+            port,
         )
 
-    def _scheduler(self, name: str, config: dict[str, Any]) -> Component:
-        port = free_port()
-        if name == "power-aware-scheduler":
-            # Runs as the ServiceAccount the manifests give it: their RBAC is what it gets.
-            kubeconfig = self.service_account_kubeconfig(NAMESPACE, "power-aware-scheduler")
-        else:
-            kubeconfig = self.kubeconfig
-        config = dict(config)
-        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    def start_scheduler(
+        self,
+        name: str,
+        config: dict[str, Any],
+        *,
+        kubeconfig: Path | None = None,
+        verbosity: int | None = None,
+    ) -> Component:
+        """Start a kube-scheduler from a KubeSchedulerConfiguration (its clientConnection set
+        here), as `kubeconfig`'s identity (admin by default); a stopped one of the same name
+        is replaced."""
+        if name in self.components:
+            self.components[name].stop()
+        kubeconfig = kubeconfig or self.kubeconfig
+        config = {**config, "clientConnection": {**config.get("clientConnection", {})}}
+        config["clientConnection"]["kubeconfig"] = str(kubeconfig)
         config_path = self.run_dir / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(config))
+        port = free_port()
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        return Component(
+        component = Component(
             name,
             [
                 str(self.assets.binary("kube-scheduler")),
@@ -482,11 +496,23 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.run_dir / (name + '-certs')}",
-                f"-v={self.scheduler_verbosity}",
+                f"-v={self.scheduler_verbosity if verbosity is None else verbosity}",
             ],
             self.run_dir / f"{name}.log",
             lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", insecure),
+            port,
         )
+        self._add(component).start()
+        return component
+
+    def admin_tls(self) -> ssl.SSLContext:
+        """A TLS context presenting the admin client certificate (a component's /metrics)."""
+        assert self.pki is not None
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # components serve self-signed certificates
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
 
     def scheduler_log(self, name: str = "power-aware-scheduler") -> Path:
         return self.components[name].log

@@ -24,6 +24,7 @@ turns Ready. Everything runs on two threads (heartbeats, pod watch) of the calli
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import threading
 import time
@@ -42,6 +43,9 @@ KUBELET_VERSION = "v1.36.2"
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40  # the kubelet's default nodeLeaseDurationSeconds
 FAIL_MODES = ("crash-loop", "oom-killed", "never-ready")
+# Addresses as a cluster's would look; never routed anywhere (nothing listens on them).
+NODE_CIDR_START = ipaddress.ip_address("10.0.0.1")
+POD_CIDR_START = ipaddress.ip_address("10.244.0.1")
 
 
 def _now() -> datetime:
@@ -96,6 +100,8 @@ class NodeAgent:
         self.power_of = power_of
         self.heartbeat_s = heartbeat_s
         self._nodes: dict[str, _Node] = {}
+        self._registered = 0  # nodes ever added: each gets its own addresses
+        self._pods_started = 0  # pods ever run: each gets its own IP
         self._failures: list[_Failure] = []
         self._pods: dict[str, Any] = {}  # uid -> pod, pods bound to our nodes
         self._lock = threading.RLock()
@@ -120,8 +126,8 @@ class NodeAgent:
     ) -> None:
         """Register a Node (as a kubelet does at start) and keep it alive from now on."""
         with self._lock:
-            index = len(self._nodes) + 1
-            self._nodes[name] = _Node(name, index, boot_s)
+            self._registered += 1
+            index = self._registered
         resources = {"cpu": str(cpu), "memory": memory, "pods": str(pods)}
         now = _stamp()
         body = {
@@ -142,7 +148,7 @@ class NodeAgent:
                 "capacity": resources,
                 "allocatable": resources,
                 "addresses": [
-                    {"type": "InternalIP", "address": f"10.0.{index // 250}.{index % 250 + 1}"},
+                    {"type": "InternalIP", "address": self._node_ip(index)},
                     {"type": "Hostname", "address": name},
                 ],
                 "conditions": [self._ready_condition(True, now, now)],
@@ -162,6 +168,8 @@ class NodeAgent:
         }
         self.core.create_node(body)
         self._renew_lease(name)
+        with self._lock:  # only now: the heartbeat thread must not race the registration
+            self._nodes[name] = _Node(name, index, boot_s)
         self._wake.set()
 
     def remove_node(self, name: str) -> None:
@@ -278,7 +286,12 @@ class NodeAgent:
                 "metadata": {"name": name, "ownerReferences": [owner]},
                 "spec": spec,
             }
-            self.coordination.create_namespaced_lease(LEASE_NAMESPACE, body)
+            try:
+                self.coordination.create_namespaced_lease(LEASE_NAMESPACE, body)
+            except ApiException as conflict:
+                if conflict.status != 409:  # made meanwhile: renew it
+                    raise
+                self.coordination.patch_namespaced_lease(name, LEASE_NAMESPACE, {"spec": spec})
 
     def _ensure_ready(self, name: str) -> None:
         node = self.core.read_node_status(name)
@@ -397,7 +410,8 @@ class NodeAgent:
             node = self._nodes[pod.spec.node_name]
             ip = node.pod_ips.get(pod.metadata.uid)
             if ip is None:
-                ip = f"10.244.{node.index}.{len(node.pod_ips) + 2}"
+                self._pods_started += 1
+                ip = str(POD_CIDR_START + self._pods_started)
                 node.pod_ips[pod.metadata.uid] = ip
             return ip
 
@@ -432,16 +446,19 @@ class NodeAgent:
                 for container in pod.spec.containers
             ],
         }
-        self.core.patch_namespaced_pod_status(
+        running = self.core.patch_namespaced_pod_status(
             pod.metadata.name, pod.metadata.namespace, {"status": status}
         )
-        if failure is not None:
-            self._fail(pod, failure.mode)
+        if failure is not None:  # from the statuses just written: a container ran, then failed
+            self._fail(running, failure.mode)
 
     def _host_ip(self, node_name: str) -> str:
         with self._lock:
-            index = self._nodes[node_name].index
-        return f"10.0.{index // 250}.{index % 250 + 1}"
+            return self._node_ip(self._nodes[node_name].index)
+
+    @staticmethod
+    def _node_ip(index: int) -> str:
+        return str(NODE_CIDR_START + index)
 
     def _fail(self, pod: Any, mode: str) -> None:
         """Write the status a kubelet writes for a failing container (once per change)."""

@@ -4,7 +4,8 @@ With no flags: the shipped bundle (``models/default``) on the built-in demo clus
 http://127.0.0.1:8888. ``--help`` lists every flag. Startup logs one line per step (config,
 cluster, bundle, background threads, listening) and a curl line to paste. Bad input (a
 missing bundle, an unreadable snapshot, conflicting flags) ends with a one-line error and
-exit status 2, no traceback.
+exit status 2, no traceback. Ctrl-C (SIGINT) or SIGTERM, while starting or serving, stops it
+with one ``stopped`` log line naming the signal and exit status 0.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import gc
 import logging
 import shlex
+import signal
 import socket
 import ssl
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 import orjson
 import uvicorn
@@ -39,8 +42,19 @@ BUNDLE_HINT = (
 )
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class StartupError(Exception):
     """A one-line reason the service cannot start."""
+
+
+class StopSignal(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM arrived: stop. ``args[0]`` is the signal's name."""
+
+
+def _raise_stop_signal(signum: int, _frame: FrameType | None) -> None:
+    raise StopSignal(signal.Signals(signum).name)
 
 
 def example_curl(
@@ -168,13 +182,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m extender: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
+    # Both signals raise StopSignal while starting (a bundle may take a while to load). While
+    # serving, uvicorn handles them itself (finish the open requests, run the app's shutdown)
+    # and, once done, signals the process again with the handler it found: this one, so the
+    # stop ends here rather than in a KeyboardInterrupt traceback or a death by SIGTERM.
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, _raise_stop_signal)
     try:
-        tls = tls_context(config)
-        runtime = prepare(config)
-        sock = bind_socket(config)
+        serve(config)
     except StartupError as exc:
         print(f"python -m extender: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except StopSignal as stop:
+        log.info("stopped", extra={"signal": stop.args[0]})
+    else:
+        log.info("stopped")
+    finally:
+        # Stopped already: a further Ctrl-C while the interpreter exits changes nothing.
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, signal.SIG_IGN)
+    return 0
+
+
+def serve(config: ExtenderConfig) -> None:
+    """Load, listen and serve until uvicorn stops; StartupError on bad input."""
+    tls = tls_context(config)
+    runtime = prepare(config)
+    sock = bind_socket(config)
+    try:
+        _serve_on(config, runtime, sock, tls)
+    finally:
+        runtime.stop()
+        sock.close()
+
+
+def _serve_on(
+    config: ExtenderConfig, runtime: Runtime, sock: socket.socket, tls: ssl.SSLContext | None
+) -> None:
     port = sock.getsockname()[1]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"{config.scheme}://{host}:{port}"
@@ -211,13 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mutual_tls": bool(config.tls_client_ca),
         },
     )
-    try:
-        server.run(sockets=[sock])
-    finally:
-        runtime.stop()
-        sock.close()
-        log.info("stopped")
-    return 0
+    server.run(sockets=[sock])
 
 
 if __name__ == "__main__":

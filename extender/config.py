@@ -279,8 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
         '32, "labels": {"energy-status": "vulnerable"}, "annotations": '
         '{"power-aware-scheduler/max-power-w": "450"}, "telemetry": {"cpu_util": 0.35, '
         '"ambient_temp_c": 23, "cpu1_temp_c": 51, "cpu2_temp_c": 49.5}}]}; labels, '
-        "annotations and telemetry are optional (no telemetry: scored lowest on power). "
-        "Write one from a metrics table or a live cluster with python -m "
+        "annotations and telemetry are optional (no telemetry: scored lowest on power); "
+        "telemetry needs cpu_util, ambient_temp_c and cpu1_temp_c (null for a missing reading) "
+        "and may add cpu2_temp_c (one-socket nodes leave it out) and power_w. Write one "
+        "from a metrics table or a live cluster with python -m "
         "extender.sources.snapshot",
     )
     cluster.add_argument(

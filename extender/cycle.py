@@ -54,6 +54,8 @@ class CandidateState:
     allocatable: np.ndarray
     observed_at_s: np.ndarray
     has_telemetry: np.ndarray
+    # a reading without a usable cpu_util (absent, null, negative): no telemetry, but not stale
+    util_missing: np.ndarray
     u: np.ndarray
     a: np.ndarray
     curve_idx: np.ndarray
@@ -133,6 +135,7 @@ def _candidate_state(
                 float(fresh_at_s.min()) + telemetry_ttl_s if fresh_at_s.size else math.inf
             )
         u = np.where(has_telemetry, np.minimum(util, 1.0), np.nan)
+        util_missing = known & (observed_at_s > -np.inf) & ~(util >= 0)
         a = assumed_cores / allocatable
 
     # Only nodes in the view can have telemetry, so their curve rows are all that matter.
@@ -152,6 +155,7 @@ def _candidate_state(
         allocatable=allocatable,
         observed_at_s=observed_at_s,
         has_telemetry=_frozen(has_telemetry),
+        util_missing=_frozen(util_missing),
         u=_frozen(u),
         a=_frozen(a),
         curve_idx=curve_idx,

@@ -15,7 +15,7 @@ fleet, never the traffic): predicted and measured power and the serving model's 
 ``node_metrics`` (the energy level...), and the decisions taken about the node
 (``DecisionCounters``: how often it was scored and with what score, how often it had the top
 score, how often a filter failed it). ``docs/operations.md`` lists them with the Grafana
-dashboard built on them (``manifests/dashboards/``).
+dashboard built on them (``manifests/base/dashboards/``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from extender.accuracy import FLEET_FALLBACK_MEANS, bundle_accuracy, model_metric
 from extender.config import ExtenderConfig
 from extender.metrics import NodeSample, ServiceMetrics, StateSample
 from extender.plugins.base import LiveSource, SourceContext
@@ -446,6 +447,7 @@ class Runtime:
                 "features": list(b.features),
                 "node_models": len(b.nodes),
                 "fallback": b.fallback is not None,
+                "accuracy": bundle_accuracy(b),
             }
             skipped: dict[str, int] = {}
             for reason in model.curves.skipped.values():
@@ -463,6 +465,7 @@ class Runtime:
                     "names": fallback_names[:MAX_NODES_LISTED],
                     "heldout_mape_pct": _fallback_metric(model, "mape_pct"),
                     "heldout_mae_w": _fallback_metric(model, "mae_w"),
+                    "heldout_means": FLEET_FALLBACK_MEANS if b.fallback is not None else None,
                     # Each fallback curve scaled by the node's CPU count, or why not.
                     "core_scaling": model.curves.fallback_scaling.summary(),
                 },
@@ -519,11 +522,7 @@ class Runtime:
 def _fallback_metric(model: ModelState | None, name: str) -> float | None:
     """A held-out figure of the bundle's fleet fallback model (manifest `metrics`), if any."""
     fallback = model.predictor.bundle.fallback if model is not None else None
-    metrics = fallback.info.get("metrics") if fallback is not None else None
-    value = metrics.get(name) if isinstance(metrics, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return None if fallback is None else model_metric(fallback, name)
 
 
 def _fallback_error_text(model: ModelState) -> str:

@@ -28,6 +28,7 @@ from extender.cycle import Cycle, candidate_state, resolve_candidates
 from extender.plugins.base import MAX_POINTS, finite_or_none
 from extender.profile import DEFAULT_PROFILE, Profile
 from extender.state import ClusterView, NodeInfo
+from livedata.metrics_table import CPU_UTIL
 
 if TYPE_CHECKING:
     from predictor.curves import CurveTable
@@ -194,6 +195,8 @@ class Assessment:
         if not self.known[i]:
             return "unknown node: scored 0"
         if not self.has_telemetry[i]:
+            if self.cycle.nodes.util_missing[i]:
+                return f"telemetry has no {CPU_UTIL}: lowest power score"
             age_s = self.telemetry_age_s[i]
             if math.isfinite(age_s):
                 return f"telemetry stale ({age_s:.0f} s old): lowest power score"

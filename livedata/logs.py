@@ -110,8 +110,12 @@ def configure_logging(level: str = "info", log_format: str = "json") -> None:
     root.setLevel(level.upper())
     # uvicorn's access log would write one INFO line per request; our own request log is
     # at DEBUG and carries the timing, so keep uvicorn's quiet unless debugging.
-    access_level = logging.DEBUG if level.lower() == "debug" else logging.WARNING
-    logging.getLogger("uvicorn.access").setLevel(access_level)
+    quiet_level = logging.DEBUG if level.lower() == "debug" else logging.WARNING
+    logging.getLogger("uvicorn.access").setLevel(quiet_level)
+    # uvicorn's lifecycle lines ("Started server process", "Application startup complete",
+    # "Shutting down", ...) repeat the service's own "listening" and "stopped" lines; its
+    # warnings and errors (a malformed request, an exception in the app) still come through.
+    logging.getLogger("uvicorn.error").setLevel(quiet_level)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True

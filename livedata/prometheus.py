@@ -10,6 +10,7 @@ Unix seconds and values, parsed in C (a 1,000-node chunk has millions of points)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +27,27 @@ from livedata.collect_config import CollectConfig
 
 class CollectError(RuntimeError):
     """Prometheus could not be read; the message names the URL, the query and the problem."""
+
+
+class _ReaderRetry(Retry):
+    """The reader's retry policy, a class of its own so that urllib3's notices of its retries
+    can be told apart from those of other clients in the process (the Kubernetes client's)."""
+
+
+class _DropReaderRetryNotices(logging.Filter):
+    """Drops urllib3's "Retrying (...) after connection broken" warning for a reader's request.
+
+    Each retry of an unreachable Prometheus printed one (four before the one error of
+    ``training.fit``); the reader's `CollectError` names the URL, the query and the final cause,
+    which is all a person needs. Other clients' retry notices pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and args and isinstance(args[0], _ReaderRetry))
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_DropReaderRetryNotices())
 
 
 @dataclass(frozen=True)
@@ -110,7 +132,7 @@ class PrometheusReader:
         self._last_response: requests.Response | None = None
         session = requests.Session()
         session.hooks["response"].append(self._remember)
-        retry = Retry(
+        retry = _ReaderRetry(
             total=config.retries,
             connect=config.retries,
             read=False,  # a server too slow once is too slow twice: keep the total time bounded

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,13 +91,14 @@ def sha256_hex(data: bytes) -> str:
 def read_bundle(directory: Path) -> Bundle:
     """Read and validate the bundle in ``directory``: manifest, features, files, sha256."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise BundleError(f"{directory}: bundle directory does not exist or is not a directory")
+    problem = directory_problem(directory)
+    if problem is not None:
+        raise BundleError(problem)
     manifest_path = directory / MANIFEST_NAME
     try:
         text = manifest_path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise BundleError(f"{manifest_path}: manifest missing") from None
+        raise BundleError(_manifest_missing(directory)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BundleError(f"{manifest_path}: cannot read manifest: {exc}") from None
     try:
@@ -148,6 +150,53 @@ def read_bundle(directory: Path) -> Bundle:
         fallback=fallback,
         manifest=manifest,
     )
+
+
+def directory_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot be a bundle directory, said for what is there; None for a
+    directory. A file, the manifest itself, a dangling link and nothing at all each get their
+    own reason: "missing" for a path that exists sends a person looking in the wrong place."""
+    try:
+        mode = directory.stat().st_mode
+    except FileNotFoundError:
+        if directory.is_symlink():
+            target = os.readlink(directory)
+            return (
+                f"{directory}: bundle directory is missing (a symbolic link to {target}, "
+                "which does not exist)"
+            )
+        return f"{directory}: bundle directory is missing"
+    except OSError as exc:
+        return f"{directory}: cannot look at the bundle directory: {exc.strerror}"
+    if stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISREG(mode) and directory.name == MANIFEST_NAME:
+        return (
+            f"{directory}: is the bundle's manifest, not its directory: give the directory "
+            f"that holds it, {directory.parent}"
+        )
+    kind = "a file" if stat.S_ISREG(mode) else "not a regular file"
+    return f"{directory}: is {kind}, not a bundle directory"
+
+
+def _manifest_missing(directory: Path) -> str:
+    """The reason for a directory without a manifest: empty, a bundle one level down, or other."""
+    manifest_path = directory / MANIFEST_NAME
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return f"{manifest_path}: manifest missing"
+    if not entries:
+        return f"{directory}: the directory is empty, not a bundle"
+    below = [entry for entry in entries if (entry / MANIFEST_NAME).is_file()]
+    if below:
+        others = f" (also {', '.join(e.name for e in below[1:4])})" if len(below) > 1 else ""
+        return (
+            f"{manifest_path}: manifest missing: the bundle is one level down, in {below[0]}"
+            f"{others}"
+        )
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    return f"{manifest_path}: manifest missing: {directory} has {count}, none of them a bundle"
 
 
 def read_model_bytes(bundle: Bundle, entry: ModelEntry, *, node: str = "") -> bytes:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictor.bundle import MANIFEST_NAME, BundleError
+from predictor.bundle import MANIFEST_NAME, BundleError, directory_problem
 from predictor.curves import CurveBuilder, CurveTable
 from predictor.model import Predictor
 from predictor.validation import ProbeGrid, load_validated
@@ -183,7 +183,7 @@ class BundleWatcher:
         predictor: Predictor | None = None
         version: str | None = None
         if identity[0] == "missing" or not source.is_dir():
-            error = f"{source}: bundle directory is missing"
+            error = directory_problem(source) or f"{source}: bundle directory is missing"
         else:
             try:
                 predictor = self._loader(source)

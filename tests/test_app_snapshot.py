@@ -18,8 +18,15 @@ def write(tmp_path: Path, document: object, name: str = "cluster.json") -> Path:
     return path
 
 
+TELEMETRY = {"cpu_util": 0.35, "ambient_temp_c": 23.0, "cpu1_temp_c": 51.0}
+
+
 def node(**fields: object) -> dict[str, object]:
     return {"name": "node-a", "allocatable_cpu": 8, **fields}
+
+
+def without(mapping: dict[str, float], key: str) -> dict[str, float]:
+    return {k: v for k, v in mapping.items() if k != key}
 
 
 def test_contract_example_loads_into_the_state(tmp_path: Path) -> None:
@@ -52,6 +59,22 @@ def test_contract_example_loads_into_the_state(tmp_path: Path) -> None:
         ({"nodes": [node(labels={"energy-status": 3})]}, '"labels"'),
         ({"nodes": [node(gpu=1)]}, "unknown field(s) ['gpu']"),
         ({"nodes": [node(name="")]}, '"name" must be a non-empty string'),
+        (
+            {"nodes": [node(telemetry={**TELEMETRY, "cpu_utl": 0.3})]},
+            '"telemetry.cpu_utl" is not a telemetry key (did you mean "cpu_util"?)',
+        ),
+        (
+            {"nodes": [node(telemetry={**TELEMETRY, "gpu_util": 0.3})]},
+            "cpu_util, ambient_temp_c, cpu1_temp_c, cpu2_temp_c, power_w",
+        ),
+        (
+            {"nodes": [node(telemetry=without(TELEMETRY, "ambient_temp_c"))]},
+            '"telemetry.ambient_temp_c" is missing',
+        ),
+        (
+            {"nodes": [node(telemetry=without(TELEMETRY, "cpu_util"))]},
+            '"telemetry.cpu_util" is missing',
+        ),
     ],
 )
 def test_errors_name_the_file_node_and_field(tmp_path: Path, document, message) -> None:
@@ -84,3 +107,18 @@ def test_demo_cluster_has_the_shipped_nodes_and_every_energy_level() -> None:
     assert len({n.info.allocatable_cpu for n in nodes}) >= 5
     assert all(0 <= n.telemetry["cpu_util"] <= 1 for n in nodes)
     assert any("cpu2_temp_c" not in n.telemetry for n in nodes)  # one-socket nodes
+
+
+@pytest.mark.parametrize(
+    "telemetry",
+    [
+        TELEMETRY,  # a one-socket node: the bundle fills cpu2_temp_c from cpu1_temp_c
+        {**TELEMETRY, "cpu2_temp_c": 49.5, "power_w": 210.0},
+        {**TELEMETRY, "ambient_temp_c": None},  # a reading missing, said on purpose
+        {},  # no telemetry, as when the key is absent
+    ],
+    ids=["one-socket", "all-keys", "explicit-null", "empty"],
+)
+def test_telemetry_that_is_accepted(tmp_path: Path, telemetry: dict[str, float | None]) -> None:
+    (read,) = read_snapshot(write(tmp_path, {"nodes": [node(telemetry=telemetry)]}))
+    assert read.telemetry == {k: v for k, v in telemetry.items() if v is not None}

@@ -165,3 +165,58 @@ def test_live_readiness_follows_telemetry_freshness(bundle) -> None:
         notes = {row["node"]: row["note"] for row in explain["nodes"]}
         assert "stale" in notes["node-b"]
         assert notes["node-a"] == ""
+
+
+def test_status_says_what_each_accuracy_figure_is(tmp_path: Path, snapshot: Path) -> None:
+    own = {"mape_pct": 1.5, "mae_w": 3.0}
+    curves = {
+        "node-a": PowerCurveSpec(100.0, 300.0, info={"metrics": own}),
+        "node-b": PowerCurveSpec(90.0, 350.0, info={"metrics": {"mape_pct": 4.5, "mae_w": 9.0}}),
+        "node-s": PowerCurveSpec(
+            95.0,
+            320.0,
+            info={
+                "metrics": {"mape_pct": 12.0, "mae_w": 20.0},
+                "scaled_fallback": {"reason": "a load that never moved", "idle_w": 95.0},
+            },
+        ),
+    }
+    fleet_metrics = {"mape_pct": 33.2, "mae_w": 35.6, "p95_abs_err_w": 107.5}
+    fleet = PowerCurveSpec(80.0, 250.0, info={"metrics": fleet_metrics, "rows_test": 5000})
+    window = {"start": "2026-01-05T00:00:00Z", "end": "2026-01-11T23:59:00Z"}
+    made = make_bundle(
+        tmp_path / "bundle",
+        curves,
+        fallback=fleet,
+        extra={"training_window": window, "training": {"test_fraction": 0.2}},
+    )
+    with (
+        extender_service(made.directory, snapshot) as (url, _runtime),
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
+        status = client.get("/status").json()
+    assert status["bundle_version"] == made.version  # the contract's key stays
+    assert status["curves"]["fallback"]["heldout_mape_pct"] == 33.2  # so does this one
+
+    accuracy = status["bundle"]["accuracy"]
+    assert accuracy["held_out_rows"] == (
+        "the newest 20 % of each node's rows in the training window 2026-01-05T00:00:00Z .. "
+        "2026-01-11T23:59:00Z, which no model was fitted on"
+    )
+    fleet_figures = accuracy["fleet_fallback"]
+    assert {k: fleet_figures[k] for k in fleet_metrics} == fleet_metrics
+    assert fleet_figures["rows"] == 5000
+    means = fleet_figures["means"]
+    assert "every node that has no model of its own" in means
+    assert "not the error of the per-node models" in means
+    assert status["curves"]["fallback"]["heldout_means"] == means  # said where the figure is
+
+    own_figures = accuracy["own_models"]
+    assert own_figures["nodes"] == 2  # node-s is a scaled fallback, not a model of its own
+    assert own_figures["mape_pct"] == {"median": 3.0, "max": 4.5, "max_node": "node-b"}
+    assert own_figures["mae_w"] == {"median": 6.0, "max": 9.0, "max_node": "node-b"}
+    assert "its own held-out rows" in own_figures["means"]
+    scaled = accuracy["scaled_fallbacks"]
+    assert scaled["nodes"] == 1
+    assert scaled["mape_pct"] == {"median": 12.0, "max": 12.0, "max_node": "node-s"}
+    assert "scaled to the power the node was measured at" in scaled["means"]

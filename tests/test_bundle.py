@@ -124,8 +124,53 @@ def test_odd_node_names_get_safe_file_names(tmp_path: Path) -> None:
 
 
 def test_missing_directory(tmp_path: Path) -> None:
-    with pytest.raises(BundleError, match=r"nowhere: bundle directory does not exist"):
+    with pytest.raises(BundleError, match=r"nowhere: bundle directory is missing$"):
         read_bundle(tmp_path / "nowhere")
+
+
+# Paths a person gives by mistake: each gets its own reason, not "missing".
+def _a_file(tmp: Path, bundle: Path) -> Path:
+    (tmp / "README.md").write_text("# not a bundle\n")
+    return tmp / "README.md"
+
+
+def _an_empty_directory(tmp: Path, bundle: Path) -> Path:
+    (tmp / "empty").mkdir()
+    return tmp / "empty"
+
+
+def _a_dangling_link(tmp: Path, bundle: Path) -> Path:
+    (tmp / "link").symlink_to(tmp / "gone")
+    return tmp / "link"
+
+
+def _a_directory_of_other_files(tmp: Path, bundle: Path) -> Path:
+    (tmp / "notes").mkdir()
+    (tmp / "notes" / "a.txt").write_text("x")
+    return tmp / "notes"
+
+
+@pytest.mark.parametrize(
+    ("make_path", "reason"),
+    [
+        (_a_file, "README.md: is a file, not a bundle directory"),
+        (lambda tmp, bundle: bundle / MANIFEST_NAME, "is the bundle's manifest, not its directory"),
+        (_an_empty_directory, "empty: the directory is empty, not a bundle"),
+        (_a_dangling_link, "link: bundle directory is missing (a symbolic link to "),
+        (_a_directory_of_other_files, "notes/manifest.json: manifest missing: "),
+        (lambda tmp, bundle: bundle.parent, "manifest missing: the bundle is one level down, in "),
+    ],
+    ids=["file", "manifest-file", "empty-dir", "dangling-link", "other-files", "parent-dir"],
+)
+def test_a_path_that_is_not_a_bundle_directory_says_what_it_is(
+    good_bundle: Path, tmp_path: Path, make_path, reason: str
+) -> None:
+    with pytest.raises(BundleError) as error:
+        read_bundle(make_path(tmp_path, good_bundle))
+    assert reason in str(error.value)
+    assert "\n" not in str(error.value)
+    if make_path is _a_directory_of_other_files:
+        assert str(error.value).endswith("notes has 1 entry, none of them a bundle")
 
 
 def test_missing_manifest(bundle_copy: Path) -> None:

@@ -163,6 +163,33 @@ def test_bad_input_is_a_one_line_error(
     assert message in last
 
 
+def test_a_file_given_as_bundle_is_called_a_file(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# a file, not a bundle\n")
+    result = run_cli("--bundle", str(readme), "--port", "0")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"{readme}: is a file, not a bundle directory" in last
+    assert "missing" not in last
+
+
+def test_a_telemetry_key_typo_is_refused_naming_file_node_key_and_the_right_key(
+    demo_bundle: Path, tmp_path: Path
+) -> None:
+    telemetry = {"cpu_utl": 0.3, "ambient_temp_c": 21.0, "cpu1_temp_c": 50.0}
+    snapshot = tmp_path / "cluster.json"
+    snapshot.write_text(
+        json.dumps({"nodes": [{"name": "node-07", "allocatable_cpu": 8, "telemetry": telemetry}]})
+    )
+    result = run_cli("--bundle", str(demo_bundle), "--cluster", str(snapshot), "--port", "0")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]  # after the "starting" log line
+    assert line.startswith(f"python -m extender: error: {snapshot}: nodes[0] (node node-07): ")
+    assert '"telemetry.cpu_utl"' in line and 'did you mean "cpu_util"?' in line
+
+
 @pytest.mark.parametrize(
     ("damage", "what"),
     [

@@ -1,4 +1,4 @@
-"""The Grafana dashboard (manifests/dashboards/) against what the services really export.
+"""The Grafana dashboard (manifests/base/dashboards/) against what the services really export.
 
 Every query of every panel, and the query of every template variable, is run against a real
 Prometheus that scrapes a real running extender, energy adapter and node power controller:

@@ -1,6 +1,6 @@
 """The energy adapter against a real Prometheus (backfilled battery series) and the real API
-server (envtest), as ServiceAccount energy-adapter with the rights manifests/energy-adapter.yaml
-gives it.
+server (envtest), as ServiceAccount energy-adapter with the rights
+manifests/base/energy-adapter.yaml gives it.
 
 The battery history is backfilled with promtool at known times, and each pass evaluates its
 queries at one of those times: the test walks a node through the levels, holds another at the
@@ -29,14 +29,13 @@ from kubernetes import client
 from controllers import energy_adapter as ea
 from envtest import ControlPlane, NodeAgent
 from livedata.labels import ENERGY_BAND_BY_NAME, ENERGY_LABEL
+from tests.support.exporters import wait_until
 from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     RequestLog,
-    add_node,
     component_client,
     component_kubeconfig,
     kubeconfig_via,
-    wait_until,
 )
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
 
@@ -180,7 +179,7 @@ class Kube:
 def kube(control_plane: ControlPlane, node_agent: NodeAgent) -> Iterator[Kube]:
     for name in INSTANCES:
         taints = [OTHER_TAINT] if name == "node-a" else []
-        add_node(node_agent, full(name), taints=taints)
+        node_agent.add_node(full(name), taints=taints)
     admin = Kube(control_plane, RequestLog())
 
     def settled() -> bool:  # Ready, and the node lifecycle controller's taint gone
@@ -564,7 +563,7 @@ def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: 
 
 
 def test_manifest_args_parse_and_taint_matches_the_descheduler_policy() -> None:
-    manifests = Path(__file__).resolve().parent.parent / "manifests"
+    manifests = Path(__file__).resolve().parent.parent / "manifests" / "base"
     documents = list(yaml.safe_load_all((manifests / "energy-adapter.yaml").read_text()))
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]

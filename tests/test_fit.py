@@ -449,14 +449,20 @@ def test_collect_then_fit_from_a_real_prometheus(tmp_path) -> None:
 
 
 def test_unreachable_prometheus_is_a_one_line_error(tmp_path) -> None:
-    completed = run_fit_cli(
-        "--prometheus", f"http://127.0.0.1:{free_port()}",
-        "--start", "2026-01-05T00:00:00Z", "--end", "2026-01-05T06:00:00Z",
-        "--out", str(tmp_path / "bundle"),
+    # As a person types it (no --quiet): the one error line, no urllib3 retry warnings first.
+    completed = subprocess.run(
+        [
+            sys.executable, "-m", "training.fit",
+            "--prometheus", f"http://127.0.0.1:{free_port()}",
+            "--start", "2026-01-05T00:00:00Z", "--end", "2026-01-05T06:00:00Z",
+            "--out", str(tmp_path / "bundle"),
+        ],
+        cwd=fit_cli.REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert completed.returncode == 1  # a runtime failure, as training.collect says it
-    assert "error:" in completed.stderr and "127.0.0.1" in completed.stderr
-    assert "Traceback" not in completed.stderr
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.startswith("python -m training.fit: error: Prometheus at http://127.0.0.1:")
+    assert "cannot connect" in line
     assert not (tmp_path / "bundle").exists()
 
 

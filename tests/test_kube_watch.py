@@ -34,14 +34,13 @@ from extender.sources.kube_watch import (
     pod_bound_at_s,
 )
 from extender.state import ClusterState
+from tests.support.exporters import wait_until
 from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     RequestLog,
-    add_node,
     component_client,
     force_delete_pods,
     kubeconfig_via,
-    wait_until,
 )
 
 EXTENDER = "power-extender"
@@ -255,7 +254,7 @@ def test_bound_pod_adds_assumed_load_until_deleted(
     cluster: Cluster, node_agent: NodeAgent, state: ClusterState, watcher: ClusterWatcher
 ) -> None:
     a = cluster.name("a")
-    add_node(node_agent, a, cpu=8)  # a kubelet stand-in: runs pods, finishes their deletion
+    node_agent.add_node(a, cpu=8)  # a kubelet stand-in: runs pods, finishes their deletion
     watcher.start()
     wait_until(lambda: watcher.healthy, "the watcher to sync")
 
@@ -316,8 +315,8 @@ def test_requested_cpu_per_node_counts_every_running_pod_but_daemon_and_mirror_p
     watcher: ClusterWatcher,
 ) -> None:
     a, b = cluster.name("a"), cluster.name("b")
-    add_node(node_agent, a, cpu=8)
-    add_node(node_agent, b, cpu=8)
+    node_agent.add_node(a, cpu=8)
+    node_agent.add_node(b, cpu=8)
     long_ago = datetime.fromtimestamp(time.time() - 3600, UTC)
     # Bound long ago: no assumed load, but its requests count.
     cluster.create_pod(pod("old", a, cpu="4", scheduled_at=long_ago))
@@ -419,8 +418,8 @@ def test_410_gone_relists(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     a, b = cluster.name("a"), cluster.name("b")
-    add_node(node_agent, a, cpu=8)
-    add_node(node_agent, b, cpu=8)
+    node_agent.add_node(a, cpu=8)
+    node_agent.add_node(b, cpu=8)
     cluster.create_pod(pod("web", a, cpu="1"))
     watcher.start()
     wait_until(lambda: watcher.status()["pods"]["relists_total"] == 1, "the first pod list")

@@ -64,6 +64,8 @@ NEEDED: dict[str, set[Right]] = {
     | _rights(CLUSTER, "", ("pods/eviction",), ("create",))
     | _rights(CLUSTER, "policy", ("poddisruptionbudgets",), ("list", "watch"))
     | _rights(CLUSTER, "", ("namespaces",), ("get",), ("power-aware-scheduler",))
+    # Kubelets' Events about pods on a node: when its last pod ended (views.unneeded_evidence_s).
+    | _rights(CLUSTER, "", ("events",), ("list",))
     | _rights(NAMESPACE, "coordination.k8s.io", ("leases",), ("create",))
     | _rights(
         NAMESPACE, "coordination.k8s.io", ("leases",), ("get", "update"), ("power-node-controller",)

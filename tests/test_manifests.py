@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shlex
-import shutil
+import ssl
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,18 +29,22 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
+from envtest.assets import assets_dir
+from envtest.control_plane import free_port
 from tests.support.manifests import (
     ALL_OBJECTS,
+    BASE,
     DASHBOARD,
     EXAMPLE_OBJECTS,
-    EXAMPLES,
     MANIFESTS,
     OBJECTS,
     REPO,
     SCHEDULER_NAME,
+    Sourced,
     dashboard,
     find_object,
     kustomization,
+    kustomization_dirs,
     load_kustomization,
     object_id,
     pod_specs,
@@ -61,6 +70,9 @@ BUILT_IN_CLUSTER_ROLES = {"system:kube-scheduler", "system:volume-scheduler"}
 BUILT_IN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
 MODEL_SHARD_PREFIX = "power-models-"
+# kube-scheduler checks and writes its configuration, and serves its probes, without an API
+# server; it only needs one named, and nothing listens here.
+NO_API_SERVER = "http://127.0.0.1:1"
 # `python -m NAME` of a package runs its CLI module, which holds `build_parser`.
 CLI_MODULES = {
     "training.collect": "training.collect.cli",
@@ -69,66 +81,63 @@ CLI_MODULES = {
     "controllers.energy_adapter": "controllers.energy_adapter.cli",
 }
 
-# kubescheduler.config.k8s.io/v1 field names (k8s.io/kube-scheduler/config/v1/types.go).
-SCHEDULER_CONFIG_FIELDS = {
-    "apiVersion",
-    "kind",
-    "parallelism",
-    "leaderElection",
-    "clientConnection",
-    "percentageOfNodesToScore",
-    "podInitialBackoffSeconds",
-    "podMaxBackoffSeconds",
-    "profiles",
-    "extenders",
-    "delayCacheUntilActive",
-    "enableProfiling",
-    "enableContentionProfiling",
-}
-LEADER_ELECTION_FIELDS = {
-    "leaderElect",
-    "leaseDuration",
-    "renewDeadline",
-    "retryPeriod",
-    "resourceLock",
-    "resourceName",
-    "resourceNamespace",
-}
-EXTENDER_FIELDS = {
-    "urlPrefix",
-    "filterVerb",
-    "preemptVerb",
-    "prioritizeVerb",
-    "weight",
-    "bindVerb",
-    "enableHTTPS",
-    "tlsConfig",
-    "httpTimeout",
-    "nodeCacheCapable",
-    "managedResources",
-    "ignorable",
-}
-PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
-
-
 # ---------------------------------------------------------------------------------------------
 # Helpers
 
 
+def _built_on() -> set[Path]:
+    """Kustomization directories that another one lists among its resources (bases)."""
+    return {
+        (directory / entry).resolve()
+        for directory in kustomization_dirs()
+        for entry in kustomization(directory).get("resources", [])
+        if (directory / entry).is_dir()
+    }
+
+
+def _deployable_dirs() -> list[Path]:
+    """The kustomizations a user applies: neither a base of another nor a component."""
+    bases = _built_on()
+    return [
+        d
+        for d in kustomization_dirs()
+        if d.resolve() not in bases and kustomization(d).get("kind") != "Component"
+    ]
+
+
+def _deployed() -> list[Sourced]:
+    """Every object any deployable kustomization builds, once per distinct content (the
+    large-fleet overlay's trainer differs from the base's; its other base objects do not)."""
+    seen: set[str] = set()
+    unique = []
+    for directory in _deployable_dirs():
+        for source, obj in load_kustomization(directory):
+            key = json.dumps(obj, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                unique.append((source, obj))
+    return unique
+
+
 def _containers() -> Iterator[tuple[str, dict, dict, dict]]:
-    for ident, owner, pod in pod_specs():
-        for container in pod.get("initContainers", []) + pod["containers"]:
-            yield f"{ident} container {container['name']}", owner, pod, container
+    """(id, owner, pod spec, container) of every container of every deployable kustomization."""
+    for source, obj in _deployed():
+        for ident, owner, pod in pod_specs([(source, obj)]):
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                yield f"{source}:{ident} container {container['name']}", owner, pod, container
 
 
 def _embedded_yaml(configmap: dict, key: str) -> dict:
     return yaml.safe_load(configmap["data"][key])
 
 
+def _config_text() -> str:
+    configmap = find_object("ConfigMap", "power-aware-scheduler-config", SCHEDULER_NAME)
+    return configmap["data"]["config.yaml"]
+
+
 def _scheduler_config() -> dict:
-    return _embedded_yaml(
-        find_object("ConfigMap", "power-aware-scheduler-config", SCHEDULER_NAME), "config.yaml"
-    )
+    return yaml.safe_load(_config_text())
 
 
 def _container(deployment: str, container: str) -> dict:
@@ -148,9 +157,31 @@ def _expand_args(container: dict, env: dict[str, str]) -> list[str]:
 # Files and API models
 
 
-@pytest.mark.parametrize("directory", [MANIFESTS, EXAMPLES], ids=["manifests", "examples"])
-def test_kustomization_lists_every_manifest_file(directory) -> None:
-    listed = set(kustomization(directory)["resources"])
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: str(d.relative_to(REPO)))
+def test_kustomization_renders_with_kustomize(directory: Path) -> None:
+    # Every kustomization under manifests/, found by walking, so a new overlay is covered.
+    objects = load_kustomization(directory)  # raises with kustomize's error
+    if kustomization(directory).get("kind") == "Component":
+        return  # included by the others; builds nothing on its own
+    assert objects, f"{directory.relative_to(REPO)} builds no objects"
+    if directory.resolve() not in _built_on():
+        # What a user applies pins every image with a tag: none is left to float on `latest`.
+        images = {c["image"] for _, _, pod in pod_specs(objects) for c in pod["containers"]}
+        assert all(":" in image for image in images), images
+
+
+def test_every_kustomization_the_docs_apply_is_found() -> None:
+    found = {str(d.relative_to(REPO)) for d in kustomization_dirs()}
+    applied = {"manifests", "manifests/examples", "manifests/large-fleet"}
+    assert applied <= found
+    assert {str(d.relative_to(REPO)) for d in _deployable_dirs()} == applied
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: str(d.relative_to(REPO)))
+def test_kustomization_lists_every_manifest_file(directory: Path) -> None:
+    config = kustomization(directory)
+    listed = {r for r in config.get("resources", []) if (directory / r).is_file()}
+    listed |= {p["path"] for p in config.get("patches", []) if "path" in p}
     on_disk = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk, (
         f"listed but missing: {listed - on_disk}; unlisted: {on_disk - listed}"
@@ -158,7 +189,7 @@ def test_kustomization_lists_every_manifest_file(directory) -> None:
 
 
 @pytest.mark.parametrize(
-    ("source", "obj"), ALL_OBJECTS, ids=[f"{s}:{object_id(o)}" for s, o in ALL_OBJECTS]
+    ("source", "obj"), _deployed(), ids=[f"{s}:{object_id(o)}" for s, o in _deployed()]
 )
 def test_object_matches_the_kubernetes_api_model(source: str, obj: dict) -> None:
     key = (obj.get("apiVersion"), obj.get("kind"))
@@ -195,48 +226,23 @@ def test_applying_the_manifests_deploys_no_workload_outside_our_namespace() -> N
     }
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
-@pytest.mark.parametrize("directory", [MANIFESTS, EXAMPLES], ids=["manifests", "examples"])
-def test_kustomize_builds_the_same_objects(directory) -> None:
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    expected = load_kustomization(directory)
-    assert sorted(object_id(d) for d in built) == sorted(object_id(o) for _, o in expected)
-    for obj in built:  # generated objects come out as the support module builds them
-        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("-dashboard"):
-            assert obj == next(o for _, o in expected if object_id(o) == object_id(obj))
-    images = {
-        c["image"]
-        for doc in built
-        if doc["kind"] in ("Deployment", "CronJob")
-        for c in (
-            doc["spec"]["template"]["spec"]
-            if doc["kind"] == "Deployment"
-            else doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        )["containers"]
-    }
-    # The kustomization pins our image with a tag; no container is left on `latest`.
-    assert all(":" in image for image in images), images
-
-
 def test_images_tied_to_the_cluster_version_say_so() -> None:
     # kube-scheduler and the descheduler are built per Kubernetes minor version: each image
-    # line carries the advice to match the cluster's version.
+    # line carries the advice to match the cluster's version and names the version pinned,
+    # and the two are pinned for the same minor (kube-scheduler v1.X, descheduler v0.X).
+    minors = []
     for path, image in (
-        (MANIFESTS / "scheduler.yaml", "registry.k8s.io/kube-scheduler:"),
-        (MANIFESTS / "descheduler.yaml", "registry.k8s.io/descheduler/descheduler:"),
+        (BASE / "scheduler.yaml", "registry.k8s.io/kube-scheduler:"),
+        (BASE / "descheduler.yaml", "registry.k8s.io/descheduler/descheduler:"),
     ):
         lines = path.read_text().splitlines()
         (at,) = [i for i, line in enumerate(lines) if f"image: {image}" in line]
         comment = " ".join(line.strip() for line in lines[max(0, at - 4) : at])
         assert "Match the cluster's minor version" in comment, (path.name, comment)
+        tag = lines[at].split(image)[1].strip()
+        assert tag in comment, (path.name, tag, comment)
+        minors.append(tag.split(".")[1])
+    assert minors[0] == minors[1], minors
 
 
 def test_dashboard_is_provisioned_for_the_grafana_sidecar() -> None:
@@ -269,16 +275,132 @@ def test_metrics_are_scrapeable_where_the_dashboard_expects_them() -> None:
 # The scheduler, the Service and the extender agree
 
 
-def test_scheduler_config_fields_are_known() -> None:
-    config = _scheduler_config()
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert config["kind"] == "KubeSchedulerConfiguration"
-    assert set(config) <= SCHEDULER_CONFIG_FIELDS, set(config) - SCHEDULER_CONFIG_FIELDS
-    assert set(config["leaderElection"]) <= LEADER_ELECTION_FIELDS
-    for profile in config["profiles"]:
-        assert set(profile) <= PROFILE_FIELDS, set(profile) - PROFILE_FIELDS
-    for extender in config["extenders"]:
-        assert set(extender) <= EXTENDER_FIELDS, set(extender) - EXTENDER_FIELDS
+def _kube_scheduler() -> Path:
+    """The kube-scheduler binary of the test assets (the version the manifests ship)."""
+    path = assets_dir() / "kube-scheduler"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path}: missing; run scripts/ensure-kube-assets", pytrace=False)
+    return path
+
+
+def _scheduler_container() -> dict:
+    return _container(SCHEDULER_NAME, "kube-scheduler")
+
+
+def _write_config_to(config_text: str, directory: Path) -> subprocess.CompletedProcess:
+    """Run kube-scheduler --write-config-to on a configuration: it decodes the file strictly
+    (an unknown or misspelt field fails), validates it, writes it back with its defaults and
+    exits, all before it would contact an API server (--master names one nobody serves)."""
+    config = directory / "config.yaml"
+    config.write_text(config_text)
+    return subprocess.run(
+        [
+            str(_kube_scheduler()),
+            f"--config={config}",
+            f"--master={NO_API_SERVER}",
+            f"--write-config-to={directory / 'written.yaml'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_scheduler_image_is_the_kube_scheduler_the_tests_run() -> None:
+    # The configuration and probe checks below run .kube-assets/kube-scheduler: they hold for
+    # the shipped image only if it is the same version.
+    result = subprocess.run(
+        [str(_kube_scheduler()), "--version"], capture_output=True, text=True, check=True
+    )
+    version = result.stdout.split()[-1]
+    assert _scheduler_container()["image"] == f"registry.k8s.io/kube-scheduler:{version}"
+
+
+def test_scheduler_config_is_valid_for_the_shipped_kube_scheduler(tmp_path: Path) -> None:
+    text = _config_text()
+    result = _write_config_to(text, tmp_path)
+    assert result.returncode == 0, result.stderr.strip().splitlines()[-1:]
+    written = yaml.safe_load((tmp_path / "written.yaml").read_text())
+    assert [p["schedulerName"] for p in written["profiles"]] == [SCHEDULER_NAME]
+    (extender,) = written["extenders"]
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is True
+    assert written["leaderElection"]["resourceName"] == SCHEDULER_NAME
+    # The check does fail on a bad configuration: a misspelt field is refused.
+    misspelt = text.replace("nodeCacheCapable:", "nodeCacheCapabel:")
+    assert misspelt != text
+    refused = _write_config_to(misspelt, tmp_path)
+    assert refused.returncode != 0 and "unknown field" in refused.stderr
+
+
+def _https_get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET on a server with a self-signed certificate."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_scheduler_probes_hit_endpoints_the_kube_scheduler_serves(tmp_path: Path) -> None:
+    container = _scheduler_container()
+    # It serves its default secure port, the one the probes' named port stands for.
+    assert not any(arg.startswith("--secure-port") for arg in container["command"])
+    usage = subprocess.run(
+        [str(_kube_scheduler()), "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    default_port = re.search(r"--secure-port int .*?\(default (\d+)\)", usage)
+    assert default_port, "kube-scheduler --help names no --secure-port default"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probes = [
+        container[p] for p in ("livenessProbe", "readinessProbe", "startupProbe") if p in container
+    ]
+    assert {p["httpGet"]["path"] for p in probes} >= {"/healthz", "/readyz"}
+    for probe in probes:
+        assert probe["httpGet"]["scheme"] == "HTTPS"
+        assert ports[probe["httpGet"]["port"]] == int(default_port.group(1))
+    # The shipped configuration, served on a free port; no API server is needed to answer.
+    config = tmp_path / "config.yaml"
+    config.write_text(_config_text())
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            str(_kube_scheduler()),
+            f"--config={config}",
+            f"--master={NO_API_SERVER}",
+            f"--secure-port={port}",
+            "--bind-address=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline_s = time.monotonic() + 30
+        while True:
+            try:
+                _https_get(f"https://127.0.0.1:{port}/livez")
+                break
+            except OSError:
+                assert process.poll() is None, "kube-scheduler exited"
+                assert time.monotonic() < deadline_s, "kube-scheduler never served"
+                time.sleep(0.2)
+        for probe in probes:
+            path = probe["httpGet"]["path"]
+            status, body = _https_get(f"https://127.0.0.1:{port}{path}?verbose")
+            # A health endpoint lists its checks (/readyz fails until its informers sync,
+            # which they never do here); any other path is refused (403) or unknown (404).
+            name = path.strip("/")
+            assert f"{name} check passed" in body or f"{name} check failed" in body, (
+                path,
+                status,
+                body,
+            )
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def test_scheduler_profile_lock_and_extender_settings() -> None:
@@ -407,10 +529,8 @@ def test_container_is_locked_down_and_bounded(ident: str, pod: dict, container: 
         assert {"cpu", "memory"} <= set(resources.get(bound, {})), f"{ident}: {bound}"
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     assert all("hostPath" not in volume for volume in pod.get("volumes", [])), ident
-    # No image is left to float: every one has a tag (ours gets it from the kustomization).
-    assert ":" in container["image"] or container["image"] in {
-        image["name"] for image in kustomization()["images"]
-    }, ident
+    # No image is left to float: every one has a tag (ours from manifests/image/).
+    assert ":" in container["image"], ident
 
 
 def test_every_long_running_container_has_probes() -> None:
@@ -418,6 +538,37 @@ def test_every_long_running_container_has_probes() -> None:
         if owner["kind"] == "Deployment":
             assert "livenessProbe" in container, ident
             assert "readinessProbe" in container, ident
+
+
+def test_controller_probes_are_paths_their_probe_server_answers() -> None:
+    # The controllers serve their probes with controllers.probes: each probe path must be one
+    # it answers (a healthy controller's 200), not its 404.
+    probes_module = importlib.import_module("controllers.probes")
+    registry_module = importlib.import_module("prometheus_client")
+    server = probes_module.serve_probes(
+        health=lambda: (True, True, "ok"),
+        registry=registry_module.CollectorRegistry(),
+        host="127.0.0.1",
+        port=0,
+        name="manifest-probes",
+    )
+    checked = set()
+    try:
+        for ident, _owner, _pod, container in _containers():
+            command = container.get("command", [])
+            if command[:2] != ["python", "-m"] or not command[2].startswith("controllers."):
+                continue
+            for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+                if kind in container:
+                    path = container[kind]["httpGet"]["path"]
+                    url = f"http://127.0.0.1:{server.server_port}{path}"
+                    with urllib.request.urlopen(url, timeout=5) as response:
+                        assert response.status == 200, (ident, kind, path)
+                    checked.add(command[2])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert checked == {"controllers.energy_adapter", "controllers.node_power"}
 
 
 def test_jobs_are_bounded_in_time_and_never_overlap() -> None:
@@ -617,8 +768,14 @@ def test_descheduler_policy_evicts_only_for_the_powerless_taint() -> None:
     }
     assert enabled == {"RemovePodsViolatingNodeTaints"}
     configs = {c["name"]: c.get("args", {}) for c in profile["pluginConfig"]}
-    assert configs["DefaultEvictor"]["nodeFit"] is True
-    assert configs["DefaultEvictor"].get("evictSystemCriticalPods", False) is False
+    evictor = configs["DefaultEvictor"]
+    assert evictor["nodeFit"] is True
+    # Only local scratch is given up; system-critical pods stay, and so do pods with claims.
+    # The booleans every descheduler since v0.26 reads, not podProtections (v0.34 and newer,
+    # unknown to the releases older clusters run), and never both: one source per setting.
+    assert evictor.get("evictSystemCriticalPods", False) is False
+    assert evictor["evictLocalStoragePods"] is True and evictor["ignorePvcPods"] is True
+    assert "podProtections" not in evictor
     assert configs["RemovePodsViolatingNodeTaints"]["includedTaints"] == [
         "power-aware-scheduler/powerless"
     ]
@@ -658,10 +815,11 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     assert users, "no USER line"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) > 0, users[-1]
+    (ours,) = kustomization(MANIFESTS / "image")["images"]
     pod_users = {
         (pod.get("securityContext") or {}).get("runAsUser")
-        for _, owner, pod in pod_specs()
-        if any(c["image"] == "power-aware-scheduler" for c in pod["containers"])
+        for _, owner, pod in pod_specs(_deployed())
+        if any(c["image"].rpartition(":")[0] == ours["newName"] for c in pod["containers"])
     }
     assert pod_users == {int(uid)}
     copies = [line.split()[1:-1] for line in lines if line.startswith("COPY ")]

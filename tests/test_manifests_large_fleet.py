@@ -1,27 +1,44 @@
 """manifests/large-fleet/: the overlay whose trainer fits on a Dask cluster of its own.
 
-Its objects are checked against the official client's API models, like the base manifests'
-(tests/test_manifests.py); the trainer's script against the CLI parsers and the objects it
-scales and connects to; the added Role against least privilege.
+Checked on what real kustomize builds from it (`kubectl kustomize manifests/large-fleet/`):
+its objects against the official client's API models and every container's lock-down with the
+base manifests' (tests/test_manifests.py); here, that it patches the base's trainer rather than
+adding one, the Dask pods' probes against a real Dask scheduler and worker, and the trainer's
+script against the CLI parsers and the objects it scales and connects to.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
 
-from tests.support.manifests import MANIFESTS, find_object
-from tests.test_manifests import CLI_MODULES, MODELS
+from envtest.control_plane import free_port
+from tests.support.manifests import (
+    LARGE_FLEET,
+    LARGE_FLEET_OBJECTS,
+    OBJECTS,
+    find_object,
+    kustomization,
+    object_id,
+)
+from tests.test_manifests import CLI_MODULES
 
-OVERLAY = MANIFESTS / "large-fleet"
 NAMESPACE = "power-aware-scheduler"
-DASK_OBJECTS = [d for d in yaml.safe_load_all((OVERLAY / "dask.yaml").read_text()) if d]
-PATCH = yaml.safe_load((OVERLAY / "trainer-dask.yaml").read_text())
+BASE_IDS = {object_id(obj) for _, obj in OBJECTS}
+# What the overlay adds to what `kubectl apply -k manifests/` deploys.
+DASK_OBJECTS = [obj for _, obj in LARGE_FLEET_OBJECTS if object_id(obj) not in BASE_IDS]
+DASK_DEPLOYMENTS = ["power-model-dask-scheduler", "power-model-dask-workers"]
 
 
 def _dask_object(kind: str, name: str) -> dict:
@@ -29,40 +46,109 @@ def _dask_object(kind: str, name: str) -> dict:
     return found
 
 
+def _trainer(objects) -> dict:
+    cronjob = find_object("CronJob", "power-model-trainer", NAMESPACE, objects=objects)
+    (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
 def _script() -> str:
-    (container,) = PATCH["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    return container["args"][0]
+    return _trainer(LARGE_FLEET_OBJECTS)["args"][0]
 
 
 def test_overlay_builds_on_the_base_and_patches_the_trainer() -> None:
-    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == ["../", "dask.yaml"]
-    assert [p["path"] for p in kustomization["patches"]] == ["trainer-dask.yaml"]
-    base = find_object("CronJob", "power-model-trainer", NAMESPACE)
-    assert (PATCH["kind"], PATCH["metadata"]["name"]) == (base["kind"], base["metadata"]["name"])
-    (container,) = PATCH["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    (base_container,) = base["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    assert container["name"] == base_container["name"]  # merged into it, not added
+    config = kustomization(LARGE_FLEET)
+    assert config["resources"] == ["../base", "dask.yaml"]
+    assert [p["path"] for p in config["patches"]] == ["trainer-dask.yaml"]
+    # Everything the base deploys, plus the Dask cluster and the trainer's right to scale it.
+    assert {object_id(obj) for _, obj in LARGE_FLEET_OBJECTS} >= BASE_IDS
+    assert sorted(object_id(o) for o in DASK_OBJECTS) == sorted(
+        f"{kind} {NAMESPACE}/{name}"
+        for kind, name in [
+            ("Service", "power-model-dask-scheduler"),
+            ("Deployment", "power-model-dask-scheduler"),
+            ("Deployment", "power-model-dask-workers"),
+            ("Role", "power-model-trainer-dask"),
+            ("RoleBinding", "power-model-trainer-dask"),
+        ]
+    )
+    # The patch is merged into the base's trainer container (one container, not two): its
+    # script and resources replaced, the base's mounts and security kept.
+    base, patched = _trainer(OBJECTS), _trainer(LARGE_FLEET_OBJECTS)
+    assert "--dask=" in patched["args"][0] and "--dask=" not in base["args"][0]
+    assert patched["volumeMounts"] == base["volumeMounts"]
+    assert patched["securityContext"] == base["securityContext"]
+    env = {e["name"] for e in patched["env"]}
+    assert {"PROMETHEUS_URL", "DASK_WORKERS"} <= env
 
 
-@pytest.mark.parametrize("obj", DASK_OBJECTS, ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
-def test_object_matches_the_kubernetes_api_model(obj: dict) -> None:
-    model = MODELS[(obj["apiVersion"], obj["kind"])].model_validate(obj)
-    assert model.metadata.namespace == NAMESPACE
-
-
-@pytest.mark.parametrize("name", ["power-model-dask-scheduler", "power-model-dask-workers"])
-def test_dask_pods_are_locked_down_bounded_and_idle_until_a_run(name: str) -> None:
+@pytest.mark.parametrize("name", DASK_DEPLOYMENTS)
+def test_dask_pods_run_no_api_token_and_idle_until_a_run(name: str) -> None:
     deployment = _dask_object("Deployment", name)
     assert deployment["spec"]["replicas"] == 0  # the CronJob scales them for a run
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
-    for container in pod["containers"]:
-        context = container["securityContext"]
-        assert context["readOnlyRootFilesystem"] and not context["allowPrivilegeEscalation"]
-        assert context["capabilities"]["drop"] == ["ALL"]
-        for kind in ("requests", "limits"):
-            assert {"cpu", "memory"} <= set(container["resources"][kind])
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def _local_command(container: dict, ports: dict[int, int], tmp_path: Path) -> list[str]:
+    """The container's `dask ...` command run here: its ports moved to free ones, the
+    scheduler's Service name to localhost, /tmp to a test directory."""
+    words = []
+    for word in container["command"]:
+        word = word.replace("power-model-dask-scheduler", "127.0.0.1").replace(
+            "/tmp", str(tmp_path)
+        )
+        for port, free in ports.items():
+            word = re.sub(rf"(?<=[:=]){port}\b", str(free), word)
+        words.append(word)
+    assert words[0] == "dask"
+    return [str(Path(sys.executable).parent / "dask"), *words[1:]]
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def test_dask_probes_hit_endpoints_a_real_dask_cluster_serves(tmp_path: Path) -> None:
+    containers = [
+        c
+        for name in DASK_DEPLOYMENTS
+        for c in _dask_object("Deployment", name)["spec"]["template"]["spec"]["containers"]
+    ]
+    ports = {p["containerPort"]: free_port() for c in containers for p in c["ports"]}
+    processes = [
+        subprocess.Popen(
+            _local_command(container, ports, tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the worker's nanny starts a child: stop them together
+        )
+        for container in containers
+    ]
+    try:
+        for container in containers:
+            named = {p["name"]: p["containerPort"] for p in container["ports"]}
+            for kind in ("readinessProbe", "livenessProbe"):
+                probe = container[kind]["httpGet"]
+                url = f"http://127.0.0.1:{ports[named[probe['port']]]}{probe['path']}"
+                deadline_s = time.monotonic() + 60
+                while True:
+                    try:
+                        assert _get(url) == (200, "ok"), (container["name"], url)
+                        break
+                    except OSError:
+                        assert all(p.poll() is None for p in processes), "a dask process exited"
+                        assert time.monotonic() < deadline_s, f"{container['name']}: {url}"
+                        time.sleep(0.3)
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
 
 
 def test_the_trainer_scales_connects_to_and_may_scale_only_its_dask_cluster() -> None:

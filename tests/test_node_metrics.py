@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
+from extender.accuracy import FLEET_FALLBACK_MEANS
 from extender.metrics import DecisionCounters
 from extender.state import ClusterState, NodeInfo
 from predictor.core_scaling import shipped_core_exponents
@@ -102,6 +103,7 @@ def test_fallback_nodes_are_visible_in_explain_status_logs_and_metrics(
         "names": ["node-c"],
         "heldout_mape_pct": FALLBACK_MAPE_PCT,
         "heldout_mae_w": 41.0,
+        "heldout_means": FLEET_FALLBACK_MEANS,
         # Every node has 8 cores: node-c's curve is scaled by (8 / 8)^b = 1.
         "core_scaling": {
             "enabled": True,

@@ -16,6 +16,7 @@ from controllers.node_power.carbon import CarbonSettings, NodeIntensity
 from controllers.node_power.cli import build_parser, main, settings_from_args
 from controllers.node_power.health import serve_health
 from controllers.node_power.metrics import ControllerMetrics
+from controllers.node_power.views import parse_rfc3339_s
 from tests.support.bmc import RedfishEmulator
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.power_cluster import (
@@ -23,6 +24,7 @@ from tests.support.power_cluster import (
     node,
     pod,
     settings,
+    stamp,
     started_controller,
 )
 
@@ -306,3 +308,87 @@ def test_the_controllers_carbon_source_reports_on_its_metrics(tmp_path: Path) ->
         'power_aware_node_power_carbon_source_polls_total{outcome="success",source="site"} 1.0'
         in text
     )
+
+
+def _strict_json(text: str) -> dict:
+    """JSON as any strict parser reads it: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_once_at_defaults_powers_off_only_the_node_the_evidence_shows_empty_for_long(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now_s = time.time()
+    two_hours_ago = now_s - 7200
+    finished = pod("batch-1", "finished-recently", "2")
+    finished["status"] = {
+        "phase": "Succeeded",
+        "startTime": stamp(now_s - 900),
+        "containerStatuses": [
+            {
+                "name": "app",
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "startedAt": stamp(now_s - 900),
+                        "finishedAt": stamp(now_s - 180),
+                    }
+                },
+            }
+        ],
+    }
+    kube = make_kube(
+        [
+            node("busy", state="on", since_s=two_hours_ago),
+            node("empty-for-long", state="on", since_s=two_hours_ago),
+            node("pod-deleted-recently", state="on", since_s=two_hours_ago),
+            node("finished-recently", state="on", since_s=two_hours_ago),
+        ],
+        [pod("web-1", "busy", "12"), finished],
+    )
+    # A pod deleted two minutes ago left no object, only its kubelet's Events.
+    kube.create(
+        "events",
+        {
+            "metadata": {"name": "gone-1.killing", "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "name": "gone-1", "namespace": "default"},
+            "reason": "Killing",
+            "message": "Stopping container app",
+            "source": {"component": "kubelet", "host": "pod-deleted-recently"},
+            "firstTimestamp": stamp(now_s - 130),
+            "lastTimestamp": stamp(now_s - 120),
+            "count": 1,
+            "type": "Normal",
+        },
+        "default",
+    )
+    try:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        # Defaults: 10 min unneeded, 30 min cool-down; only no headroom for web-1 and batch-1,
+        # which "arrived" a moment ago in the fake API server.
+        code = main([f"--kubeconfig={kubeconfig}", "--once", "--boot-time=0"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        summary = _strict_json(out)
+        assert [a["node"] for a in summary["power_off"]] == ["empty-for-long"]
+        assert summary["drain"] == []
+        # Its clock starts an --event-ttl (1 h) back: Events older than that are gone, so
+        # further back the evidence proves nothing.
+        since = summary["unneeded_since"]
+        assert abs(parse_rfc3339_s(since["empty-for-long"]) - (now_s - 3600)) < 120
+        assert now_s - parse_rfc3339_s(since["pod-deleted-recently"]) < 180
+        assert now_s - parse_rfc3339_s(since["finished-recently"]) < 240
+        # No bundle: the idle watts are unknown, null in the JSON (NaN is not JSON).
+        assert summary["power_off"][0]["watts"] is None
+        assert {n["idle_w"] for n in summary["nodes"]} == {None}
+        assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
+        # An unneeded time longer than the Events' retention can never be shown by evidence.
+        code = main([f"--kubeconfig={kubeconfig}", "--once", "--boot-time=0", "--event-ttl=5m"])
+        assert code == 0
+        assert _strict_json(capsys.readouterr().out)["power_off"] == []
+    finally:
+        kube.stop()

@@ -1,23 +1,43 @@
-"""Leader election on a Lease: two controller replicas never both lead.
+"""Leader election on a Lease: two controller replicas never both lead, and neither hangs on.
 
 Candidates talk to the fake API server (real HTTP, the official client, resourceVersion
 conflicts as the real server answers them) and read time from clocks the test moves, so
 "never both" is checked at every instant of a schedule, not by sleeping and hoping.
+
+The real controller process (`python -m controllers.node_power`) is run as users run it: against
+a closed port (the API server unreachable from the start), and on the real control plane
+(`control_plane`, as its own ServiceAccount) behind a TCP proxy the test cuts (the API server
+gone mid-run), or beside a second replica that must take over at once when it is stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
+from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
+from envtest import ControlPlane
 from tests.support.fake_kube import FakeKube
+from tests.support.power_cluster import make_kube, node, pod, wait_until
+from tests.support.power_cluster import settings as controller_settings
+from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
+from tests.support.tcp_proxy import TcpProxy
 
 DURATION_S, DEADLINE_S, RETRY_S = 15.0, 10.0, 2.0
 
@@ -67,8 +87,8 @@ def candidate(
     )
 
 
-def lease_spec(kube: FakeKube, name: str) -> dict[str, Any]:
-    return kube.get("leases", name, "kube-system")["spec"]
+def lease_spec(kube: FakeKube, name: str, namespace: str = "kube-system") -> dict[str, Any]:
+    return kube.get("leases", name, namespace)["spec"]
 
 
 def test_one_candidate_leads_and_the_other_takes_over_only_after_the_lease_expires(
@@ -234,3 +254,229 @@ def test_never_two_leaders_whatever_the_schedule_and_clock_skew(
         else:
             electors[who].release()
         check()
+
+
+# ---- the real controller process: API failures and stopping -------------------------------
+
+NAMESPACE = "power-aware-scheduler"
+LEASE = "power-node-controller"
+# Short election times so a run shows several retries and a lapsed renewal within seconds.
+FAST_ELECTION = [
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+]
+
+
+def test_an_unreachable_api_server_is_one_line_per_retry_without_traceback(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
+    try:
+        controller.wait_for("node power controller a:")
+        started = time.monotonic()
+        time.sleep(10)
+        elapsed_s = time.monotonic() - started + 1
+        code = controller.stop(signal.SIGTERM)
+    finally:
+        controller.kill()
+    log = controller.log()
+    text = "\n".join(log)
+    assert code == 0, text
+    assert "Traceback" not in text and "unexpected error" not in text, text
+    retries = controller.matching("leader election (a): cannot reach the API server")
+    # One line per attempt, each naming the server, what failed and when it tries next; the
+    # tries back off (1, 2, 4, 4... s) while this replica does not lead.
+    assert 2 <= len(retries) <= elapsed_s / 1.0, text
+    for line in retries:
+        assert f"http://127.0.0.1:{port}" in line, line
+        assert f"reading Lease {NAMESPACE}/{LEASE}: connection refused" in line, line
+        assert re.search(r"next retry in \d+ s$", line), line
+    assert [float(re.findall(r"in (\d+) s", line)[0]) for line in retries[:3]] == [1, 2, 4]
+    assert "urllib3" not in text  # no "Retrying (Retry(total=2...))" triplets
+    assert not controller.matching("leading")  # it never led: nothing to stop
+    assert len(log) <= 12, text  # the informers say once that they retry; nothing more
+    assert log[-1].endswith("node power controller a stopped on SIGTERM"), text
+
+
+@pytest.fixture
+def controller_kubeconfig(
+    control_plane: ControlPlane, kube_api: client.ApiClient, tmp_path: Path
+) -> Iterator[Path]:
+    """A kubeconfig of the real control plane as the controller's own ServiceAccount (the
+    manifests' RBAC is what it gets), and no Lease left over from another test."""
+    leases = client.CoordinationV1Api(kube_api)
+
+    def delete_lease() -> None:
+        with contextlib.suppress(ApiException):
+            leases.delete_namespaced_lease(LEASE, NAMESPACE)
+
+    delete_lease()
+    yield control_plane.service_account_kubeconfig(
+        NAMESPACE, "power-node-controller", tmp_path / "controller.kubeconfig"
+    )
+    delete_lease()
+
+
+def lease_holder(kube_api: client.ApiClient) -> str | None:
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, NAMESPACE)
+    return lease.spec.holder_identity
+
+
+def through(kubeconfig: Path, proxy: TcpProxy, path: Path) -> Path:
+    """`kubeconfig` with its server reached through `proxy` (TLS passes through untouched)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    (cluster,) = config["clusters"]
+    upstream = cluster["cluster"]["server"]
+    assert upstream.startswith("https://127.0.0.1:"), upstream
+    cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
+    controller_kubeconfig: Path, kube_api: client.ApiClient, tmp_path: Path
+) -> None:
+    upstream = yaml.safe_load(controller_kubeconfig.read_text())["clusters"][0]["cluster"]
+    proxy = TcpProxy(int(upstream["server"].rsplit(":", 1)[1]))
+    kubeconfig = through(controller_kubeconfig, proxy, tmp_path / "proxied.kubeconfig")
+    controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
+    try:
+        controller.wait_for("a started leading")
+        assert lease_holder(kube_api) == "a"
+        proxy.cut()
+        cut_at = time.monotonic()
+        controller.wait_for("a stopped leading", timeout_s=15)
+        assert time.monotonic() - cut_at < 3 + 2 + 1  # the renew deadline, one retry late
+        time.sleep(6)
+        elapsed_s = time.monotonic() - cut_at
+        code = controller.stop(signal.SIGTERM)
+    finally:
+        controller.kill()
+        proxy.close()
+    text = "\n".join(controller.log())
+    assert code == 0, text
+    assert "Traceback" not in text and "unexpected error" not in text, text
+    stopped = controller.matching("stopped leading")
+    assert len(stopped) == 1, text
+    assert "renew deadline" in stopped[0] and "last error" in stopped[0], stopped[0]
+    retries = controller.matching("cannot reach the API server")
+    assert 2 <= len(retries) <= elapsed_s / 1.0 + 1, text
+    for line in retries:
+        assert f"https://127.0.0.1:{proxy.port}" in line and "next retry in" in line, line
+    # Cut off, it could not clear the Lease: the other replica waits out the 4 s duration.
+    assert controller.matching("cannot release Lease"), text
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
+    controller_kubeconfig: Path, kube_api: client.ApiClient, stop_signal: int
+) -> None:
+    # The default lease duration (15 s): a replica that waited it out would take over late.
+    common = [f"--kubeconfig={controller_kubeconfig}", "--leader-elect-retry-period=1s"]
+    first = ControllerProcess([*common, "--identity=a"])
+    second = None
+    try:
+        first.wait_for("a started leading")
+        second = ControllerProcess([*common, "--identity=b"])
+        second.wait_for("node power controller b:")
+        time.sleep(2)  # b has read the Lease held by a, and waits
+        assert not second.matching("started leading")
+        stopped_at = time.monotonic()
+        code = first.stop(stop_signal)
+        second.wait_for("b started leading", timeout_s=10)
+        takeover_s = time.monotonic() - stopped_at
+        time.sleep(1.5)  # a could not take it back: it has exited, its election first
+        assert lease_holder(kube_api) == "b"
+        second.stop(signal.SIGTERM)
+        assert lease_holder(kube_api) is None  # b released it too
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    text = "\n".join(first.log())
+    assert code == 0, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    name = signal.Signals(stop_signal).name
+    shutdown = first.matching(f"stopped on {name}")
+    assert len(shutdown) == 1 and f"released Lease {NAMESPACE}/{LEASE}" in shutdown[0], text
+    assert first.log()[-1] == shutdown[0], text  # one line, the last
+    assert takeover_s < 5, f"b took over {takeover_s:.1f} s after a stopped"
+
+
+def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
+    proxy = TcpProxy(int(kube.url.rsplit(":", 1)[1]))  # the elector's way to the API server
+    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
+    configuration = client.Configuration(host=proxy.url)
+    configuration.retries = 0
+    elector = candidate(
+        kube, "a", clock, name, api=client.CoordinationV1Api(client.ApiClient(configuration))
+    )
+    controller = NodePowerController(controller_settings(), kube.api_client(), elector=elector)
+    controller.start()
+    try:
+        wait_until(lambda: controller.synced, what="caches synced")
+        assert elector.try_acquire_or_renew()
+        proxy.cut()
+        clock.advance(DEADLINE_S + 0.1)
+        with caplog.at_level(logging.INFO, logger="controllers.node_power"):
+            assert not elector.try_acquire_or_renew()  # no exception: an expected failure
+            assert not elector.try_acquire_or_renew()
+        stopped = [r for r in caplog.records if "stopped leading" in r.getMessage()]
+        assert len(stopped) == 1 and not any(r.exc_info for r in caplog.records)
+        result = controller.run_round(time.time())
+        assert not result.leader and result.decisions is None and result.acted == []
+        assert not [r for r in kube.requests if "/nodes" in r.path and r.method != "GET"]
+        assert (
+            "power-aware-scheduler/power-state"
+            not in (kube.get("nodes", "empty")["metadata"]["annotations"])
+        )
+        proxy.restore()
+        assert elector.try_acquire_or_renew()  # its own record: re-acquired at once
+        assert controller.run_round(time.time()).acted == ["power_off empty"]
+    finally:
+        controller.stop()
+        proxy.close()
+        kube.stop()
+
+
+class BrokenApi:
+    """A CoordinationV1Api whose reads hit a bug (not an API failure): `errors` in turn."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors = errors
+        self.calls = 0
+
+    def read_namespaced_lease(self, *_args: Any, **_kwargs: Any) -> Any:
+        error = self.errors[min(self.calls, len(self.errors) - 1)]
+        self.calls += 1
+        raise error
+
+
+def test_an_unexpected_error_shows_its_traceback_once_then_one_line_per_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = BrokenApi([KeyError("spec")] * 5 + [TypeError("bad record")] * 5)
+    elector = LeaderElector(
+        api,  # type: ignore[arg-type]
+        LeaseSettings(
+            "ns", "lock", "a", lease_duration_s=0.3, renew_deadline_s=0.2, retry_period_s=0.01
+        ),
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=elector.run, args=(stop,))
+    with caplog.at_level(logging.INFO, logger="controllers.node_power"):
+        thread.start()
+        wait_until(lambda: api.calls >= 12, what="a dozen attempts")
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()  # the elector outlives its bugs
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [type(r.exc_info[1]).__name__ for r in tracebacks] == ["KeyError", "TypeError"]  # type: ignore[index]
+    again = [r.getMessage() for r in caplog.records if "unexpected error again" in r.getMessage()]
+    assert len(again) == api.calls - 2 and all("next retry in" in line for line in again)

@@ -1,16 +1,11 @@
 """training.publish against the real API server (envtest), as ServiceAccount power-model-trainer.
 
-The publisher runs with the token and rights manifests/trainer.yaml gives the trainer (ConfigMaps
-power-models-0..7 of namespace power-aware-scheduler, nothing else), so these tests also prove
-those rights are enough. The shards' names are the ones the manifests grant, in a namespace the
-control plane shares: every test starts and ends without them. What the publisher sends is
-recorded as sent (`RequestLog`); the 1 MiB ConfigMap limit and the 3 MiB request limit are the
-real server's.
-
-Bundles are real: ONNX files fitted by scikit-learn and written by predictor.bundle. The fleet
-bundle over 1 MiB reuses one fitted model's bytes for thousands of nodes (each node's file is
-still a valid model with its own manifest entry and sha256); the oversized file is a real ONNX
-graph with a large weight initializer.
+The publisher runs with the token and rights manifests/base/trainer.yaml gives the trainer
+(ConfigMaps power-models-0..7 of namespace power-aware-scheduler, nothing else), so these tests
+also prove those rights are enough. The shards' names are the ones the manifests grant, in a
+namespace the control plane shares: every test starts and ends without them. What the publisher
+sends is recorded as sent (`RequestLog`); the 1 MiB ConfigMap limit and the 3 MiB request limit
+are the real server's.
 """
 
 from __future__ import annotations
@@ -52,7 +47,7 @@ from tests.support.kube_api import (
 from training import publish
 
 NAMESPACE = COMPONENT_NAMESPACE
-NAME = "power-models"  # the shards manifests/trainer.yaml lets the trainer write
+NAME = "power-models"  # the shards manifests/base/trainer.yaml lets the trainer write
 TRAINER = "power-model-trainer"
 # The API server's limit on a ConfigMap's data + binaryData (core.MaxSecretSize).
 MAX_CONFIGMAP_BYTES = 1024 * 1024

@@ -22,6 +22,8 @@ What the test changes, and only that:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import re
 import shlex
@@ -91,8 +93,55 @@ def readme_commands() -> list[list[str]]:
     return [block_commands(block) for title in SECTIONS for block in section_blocks(text, title)]
 
 
+# Where each command's argument parser lives, when not in the module `python -m` runs.
+PARSERS = {
+    "extender": "extender.config",
+    "training.collect": "training.collect.cli",
+    "training.fit": "training.fit.cli",
+    "controllers.node_power": "controllers.node_power.cli",
+    "controllers.energy_adapter": "controllers.energy_adapter.cli",
+}
+
+
+def other_commands() -> list[str]:
+    """The commands of every ```sh block outside the sections the run test runs."""
+    text = README.read_text()
+    run = "".join(
+        match.group(0)
+        for title in SECTIONS
+        for match in re.finditer(rf"^## {re.escape(title)}\n.*?(?=^## )", text, flags=re.M | re.S)
+    )
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    kept = set(re.findall(r"```sh\n(.*?)```", run, flags=re.S))
+    return [command for block in blocks if block not in kept for command in block_commands(block)]
+
+
+def test_the_readme_commands_outside_the_run_sections_are_real() -> None:
+    # A cluster is needed to run them, so they are checked as far as one can be without it:
+    # every flag parses, every kustomization and make target exists.
+    commands = other_commands()
+    assert any(c.startswith("kubectl apply -k") for c in commands), commands
+    makefile = (REPO / "Makefile").read_text()
+    for command in commands:
+        words = shlex.split(command)
+        if command == ". .venv/bin/activate":
+            continue
+        if words[:2] == ["python", "-m"]:
+            module = words[2]
+            assert importlib.util.find_spec(module), f"{command}: no module {module}"
+            parser_module = importlib.import_module(PARSERS.get(module, module))
+            if hasattr(parser_module, "build_parser"):
+                parser_module.build_parser().parse_args(words[3:])  # exits on a bad flag
+        elif words[:3] == ["kubectl", "apply", "-k"]:
+            assert (REPO / words[3] / "kustomization.yaml").is_file(), command
+        elif words[0] == "make":
+            assert re.search(rf"^{re.escape(words[1])}:", makefile, flags=re.M), command
+        else:
+            pytest.fail(f"README command {command!r}: this test has no check for it")
+
+
 def test_every_block_that_runs_python_activates_the_environment_first() -> None:
-    # The issue's trap: after `make run`, a bare `python -m training.fit` fails with "No
+    # The trap: after `make run`, a bare `python -m training.fit` fails with "No
     # module named 'pandas'". Every block with a python command must work when pasted alone.
     blocks = readme_commands()
     assert any(any("python -m training." in c for c in block) for block in blocks)

@@ -1,8 +1,8 @@
 """Learned rewards against the real API server (envtest): the pod watch feeds them, a ConfigMap
 keeps them over a restart, deleting it resets them, and an API outage never overwrites them.
 
-The extender runs as ServiceAccount power-extender with the rights manifests/extender.yaml gives
-it (its rewards ConfigMap by name, pods and nodes read-only); an outage is a `FaultProxy`
+The extender runs as ServiceAccount power-extender with the rights manifests/base/extender.yaml
+gives it (its rewards ConfigMap by name, pods and nodes read-only); an outage is a `FaultProxy`
 refusing its connections. The ConfigMap's name is the one those rights name, in a namespace the
 control plane shares: every test starts and ends without it.
 
@@ -34,17 +34,17 @@ from extender.rewards.store import DATA_KEY, ConfigMapStore, SaveResult
 from extender.sources.kube_watch import BOUND_POD_FIELD_SELECTOR, ClusterWatcher
 from extender.state import ClusterState
 from livedata.labels import REWARD_RESET_AT_ANNOTATION
+from tests.support.exporters import wait_until
 from tests.support.fault_proxy import FaultProxy
 from tests.support.kube_api import (
     COMPONENT_NAMESPACE,
     RequestLog,
     component_client,
     force_delete_pods,
-    wait_until,
 )
 
 NAMESPACE = COMPONENT_NAMESPACE
-CONFIG_MAP = "power-extender-rewards"  # the one ConfigMap manifests/extender.yaml grants
+CONFIG_MAP = "power-extender-rewards"  # the one ConfigMap manifests/base/extender.yaml grants
 EXTENDER = "power-extender"
 HASH = "6f8b9c7d54"
 
@@ -188,7 +188,7 @@ def test_a_refusal_of_the_api_is_reported_with_the_rbac_to_look_at(kube: Kube) -
     assert not source.load()
     error = source.status()["persistence"]["last_error"]
     assert f"reading ConfigMap {NAMESPACE}/{CONFIG_MAP}: HTTP 403" in error
-    assert "manifests/extender.yaml" in error and "energy-adapter" in error
+    assert "see manifests/" in error and "extender.yaml" in error and "energy-adapter" in error
     assert source.save() is None  # never writes what it could not read
     assert kube.config_map() is None
 

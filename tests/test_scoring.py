@@ -146,6 +146,18 @@ def test_stale_telemetry_counts_as_none(predictor: Predictor) -> None:
     assert fixed.host_scores()[1] == ("flat", 10)
 
 
+@pytest.mark.parametrize("ttl_s", [TTL_S, None], ids=["live", "snapshot"])
+def test_fresh_telemetry_without_cpu_util_is_not_called_stale(
+    predictor: Predictor, ttl_s: float | None
+) -> None:
+    state = make_state({"steep": {}, "flat": {}})
+    state.set_telemetry("flat", {"ambient_temp_c": 22.0, "cpu1_temp_c": 50.0}, NOW_S - 5)
+    result = run(predictor, state, ["steep", "flat"], ttl_s=ttl_s)
+    assert result.has_telemetry.tolist() == [True, False]
+    assert result.points("PowerIncrease")[1] == 0.0
+    assert result.explain()[1]["note"] == "telemetry has no cpu_util: lowest power score"
+
+
 def test_node_without_a_curve_is_counted_and_scored_lowest(predictor: Predictor) -> None:
     # "orphan" has telemetry but no model (the bundle has no fallback).
     state = make_state({"flat": {}, "steep": {}, "orphan": {}})

@@ -81,6 +81,21 @@ def test_from_metrics_takes_each_nodes_newest_complete_reading(tmp_path: Path) -
     assert dict(nodes["node-a"].info.labels) == {}  # grid power until the file says otherwise
 
 
+def test_a_reading_the_source_lacks_is_written_as_null(tmp_path: Path) -> None:
+    # A fleet whose BMCs report no inlet temperature: the table has no ambient_temp_c column.
+    table = tmp_path / "metrics.csv"
+    table.write_text(
+        "node,timestamp,cpu_util,cpu1_temp_c,power_w\nnode-a,2026-01-05T00:00:00Z,0.3,50,160\n"
+    )
+    out = tmp_path / "cluster.json"
+    done = write_snapshot_cli("--from-metrics", str(table), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    (written,) = json.loads(out.read_text())["nodes"]
+    assert written["telemetry"]["ambient_temp_c"] is None  # missing, and said so
+    (node,) = read_snapshot(out)  # what --cluster accepts
+    assert dict(node.telemetry) == {"cpu_util": 0.3, "cpu1_temp_c": 50.0, "power_w": 160.0}
+
+
 def test_a_written_snapshot_serves_a_bundle_of_ones_own(tmp_path: Path) -> None:
     # What the README's "try your own bundle locally" does: metrics -> snapshot -> serve.
     table = tmp_path / "fleet.csv"

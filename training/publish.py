@@ -74,7 +74,7 @@ _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?$")
 _CONFIGMAP_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 LABEL_VALUE_MAX = 63
-RBAC_MANIFEST = "manifests/trainer.yaml"  # the trainer's rights, named in a 403's hint
+RBAC_MANIFEST = "manifests/base/trainer.yaml"  # the trainer's rights, named in a 403's hint
 
 
 class PublishError(RuntimeError):

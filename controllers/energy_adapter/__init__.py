@@ -18,7 +18,7 @@ restart (or a second replica) neither forgets a level nor repeats a patch.
 Offloading: a `powerless` node also gets the taint `power-aware-scheduler/powerless:NoSchedule`
 (removed when it recovers). New pods of every scheduler stay off it, and the Kubernetes
 descheduler's RemovePodsViolatingNodeTaints moves running pods that do not tolerate it away
-through the Eviction API (manifests/descheduler.yaml, docs/operations.md). The adapter never
+through the Eviction API (manifests/base/descheduler.yaml, docs/operations.md). The adapter never
 evicts or deletes anything itself.
 
 The package, in the order a pass runs:

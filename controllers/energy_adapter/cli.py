@@ -29,6 +29,7 @@ from controllers.energy_adapter.policy import (
     POWERLESS_TAINT_KEY,
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY
+from controllers.probes import stop_on_signals
 from livedata.collect_config import CollectConfigError, parse_duration_s
 from livedata.kube_client import (
     KubeConfigError,
@@ -184,8 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.hysteresis_pct,
     )
     stop = threading.Event()
-    try:
+    with stop_on_signals(stop) as signals:
         adapter.run_forever(stop)
-    except KeyboardInterrupt:
-        stop.set()
+    log.info("energy adapter stopped on %s", signals.received or "request")
     return 0

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,10 +32,11 @@ from controllers.node_power.controller import ControllerSettings, NodePowerContr
 from controllers.node_power.drivers import BmcSecret, DriverError
 from controllers.node_power.health import serve_health
 from controllers.node_power.idle_power import IdlePower, NominalConditions
-from controllers.node_power.kube import describe_api_error
+from controllers.node_power.kube import describe_api_error, rfc3339
 from controllers.node_power.lease import LeaderElector, LeaseSettings
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import RANK_BY, RANK_BY_GRAMS, RANK_BY_WATTS, PolicySettings
+from controllers.probes import stop_on_signals
 from livedata.carbon import SIGNALS
 from livedata.collect_config import CollectConfig, CollectConfigError, parse_duration_s
 from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
@@ -47,6 +50,7 @@ from livedata.labels import (
     POWER_MANAGEMENT_ENABLED,
     POWER_MANAGEMENT_LABEL,
     POWER_STATE_ANNOTATION,
+    POWER_STATE_SINCE_ANNOTATION,
     REGION_LABEL,
 )
 from livedata.logs import LOG_FORMATS, configure_logging
@@ -76,6 +80,18 @@ addresses and credentials come from a mounted Secret (--bmc-secret-dir), never f
 Dry run is the default: without --apply nothing is written and every decision is logged
 as "would ...". With --apply and the dry-run driver the whole cycle runs except the power
 switch itself.
+
+A node goes off once it has been unneeded for --scale-down-unneeded-time. The first round
+a process leads (every --once run, a new leader) starts that clock from the evidence the
+cluster holds, not from the process start: the node's {POWER_STATE_SINCE_ANNOTATION}
+(or its creation), the pods the API still lists on it, and its kubelet's Events about pods,
+which the API server keeps for its --event-ttl (give the same value here): a node empty for
+longer than the unneeded time shows as a power-off in the first round, one whose last pod
+ended a minute ago does not. Without leave to list Events the clocks start at that round.
+
+Stopping: SIGTERM or Ctrl-C stops acting at once, stops the leader election and releases the
+Lease (the other replica takes over at once), and exits 0. When the API server is unreachable
+the controller says so in one line per retry and stops acting at the renew deadline.
 """
 
 
@@ -159,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="timeout of each API call (default: %(default)s)",
     )
+    where.add_argument(
+        "--event-ttl",
+        type=_duration("--event-ttl"),
+        default="1h",
+        metavar="DURATION",
+        help="how long the API server keeps Events (its own --event-ttl): how far back the "
+        "first round looks for a node's last pod (default: %(default)s)",
+    )
 
     model = parser.add_argument_group("idle power (which nodes go first, watts saved)")
     model.add_argument(
@@ -203,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration("--scale-down-unneeded-time"),
         default="10m",
         metavar="DURATION",
-        help="how long a node must be unneeded before it goes off (default: %(default)s)",
+        help="how long a node must be unneeded before it goes off, counted in the first "
+        "round from the evidence the cluster holds (see above) (default: %(default)s)",
     )
     policy.add_argument(
         "--scale-down-utilization-threshold",
@@ -462,8 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--once",
         action="store_true",
-        help="one round, its decisions printed as JSON; exit 1 if it failed. With --apply it "
-        "takes the Lease first and refuses while a running controller holds it",
+        help="one round, its decisions printed as JSON (unknown numbers are null); exit 1 if "
+        "it failed. Its unneeded clocks start from the evidence the cluster holds, as a new "
+        "leader's do. With --apply it takes the Lease first and refuses while a running "
+        "controller holds it",
     )
     run.add_argument(
         "--check-bmc",
@@ -525,6 +552,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
         max_drain_parallelism=args.max_drain_parallelism,
         max_bulk_power_off=args.max_empty_bulk_power_off,
         api_timeout_s=args.api_timeout,
+        event_ttl_s=args.event_ttl,
     )
 
 
@@ -577,6 +605,11 @@ def round_summary(controller: NodePowerController, result: object) -> dict[str, 
         "power_off": actions(getattr(decisions, "power_off", ())),
         "drain": actions(getattr(decisions, "drain", ())),
         "free_cores": getattr(decisions, "free_cores", None),
+        # Since when each node has been unneeded (RFC 3339), as this round's clocks have it.
+        "unneeded_since": {
+            name: rfc3339(since_s)
+            for name, since_s in sorted(getattr(decisions, "unneeded_since", {}).items())
+        },
         "headroom_cores": getattr(decisions, "headroom_cores", None),
         "pending_pods": [p.name for p in getattr(view, "pending", ())],
         "nodes": [
@@ -595,6 +628,20 @@ def round_summary(controller: NodePowerController, result: object) -> dict[str, 
     }
 
 
+def json_safe(value: object) -> object:
+    """`value` as strict JSON data: NaN and infinities (unknown watts, intensities) become
+    null, which every JSON parser reads; anything else not JSON becomes its string."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return str(value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the controller; exit status 0, 1 (`--once` round failed) or 2 (bad flags)."""
     args = build_parser().parse_args(argv)
@@ -611,7 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 prometheus_url=args.prometheus,
                 registry=metrics.registry,
             )
-        api_client = kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
+        api_client = without_urllib3_retries(
+            kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
+        )
     except (ValueError, KubeConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -637,7 +686,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_bmc:
         return check_bmcs(api_client, args.check_bmc, controller)
     if args.once:
-        return _run_once(controller, elector)
+        stop = threading.Event()
+        with stop_on_signals(stop) as signals:
+            code = _run_once(controller, elector, stop)
+        if signals.received:
+            print(f"error: stopped on {signals.received} before the round", file=sys.stderr)
+        return code
     if args.listen_port is not None:
         server = serve_health(controller, args.listen_host, args.listen_port)
         log.info("health, metrics and status on http://%s:%d", *server.server_address[:2])
@@ -650,11 +704,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"leader election on Lease {lease.name}" if elector else "no leader election",
     )
     stop = threading.Event()
-    try:
-        controller.run_forever(stop)
-    except KeyboardInterrupt:
-        stop.set()
+    with stop_on_signals(stop) as signals:
+        released = controller.run_forever(stop)
+    log.info(
+        "node power controller %s stopped%s%s",
+        lease.identity,
+        f" on {signals.received}" if signals.received else "",
+        f"; released Lease {elector.lease_name}: another replica takes over at once"
+        if released and elector is not None
+        else "",
+    )
     return 0
+
+
+def without_urllib3_retries(api_client: client.ApiClient) -> client.ApiClient:
+    """The same client, but urllib3 tries each request once.
+
+    The controller retries on its own schedules (the leader election every retry period, the
+    watches with backoff, the next round), each logging one line per try. urllib3's default
+    three silent retries would log three "Retrying" warnings per try and stretch a renewal
+    that times out to four timeouts, past the renew deadline.
+    """
+    configuration = api_client.configuration
+    configuration.retries = 0
+    return client.ApiClient(configuration)
 
 
 def check_bmcs(
@@ -682,21 +755,36 @@ def check_bmcs(
     return 1 if failed else 0
 
 
-def _run_once(controller: NodePowerController, elector: LeaderElector | None) -> int:
+def _run_once(
+    controller: NodePowerController, elector: LeaderElector | None, stop: threading.Event
+) -> int:
     """One round. Acting (`--apply`) takes the Lease first, so that it never acts beside a
-    running controller; a dry run reads only and needs none."""
+    running controller; a dry run reads only and needs none. `stop` (SIGTERM, Ctrl-C) set
+    before the round starts: no round, exit 1, the Lease released."""
     if elector is not None and not elector.try_acquire_or_renew():
+        if elector.last_error is not None:
+            print(f"error: cannot take the Lease: {elector.last_error}", file=sys.stderr)
+            return 1
         holder = elector.holder or "another replica"
         print(
-            f"error: the Lease {elector.settings.namespace}/{elector.settings.name} is held by "
-            f"{holder}: a controller is running; stop it (or run without --apply)",
+            f"error: the Lease {elector.lease_name} is held by {holder}: a controller is "
+            "running; stop it (or run without --apply)",
             file=sys.stderr,
         )
         return 1
     controller.start()
     try:
-        if not _wait_synced(controller):
-            print("error: the node, pod and budget caches did not sync", file=sys.stderr)
+        if not _wait_synced(controller, stop):
+            if not stop.is_set():
+                why = next(
+                    (
+                        f": {informer.name}: {informer.status.last_error}"
+                        for informer in (controller.nodes, controller.pods, controller.budgets)
+                        if informer.status.last_error
+                    ),
+                    "",
+                )
+                print(f"error: the node, pod and budget caches did not sync{why}", file=sys.stderr)
             return 1
         if controller.carbon is not None:
             controller.carbon.poll_once()  # this round's intensities, not the next poll's
@@ -705,14 +793,16 @@ def _run_once(controller: NodePowerController, elector: LeaderElector | None) ->
         controller.stop()
         if elector is not None:
             elector.release()
-    print(json.dumps(round_summary(controller, result), indent=2, default=str))
+    print(json.dumps(json_safe(round_summary(controller, result)), indent=2, allow_nan=False))
     return 1 if result.error else 0
 
 
-def _wait_synced(controller: NodePowerController, timeout_s: float = 60.0) -> bool:
-    stop = threading.Event()
-    waited = 0.0
-    while not controller.synced and waited < timeout_s:
-        stop.wait(0.1)
-        waited += 0.1
+def _wait_synced(
+    controller: NodePowerController, stop: threading.Event, timeout_s: float = 60.0
+) -> bool:
+    """Whether the caches synced within `timeout_s` (False at once when `stop` is set)."""
+    deadline_s = time.monotonic() + timeout_s
+    while not controller.synced and time.monotonic() < deadline_s:
+        if stop.wait(0.1):
+            return False
     return controller.synced

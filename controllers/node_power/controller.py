@@ -21,8 +21,18 @@ a cluster can run the whole cordon-drain-annotate cycle before any BMC is truste
 
 A round that fails (API server unreachable, a bug) changes nothing more and the next round
 starts afresh from the cluster's state: everything the controller must remember across
-rounds is written on the nodes, except backoff and the unneeded-since bookkeeping, which a
-new leader rebuilds (it waits the unneeded time again, as cluster-autoscaler does).
+rounds is written on the nodes, except backoff and the unneeded-since bookkeeping. The
+first round a process leads (a `--once` run, a new leader, a leader back after losing the
+Lease) has no memory of since when each node has been unneeded: it starts each clock where the
+evidence the cluster holds puts it (`views.unneeded_evidence_s`: the power-state annotation's
+time, the node's pods, its kubelet's Events about pods within the Events' retention
+`event_ttl_s`): at the last sign that the node was needed. Later rounds carry their own
+observation forward, as cluster-autoscaler's unneeded clock does. Without leave to list Events
+the clocks start at that first round.
+
+The controller acts only while it leads, and stops at once when the process is told to stop
+(`stop` set): every write asks `may_write()` first, so neither a lapsed renewal nor a
+shutdown can power off a node in the middle of a round.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -47,7 +58,7 @@ from controllers.node_power.actuator import (
 from controllers.node_power.carbon import NodeIntensity
 from controllers.node_power.drivers import BmcSecret
 from controllers.node_power.idle_power import IdlePower
-from controllers.node_power.kube import Informer, KubeOps, describe_api_error
+from controllers.node_power.kube import Informer, KubeOps, api_unavailable, describe_api_error
 from controllers.node_power.lease import LeaderElector
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.policy import (
@@ -66,6 +77,7 @@ from controllers.node_power.views import (
     cluster_view,
     node_allocatable,
     pending_beyond_waking,
+    unneeded_evidence_s,
 )
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_STATES, POWER_WAKING
 
@@ -96,9 +108,12 @@ class ControllerSettings:
     max_drain_parallelism: int = 1
     max_bulk_power_off: int = 10
     api_timeout_s: float = 10.0
+    # How long the API server keeps Events (its --event-ttl, 1 h by default): how far back the
+    # first round's evidence of a node's last pod can reach (`views.unneeded_evidence_s`).
+    event_ttl_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("scan_interval_s", "api_timeout_s"):
+        for name in ("scan_interval_s", "api_timeout_s", "event_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not all(w > 0 for w in self.arrival_windows_s):
@@ -164,6 +179,10 @@ class NodePowerController:
             else ArrivalRateMeter.for_boot_time(settings.policy.boot_s)
         )
         self.unneeded_since: dict[str, float] = {}
+        # No memory yet of since when nodes are unneeded: the next round reads the evidence.
+        self._from_evidence = True
+        self._evidence_warned = False
+        self._stopping = threading.Event()
         self._idle_w: dict[str, float] = {}
         self._announced: dict[tuple[str, str], str] = {}  # dry-run: (node, action) -> reason
         self.last_round_at_s: float | None = None  # monotonic, for /healthz
@@ -193,7 +212,7 @@ class NodePowerController:
         return self.elector is None or self.elector.is_leader()
 
     def may_write(self) -> bool:
-        return self.settings.apply and self.is_leader()
+        return self.settings.apply and not self._stopping.is_set() and self.is_leader()
 
     # ---- one round ------------------------------------------------------------------------
 
@@ -204,17 +223,24 @@ class NodePowerController:
         leader = self.is_leader()
         self.metrics.leader.set(1 if leader else 0)
         if not leader:
+            # What this replica saw unneeded is stale once another may have acted: a next
+            # leadership starts from the evidence again.
+            self.unneeded_since = {}
+            self._from_evidence = True
             return RoundResult(leader=False)
         result = RoundResult()
         try:
             self._round(now_s, result)
         except LostLeadership as stop:
-            log.warning("%s", stop)
+            if not self._stopping.is_set():
+                log.warning("%s", stop)
             result.error = str(stop)
         except ApiException as error:
             result.error = describe_api_error(error)
-        except OSError as error:  # unreachable API server (urllib3 errors are OSErrors)
-            result.error = f"{type(error).__name__}: {error}"
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            # The API server unreachable (urllib3's errors are not OSErrors).
+            unavailable = api_unavailable(error) or f"{type(error).__name__}: {error}"
+            result.error = f"the API server is unreachable: {unavailable}"
         if result.error is None:
             self.metrics.rounds.labels(result="ok").inc()
             self.metrics.last_round.set(time.time())
@@ -234,16 +260,20 @@ class NodePowerController:
         result.view = view
         arrival = self.arrivals.observe(self.pods.items(), now_s)
         considered = self._with_backoff(view.nodes, now_s)
+        previous = self.unneeded_since
+        if self._from_evidence:
+            previous = self._evidence(view, now_s)
         decisions = decide(
             considered,
             pending_beyond_waking(view.pending, view.nodes),
             arrival,
-            self.unneeded_since,
+            previous,
             now_s,
             self.settings.policy,
         )
         result.decisions = decisions
         self.unneeded_since = dict(decisions.unneeded_since)
+        self._from_evidence = False
         self._report_inputs(view, considered, decisions, arrival)
         if not self.settings.apply:
             self._announce(decisions, view)
@@ -270,6 +300,27 @@ class NodePowerController:
             log.warning("%s", problem)
         self.actuator.forget(set(names))
         return view
+
+    def _evidence(self, view: ClusterView, now_s: float) -> dict[str, float]:
+        """Since when each node can have been unneeded, by the evidence the cluster holds;
+        nothing (every clock starts now) when the Events may not be read. An unreachable
+        API server fails the round, which the next round retries with the evidence."""
+        try:
+            events = self.ops.pod_events()
+        except ApiException as error:
+            if api_unavailable(error) is not None:
+                raise
+            if not self._evidence_warned:
+                self._evidence_warned = True
+                log.warning(
+                    "cannot list Events (%s): the unneeded clocks start now instead of at each "
+                    "node's last pod; grant list on events to start them from the evidence",
+                    describe_api_error(error),
+                )
+            return {}
+        return unneeded_evidence_s(
+            view.records, self.pods.items(), events, now_s, self.settings.event_ttl_s
+        )
 
     def _with_backoff(self, nodes: tuple[NodeView, ...], now_s: float) -> list[NodeView]:
         shown = []
@@ -406,8 +457,15 @@ class NodePowerController:
 
     # ---- the loop -------------------------------------------------------------------------
 
-    def run_forever(self, stop: threading.Event) -> None:
-        """Rounds every scan interval until `stop`; the elector runs in its own thread."""
+    def run_forever(self, stop: threading.Event) -> bool:
+        """Rounds every scan interval until `stop`; the elector runs in its own thread.
+
+        On `stop` (SIGTERM, Ctrl-C): writes stop at once (`may_write`), the loop ends, the
+        election thread is stopped and waited for, so it cannot take the Lease back, and only
+        then is the Lease released (client-go's ReleaseOnCancel). Returns whether it was
+        released.
+        """
+        self._stopping = stop
         election: threading.Thread | None = None
         if self.elector is not None:
             election = threading.Thread(
@@ -428,11 +486,12 @@ class NodePowerController:
                     self.metrics.rounds.labels(result="error").inc()
                 stop.wait(max(self.settings.scan_interval_s - (time.monotonic() - started), 0.0))
         finally:
-            self.stop()
-            if self.elector is not None:
-                self.elector.release()
+            stop.set()
             if election is not None:
-                election.join(5)
+                # An attempt in flight ends within its request timeouts (a read and a write).
+                election.join(2 * self.elector.settings.request_timeout_s + 1)  # type: ignore[union-attr]
+            self.stop()
+        return self.elector.release() if self.elector is not None else False
 
     def health(self) -> tuple[bool, bool, str]:
         """(alive, ready, details) for /healthz and /readyz."""

@@ -17,7 +17,9 @@ Writes (`KubeOps`), each bounded by a timeout:
   disruption now) is an `EvictionRefused` carrying the server's message and causes;
 - `pods_on_node`: a fresh list of the pods bound to one node, read just before a node is
   powered off, so a pod that arrived since the cache was filled can never be powered off;
-- `read_namespace`: the controller's namespace, for the kill switch.
+- `read_namespace`: the controller's namespace, for the kill switch;
+- `pod_events`: the Events about pods, read when a round starts with no memory of which
+  nodes were unneeded (see `views.unneeded_evidence_s`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -45,6 +48,7 @@ log = logging.getLogger(__package__)
 JsonObject = dict[str, Any]
 HTTP_NOT_FOUND = 404
 HTTP_TOO_MANY_REQUESTS = 429
+HTTP_SERVER_ERROR = 500
 MAX_REASON_CHARS = 1000  # an annotation value stays readable in `kubectl describe node`
 
 
@@ -158,6 +162,46 @@ class EvictionRefused(Exception):
         )
 
 
+def api_unavailable(error: BaseException) -> str | None:
+    """What went wrong in words when `error` is the API server being unreachable or overloaded
+    (an expected, passing failure to retry with backoff), else None.
+
+    Expected: connection failures and timeouts (urllib3's `MaxRetryError`, `ProtocolError`,
+    `NewConnectionError` and timeout errors are `urllib3.exceptions.HTTPError`s, not
+    `OSError`s; plain socket errors are `OSError`s), 5xx answers and 429 Too Many Requests
+    (client-go retries the same). Any other API answer (403, 404, 409...) is the server
+    refusing this request, and anything else is a bug.
+    """
+    if isinstance(error, ApiException):
+        status = error.status or 0
+        if status == 0 or status >= HTTP_SERVER_ERROR or status == HTTP_TOO_MANY_REQUESTS:
+            return describe_api_error(error)
+        return None
+    if isinstance(error, urllib3.exceptions.HTTPError | OSError):
+        return _root_cause(error)
+    return None
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause of a urllib3 or socket error, short: "connection refused",
+    "read timed out. (read timeout=5)"."""
+    seen = {id(error)}
+    while True:
+        inner = getattr(error, "reason", None)
+        if not isinstance(inner, BaseException):
+            inner = error.__cause__ or error.__context__
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        error = inner
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    text = " ".join(str(error).split())
+    # urllib3 prefixes its messages with the pool ("HTTPConnectionPool(host=..., port=...): ").
+    head, _, tail = text.partition("): ")
+    return (tail if "ConnectionPool(" in head or "Connection(" in head else text) or repr(error)
+
+
 def describe_api_error(error: ApiException) -> str:
     """HTTP status and the server's own message, in one line."""
     message = ""
@@ -248,6 +292,15 @@ class KubeOps:
     def pods_on_node(self, node: str) -> list[JsonObject]:
         response = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}",
+            _preload_content=False,
+            _request_timeout=self.timeout_s,
+        )
+        return json.loads(response.data).get("items") or []
+
+    def pod_events(self) -> list[JsonObject]:
+        """Every Event about a pod, in all namespaces (evidence for `views.unneeded_evidence_s`)."""
+        response = self.core.list_event_for_all_namespaces(
+            field_selector="involvedObject.kind=Pod",
             _preload_content=False,
             _request_timeout=self.timeout_s,
         )

@@ -23,6 +23,9 @@ tested on plain dicts:
   without a budget;
 - **pending pods**: pods for our scheduler that wait with PodScheduled=False, reason
   Unschedulable;
+- **unneeded since, from evidence**: the earliest a node can have been unneeded, read from what
+  the cluster holds (`unneeded_evidence_s`), to start the unneeded clock of a round with no
+  memory (a `--once` run, a new leader) where the evidence puts it rather than at that round;
 - **arrivals**: each pod's creation time and requested CPU, into the policy's own
   `ArrivalRateMeter` (as the simulation feeds it); `ArrivalTracker` remembers pods seen once,
   so pods that came and went still count, and each counts once.
@@ -529,3 +532,96 @@ def cluster_view(
         ready_at_s=ready_at,
         problems=tuple(problems),
     )
+
+
+# ---- unneeded since, from the evidence the cluster holds --------------------------------------
+
+
+def pod_activity_s(pod: JsonObject) -> float | None:
+    """The latest time a pod is known to have been alive on its node: its creation, start,
+    containers' starts and ends, and condition changes (a finished pod's end among them)."""
+    status = pod.get("status") or {}
+    stamps = [_time_s(_metadata(pod).get("creationTimestamp")), _time_s(status.get("startTime"))]
+    stamps += [_time_s(c.get("lastTransitionTime")) for c in status.get("conditions") or []]
+    for container in (status.get("containerStatuses") or []) + (
+        status.get("initContainerStatuses") or []
+    ):
+        for key in ("state", "lastState"):
+            for phase in (container.get(key) or {}).values():
+                if isinstance(phase, Mapping):
+                    stamps += [_time_s(phase.get("startedAt")), _time_s(phase.get("finishedAt"))]
+    if _metadata(pod).get("deletionTimestamp"):
+        return math.inf  # still being stopped: alive now
+    return max((s for s in stamps if s is not None), default=None)
+
+
+def event_time_s(event: JsonObject) -> float | None:
+    """When a core/v1 Event last happened (series, last, event or first timestamp)."""
+    stamps = [_time_s(event.get(key)) for key in ("lastTimestamp", "eventTime", "firstTimestamp")]
+    stamps.append(_time_s((event.get("series") or {}).get("lastObservedTime")))
+    return max((s for s in stamps if s is not None), default=None)
+
+
+def event_node(event: JsonObject) -> str:
+    """The node a kubelet Event came from ("" when it is not a kubelet's)."""
+    source = event.get("source") or {}
+    if source.get("component") == "kubelet" and source.get("host"):
+        return str(source["host"])
+    if event.get("reportingComponent") == "kubelet":
+        return str(event.get("reportingInstance") or "")
+    return ""
+
+
+def unneeded_evidence_s(
+    records: Mapping[str, NodePowerRecord],
+    pods: Iterable[JsonObject],
+    pod_events: Iterable[JsonObject],
+    now_s: float,
+    lookback_s: float,
+) -> dict[str, float]:
+    """By node: the earliest time it can have been unneeded, from what the cluster holds.
+
+    That is the latest of:
+
+    - when it entered its recorded power state (the `power-state-since` annotation, written on
+      every power-on, wake and cancelled drain), or its creation when it has none;
+    - the latest sign of life of any non-DaemonSet pod bound to it that the API still lists
+      (running or finished: creation, start, containers' starts and ends);
+    - the latest kubelet Event on the node about a pod that is not a known DaemonSet or mirror
+      pod: a pod deleted since leaves no object, but its kubelet's "Killing", "Started" and
+      "Pulled" Events name the node for the API server's `--event-ttl`;
+    - `now_s - lookback_s`, with `lookback_s` that event retention: further back the absence
+      of Events proves nothing, so no clock is started earlier than it.
+
+    Every sign of a pod is from before the node became empty, so this is never later than
+    the truth, and it is the truth (to within the last pod's grace period) when the last pod
+    left a trace: it is still listed, or its kubelet's "Killing" Event is. A pod whose Events
+    were dropped (the kubelet's event rate limit, an API server shedding load) goes unseen and
+    the clock starts early by as much; that is the limit of what the cluster holds, and why
+    only a round with no memory reads it: later rounds carry their own observation. The
+    other half of "unneeded", that the nodes left on keep the headroom without this one, is
+    judged on the round's own arrival estimate, which `ArrivalTracker` rebuilds from the
+    pods' creation times.
+    """
+    floor_s = now_s - lookback_s
+    since = {name: max(record.since_s, floor_s) for name, record in records.items()}
+    daemon_uids = set()
+    for pod in pods:
+        if is_daemon_pod(pod):
+            daemon_uids.add(_metadata(pod).get("uid"))
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        activity = pod_activity_s(pod)
+        if node in since and activity is not None:
+            since[node] = max(since[node], min(activity, now_s))
+    for event in pod_events:
+        node = event_node(event)
+        involved = event.get("involvedObject") or {}
+        if node not in since or involved.get("kind") != "Pod":
+            continue
+        if involved.get("uid") and involved.get("uid") in daemon_uids:
+            continue
+        happened = event_time_s(event)
+        if happened is not None:
+            since[node] = max(since[node], min(happened, now_s))
+    return since

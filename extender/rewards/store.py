@@ -180,4 +180,4 @@ class ConfigMapStore:
 def _describe(exc: Any, what: str) -> str:
     from livedata.kube_client import describe_api_error
 
-    return describe_api_error(exc, what, rbac_manifest="manifests/extender.yaml")
+    return describe_api_error(exc, what, rbac_manifest="manifests/base/extender.yaml")

@@ -18,10 +18,13 @@ The file is JSON, or YAML (``.yaml``/``.yml``) with the same structure::
 ``"7500m"``) are required; ``labels`` and ``annotations`` are string maps as on the Node
 (``energy-status``: grid, well-powered, vulnerable, low-powered, powerless; the annotation
 ``power-aware-scheduler/max-power-w``: a power cap in watts). ``telemetry`` holds the bundle's
-features (``cpu_util`` a fraction 0..1, temperatures in degrees C); ``null`` or a missing key is a
-missing reading (the bundle's feature fill or "no telemetry" applies), no ``telemetry`` at all
-means the node has none. Other numbers are kept: ``power_w`` (measured watts) is reported next to
-the prediction on ``/metrics``. Every error names the file, the node and the field.
+features with the names of a contract-1 metrics table: ``cpu_util`` (a fraction 0..1),
+``ambient_temp_c`` and ``cpu1_temp_c`` are required, ``cpu2_temp_c`` may be left out on a
+one-socket node (the bundle fills it from ``cpu1_temp_c``), and ``power_w`` (measured watts,
+optional) is reported next to the prediction on ``/metrics``. Any other key is refused (a typo
+would otherwise leave the node without telemetry). ``null`` is a reading known to be missing (the
+bundle's feature fill or "no telemetry" applies); no ``telemetry`` at all, or ``{}``, means the
+node has none. Every error names the file, the node and the field.
 
 Writing one (``python -m extender.sources.snapshot --help``): from a contract-1 metrics table,
 each node's newest complete reading (``--from-metrics FILE``), or from a live cluster, its Nodes
@@ -33,6 +36,7 @@ imported only by that command: the service itself never loads it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -49,8 +53,10 @@ from livedata.metrics_table import (
     AMBIENT_TEMP_C,
     CONTRACT_COLUMNS,
     CPU1_TEMP_C,
+    CPU2_TEMP_C,
     CPU_UTIL,
     NODE,
+    POWER_W,
     TIMESTAMP,
     VALUE_COLUMNS,
 )
@@ -64,6 +70,11 @@ if TYPE_CHECKING:
 DEMO_CLUSTER_FILE = Path(__file__).resolve().parent / "demo_cluster.json"
 UTIL_FIELD = CPU_UTIL  # the telemetry value checked to be a fraction 0..1
 NODE_FIELDS = frozenset({"name", "allocatable_cpu", "labels", "annotations", "telemetry"})
+TELEMETRY_KEYS: tuple[str, ...] = VALUE_COLUMNS  # the features and the measured power
+# Every bundle training writes needs these (cpu2_temp_c it fills from cpu1_temp_c); power_w
+# is only reported. A reading known to be missing is given as null, never left out.
+REQUIRED_TELEMETRY: tuple[str, ...] = (CPU_UTIL, AMBIENT_TEMP_C, CPU1_TEMP_C)
+OPTIONAL_TELEMETRY: tuple[str, ...] = (CPU2_TEMP_C, POWER_W)
 
 
 class SnapshotError(ValueError):
@@ -169,6 +180,9 @@ def _telemetry(raw: object, where: str) -> dict[str, float]:
         return {}
     if not isinstance(raw, Mapping):
         raise SnapshotError(f'{where}: "telemetry" must be an object of numbers')
+    for key in raw:
+        if key not in TELEMETRY_KEYS:
+            raise SnapshotError(f"{where}: {_unknown_telemetry_key(str(key))}")
     values: dict[str, float] = {}
     for key, value in raw.items():
         if value is None:
@@ -183,7 +197,22 @@ def _telemetry(raw: object, where: str) -> dict[str, float]:
         raise SnapshotError(
             f'{where}: "telemetry.{UTIL_FIELD}" must be a fraction 0..1, got {util}'
         )
+    missing = [key for key in REQUIRED_TELEMETRY if key not in raw]
+    if raw and missing:
+        raise SnapshotError(
+            f'{where}: "telemetry.{missing[0]}" is missing: a node\'s telemetry needs '
+            f"{', '.join(REQUIRED_TELEMETRY)} (null for a reading that is missing); "
+            f"{' and '.join(OPTIONAL_TELEMETRY)} may be left out"
+        )
     return values
+
+
+def _unknown_telemetry_key(key: str) -> str:
+    close = difflib.get_close_matches(key, TELEMETRY_KEYS, n=1)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    return (
+        f'"telemetry.{key}" is not a telemetry key{hint}; the keys are {", ".join(TELEMETRY_KEYS)}'
+    )
 
 
 def _kind(path: Path) -> str:
@@ -193,10 +222,8 @@ def _kind(path: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # Writing snapshots (the command line; never run by the service)
 
-SNAPSHOT_TELEMETRY: tuple[str, ...] = VALUE_COLUMNS  # the features and the measured power
 DEFAULT_ALLOCATABLE_CPU = 32.0
 KEPT_ANNOTATION_PREFIX = "power-aware-scheduler/"
-REQUIRED_READINGS: tuple[str, ...] = (CPU_UTIL, AMBIENT_TEMP_C, CPU1_TEMP_C)
 
 
 def snapshot_document(nodes: Sequence[SnapshotNode]) -> dict[str, list[dict[str, object]]]:
@@ -211,7 +238,9 @@ def snapshot_document(nodes: Sequence[SnapshotNode]) -> dict[str, list[dict[str,
         if node.info.annotations:
             entry["annotations"] = dict(node.info.annotations)
         if node.telemetry:
-            entry["telemetry"] = dict(node.telemetry)
+            # A required reading the source lacked is written as null: missing, and said so.
+            missing = {key: None for key in REQUIRED_TELEMETRY if key not in node.telemetry}
+            entry["telemetry"] = {**node.telemetry, **missing}
         document.append(entry)
     return {"nodes": document}
 
@@ -256,7 +285,7 @@ def nodes_from_metrics(
             )
     table = pd.concat(frames, ignore_index=True)
     table["_time"] = _parse_times(table[TIMESTAMP])
-    for column in SNAPSHOT_TELEMETRY:
+    for column in TELEMETRY_KEYS:
         if column in table.columns:
             table[column] = pd.to_numeric(table[column], errors="coerce")
     if cpu_util_percent:
@@ -269,7 +298,7 @@ def nodes_from_metrics(
     # A reading the bundle can use: utilisation and the temperatures a one-socket node has
     # (cpu2_temp_c is filled from cpu1_temp_c by the bundle when missing).
     complete = table[UTIL_FIELD].between(0.0, 1.0) & table["_time"].notna()
-    for column in REQUIRED_READINGS:
+    for column in REQUIRED_TELEMETRY:
         if column in table.columns:
             complete &= table[column].notna()
     usable = table[complete]
@@ -277,14 +306,14 @@ def nodes_from_metrics(
     if usable.empty:
         raise SnapshotError(
             f"{path}: no row has a node, a time, a cpu_util in 0..1 and the temperatures "
-            f"{', '.join(REQUIRED_READINGS[1:])}"
+            f"{', '.join(REQUIRED_TELEMETRY[1:])}"
         )
     newest = usable.sort_values("_time", kind="stable").groupby(NODE, sort=True).tail(1)
     nodes = []
     for row in newest.to_dict("records"):
         telemetry = {
             column: float(row[column])
-            for column in SNAPSHOT_TELEMETRY
+            for column in TELEMETRY_KEYS
             if column in row and pd.notna(row[column])
         }
         info = NodeInfo(str(row[NODE]).strip(), float(allocatable_cpu), {}, {})
@@ -316,7 +345,7 @@ def nodes_from_cluster(collect: CollectConfig, api: object) -> list[SnapshotNode
             telemetry = {
                 column: value
                 for column, value in reading.values.items()
-                if column in SNAPSHOT_TELEMETRY and math.isfinite(value)
+                if column in TELEMETRY_KEYS and math.isfinite(value)
             }
         info = NodeInfo(
             metadata.name,

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,12 +23,14 @@ WAIT_S = 60.0
 CPUS = 2
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    """Poll `condition` until it returns something true; that value."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for: {what}")
         time.sleep(0.1)
+    return value
 
 
 @dataclass(eq=False)  # identity hash: the registry keys collectors by object

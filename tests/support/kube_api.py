@@ -16,8 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import kubernetes.client
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from envtest import ControlPlane, NodeAgent
+from envtest import ControlPlane
 
 COMPONENT_NAMESPACE = "power-aware-scheduler"  # where the manifests put every ServiceAccount
 
@@ -58,29 +57,6 @@ def kubeconfig_via(kubeconfig: Path, server: str) -> Path:
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = 20.0) -> None:
-    """Poll `condition` until it is true; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout_s:.0f} s waiting for: {what}")
-        time.sleep(0.02)
-
-
-def add_node(agent: NodeAgent, name: str, **node: Any) -> None:
-    """`agent.add_node`, tolerating the agent's own race for the node's Lease.
-
-    A started NodeAgent's heartbeat thread may renew (create) the Lease of a node `add_node`
-    has just registered, while `add_node` creates it too: one of them gets 409 AlreadyExists,
-    and the Lease exists either way.
-    """
-    try:
-        agent.add_node(name, **node)
-    except ApiException as error:
-        if error.status != 409 or '"leases.coordination.k8s.io' not in (error.body or ""):
-            raise
 
 
 def force_delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:

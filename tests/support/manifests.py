@@ -1,69 +1,97 @@
-"""The deployment manifests (manifests/, as the kustomizations list them), loaded for tests.
+"""The deployment manifests (manifests/, kustomize), rendered by real kustomize for tests.
 
-`OBJECTS` holds every object `kubectl apply -k manifests/` deploys, with the file it came from:
-the listed resources plus the ConfigMaps of `configMapGenerator` (the Grafana dashboard), built
-as kustomize builds them. `EXAMPLE_OBJECTS` holds the example workload (`manifests/examples/`,
-applied on its own); `ALL_OBJECTS` both. `find_object` looks one up by kind, name and
-namespace, and `pod_specs` walks the pod spec of every workload. Shared by the manifest checks,
-the least-privilege allow-list and the dashboard checks.
+Each kustomization directory is built with `kubectl kustomize DIR` (the kubectl of the test
+assets, `KUBEBUILDER_ASSETS`, default `.kube-assets/`; its kustomize is the one `kubectl apply
+-k` runs), once per directory. `OBJECTS` holds every object `kubectl apply -k manifests/`
+deploys, `EXAMPLE_OBJECTS` the example workload (`manifests/examples/`, applied on its own),
+`ALL_OBJECTS` both; `LARGE_FLEET_OBJECTS` what `kubectl apply -k manifests/large-fleet/`
+deploys. Each object comes with the kustomization directory that built it. `find_object` looks
+one up by kind, name and namespace, and `pod_specs` walks the pod spec of every workload.
+Shared by the manifest checks, the least-privilege allow-list and the dashboard checks.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
 import yaml
+
+from envtest.assets import assets_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
+BASE = MANIFESTS / "base"
 EXAMPLES = MANIFESTS / "examples"
-DASHBOARD = MANIFESTS / "dashboards" / "power-aware-scheduler.json"
+LARGE_FLEET = MANIFESTS / "large-fleet"
+DASHBOARD = BASE / "dashboards" / "power-aware-scheduler.json"
+KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 
 SCHEDULER_NAME = "power-aware-scheduler"
 
-Sourced = tuple[str, dict]  # (file it came from, relative to its kustomization; object)
+Sourced = tuple[str, dict]  # (kustomization directory that built it, relative to REPO; object)
+
+
+class KustomizeError(AssertionError):
+    """A kustomization that kustomize cannot build."""
+
+
+def kubectl() -> Path:
+    path = assets_dir() / "kubectl"
+    if not os.access(path, os.X_OK):
+        # Expected on a fresh checkout: one line saying what to do, no traceback.
+        pytest.fail(
+            f"{path}: no kubectl to render manifests/ with; run scripts/ensure-kube-assets "
+            "(or set KUBEBUILDER_ASSETS to a directory holding kubectl)",
+            pytrace=False,
+        )
+    return path
+
+
+def kustomization_file(directory: Path) -> Path | None:
+    return next((directory / n for n in KUSTOMIZATION_FILES if (directory / n).is_file()), None)
 
 
 def kustomization(directory: Path = MANIFESTS) -> dict:
-    return yaml.safe_load((directory / "kustomization.yaml").read_text())
+    path = kustomization_file(directory)
+    if path is None:
+        raise KustomizeError(f"{directory}: no kustomization file")
+    return yaml.safe_load(path.read_text())
 
 
-def _generated_configmap(directory: Path, generator: dict) -> Sourced:
-    """A `configMapGenerator` entry as kustomize renders it (files only; no name hash)."""
-    options = generator.get("options") or {}
-    assert options.get("disableNameSuffixHash"), "generated names must not change per content"
-    data = {}
-    for file in generator.get("files", []):
-        key, _, path = file.rpartition("=") if "=" in file else (Path(file).name, "", file)
-        data[key] = (directory / path).read_text()
-    metadata: dict = {"name": generator["name"]}
-    if "namespace" in generator:
-        metadata["namespace"] = generator["namespace"]
-    for field in ("labels", "annotations"):
-        if options.get(field):
-            metadata[field] = dict(options[field])
-    source = ",".join(generator.get("files", []))
-    return source, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+def kustomization_dirs() -> list[Path]:
+    """Every directory under manifests/ with a kustomization, manifests/ itself first."""
+    return sorted(
+        {p.parent for name in KUSTOMIZATION_FILES for p in MANIFESTS.rglob(name)},
+        key=lambda d: (d != MANIFESTS, str(d)),
+    )
 
 
+@functools.cache
 def load_kustomization(directory: Path) -> list[Sourced]:
-    """Every object a kustomization directory builds: its resources, then its generators."""
-    config = kustomization(directory)
-    objects: list[Sourced] = []
-    for name in config.get("resources", []):
-        for document in yaml.safe_load_all((directory / name).read_text()):
-            if document is not None:
-                objects.append((name, document))
-    for generator in config.get("configMapGenerator", []):
-        objects.append(_generated_configmap(directory, generator))
-    return objects
+    """Every object `kubectl kustomize DIRECTORY` builds, in its output order."""
+    label = str(directory.relative_to(REPO))
+    result = subprocess.run(
+        [str(kubectl()), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise KustomizeError(f"kubectl kustomize {label}: {result.stderr.strip()}")
+    return [(label, doc) for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
 OBJECTS = load_kustomization(MANIFESTS)
 EXAMPLE_OBJECTS = load_kustomization(EXAMPLES)
 ALL_OBJECTS = OBJECTS + EXAMPLE_OBJECTS
+LARGE_FLEET_OBJECTS = load_kustomization(LARGE_FLEET)
 
 
 def object_id(obj: dict) -> str:
@@ -79,16 +107,25 @@ def find_object(
         meta = obj["metadata"]
         if obj["kind"] == kind and meta["name"] == name and meta.get("namespace") == namespace:
             return obj
-    raise AssertionError(f"no {kind} {namespace}/{name} in manifests/")
+    where = sorted({source for source, _ in objects}) or ["(no objects)"]
+    raise AssertionError(f"no {kind} {namespace}/{name} in {', '.join(where)}")
+
+
+def pod_spec(obj: dict) -> dict | None:
+    """The pod spec of a Deployment or CronJob; None for other kinds."""
+    if obj["kind"] == "Deployment":
+        return obj["spec"]["template"]["spec"]
+    if obj["kind"] == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return None
 
 
 def pod_specs(objects: Sequence[Sourced] = ALL_OBJECTS) -> Iterator[tuple[str, dict, dict]]:
     """(object id, owning object, pod spec) for every workload."""
     for _, obj in objects:
-        if obj["kind"] == "Deployment":
-            yield object_id(obj), obj, obj["spec"]["template"]["spec"]
-        elif obj["kind"] == "CronJob":
-            yield object_id(obj), obj, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        pod = pod_spec(obj)
+        if pod is not None:
+            yield object_id(obj), obj, pod
 
 
 def dashboard() -> dict:
