@@ -449,29 +449,22 @@ def test_an_unreachable_api_server_fails_passes_and_they_go_on(
         assert not loop.is_alive()
 
 
+def once_args(prometheus: PrometheusServer, kubeconfig: Path) -> list[str]:
+    """One pass now, node names from the query (LATEST_QUERY), warnings only."""
+    return [
+        *("--prometheus", prometheus.url, "--query", LATEST_QUERY),
+        *("--node-from", "label", "--node-label", "nodename"),
+        *("--kubeconfig", str(kubeconfig), "--once", "--log-level", "warning"),
+    ]
+
+
 def test_cli_once_with_the_api_server_unreachable_is_one_line(
     prometheus: PrometheusServer, kube: Kube, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
         proxy.refuse()
         kubeconfig = kubeconfig_via(component_kubeconfig(kube.plane, ADAPTER), proxy.url)
-        code = ea.main(
-            [
-                "--prometheus",
-                prometheus.url,
-                "--query",
-                LATEST_QUERY,
-                "--node-from",
-                "label",
-                "--node-label",
-                "nodename",
-                "--kubeconfig",
-                str(kubeconfig),
-                "--once",
-                "--log-level",
-                "warning",
-            ]
-        )
+        code = ea.main(once_args(prometheus, kubeconfig))
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert "\n" not in err and err.startswith("error: Kubernetes API unreachable")
@@ -487,25 +480,7 @@ def test_cli_once_labels_the_nodes(
     # --once evaluates now, long after the backfilled samples: the query looks back far
     # enough and brings the node name along itself (--node-from label), as an operator
     # whose battery series lack a usable instance would configure it.
-    kubeconfig = component_kubeconfig(kube.plane, ADAPTER)
-    query = LATEST_QUERY
-    code = ea.main(
-        [
-            "--prometheus",
-            prometheus.url,
-            "--query",
-            query,
-            "--node-from",
-            "label",
-            "--node-label",
-            "nodename",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--once",
-            "--log-level",
-            "warning",
-        ]
-    )
+    code = ea.main(once_args(prometheus, component_kubeconfig(kube.plane, ADAPTER)))
     assert code == 0
     # Each node's last reading: node-a 90, node-b 78, node-c 50, node-d (30+34)/2.
     assert labels_of(kube) == {
