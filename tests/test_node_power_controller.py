@@ -41,6 +41,7 @@ from livedata.labels import (
     POWER_STATE_ANNOTATION,
 )
 from tests.support.bmc import GarbageHttpServer, IpmiBmc, RedfishEmulator, SilentTcpServer
+from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.power_cluster import (
     CONTROLLER_ACCOUNT,
     NAMESPACE,
@@ -54,7 +55,6 @@ from tests.support.power_cluster import (
 from tests.support.power_cluster import caught_up as fake_caught_up
 from tests.support.power_cluster import node as fake_node
 from tests.support.power_cluster import pod as fake_pod
-from tests.support.tcp_proxy import TcpProxy, kubeconfig_through
 
 PASSWORD = "bmc-password-for-tests"
 
@@ -655,8 +655,8 @@ def test_the_controller_keeps_going_through_a_network_outage(
     spare = cluster.add_node("spare", state="off", unschedulable=True, power=lambda: "off")
     cluster.wait_ready("full")
     cluster.deployment("web", "16", on="full")
-    proxy = TcpProxy(("127.0.0.1", control_plane.apiserver_port))
-    cleanup.append(type("Stop", (), {"stop": lambda self: proxy.__exit__(None, None, None)})())
+    proxy = FaultProxy("127.0.0.1", control_plane.apiserver_port).start()
+    cleanup.append(proxy)
     kubeconfig = control_plane.service_account_kubeconfig(*CONTROLLER_ACCOUNT)
     api = control_plane.api_client(
         kubeconfig_through(kubeconfig, proxy.port, tmp_path / "through-proxy.kubeconfig")
@@ -673,7 +673,7 @@ def test_the_controller_keeps_going_through_a_network_outage(
         cluster.deployment("job", "4")  # arrives meanwhile
         cluster.wait_unschedulable("job", 1)
     finally:
-        proxy.restore()
+        proxy.resume()
     assert failed.error is not None
     assert "not synced" in failed.error, failed.error
     assert controller.metrics.rounds.labels(result="error")._value.get() == 1

@@ -34,10 +34,10 @@ from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
 from envtest import ControlPlane
 from tests.support.fake_kube import FakeKube
+from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.power_cluster import make_kube, node, pod, wait_until
 from tests.support.power_cluster import settings as controller_settings
 from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
-from tests.support.tcp_proxy import TcpProxy, kubeconfig_through
 
 DURATION_S, DEADLINE_S, RETRY_S = 15.0, 10.0, 2.0
 
@@ -329,7 +329,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
     controller_kubeconfig: Path, kube_api: client.ApiClient, tmp_path: Path
 ) -> None:
     upstream = yaml.safe_load(controller_kubeconfig.read_text())["clusters"][0]["cluster"]
-    proxy = TcpProxy(("127.0.0.1", int(upstream["server"].rsplit(":", 1)[1])))
+    proxy = FaultProxy("127.0.0.1", int(upstream["server"].rsplit(":", 1)[1])).start()
     kubeconfig = kubeconfig_through(
         controller_kubeconfig, proxy.port, tmp_path / "proxied.kubeconfig"
     )
@@ -346,7 +346,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
         code = controller.stop(signal.SIGTERM)
     finally:
         controller.kill()
-        proxy.close()
+        proxy.stop()
     text = "\n".join(controller.log())
     assert code == 0, text
     assert "Traceback" not in text and "unexpected error" not in text, text
@@ -402,7 +402,7 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
 ) -> None:
     kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
     # The elector's way to the API server.
-    proxy = TcpProxy(("127.0.0.1", int(kube.url.rsplit(":", 1)[1])))
+    proxy = FaultProxy("127.0.0.1", int(kube.url.rsplit(":", 1)[1]), scheme="http").start()
     clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
     configuration = client.Configuration(host=proxy.url)
     configuration.retries = 0
@@ -428,12 +428,12 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
             "power-aware-scheduler/power-state"
             not in (kube.get("nodes", "empty")["metadata"]["annotations"])
         )
-        proxy.restore()
+        proxy.resume()
         assert elector.try_acquire_or_renew()  # its own record: re-acquired at once
         assert controller.run_round(time.time()).acted == ["power_off empty"]
     finally:
         controller.stop()
-        proxy.close()
+        proxy.stop()
         kube.stop()
 
 

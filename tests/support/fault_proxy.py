@@ -1,16 +1,20 @@
-"""A TCP proxy on loopback in front of a real server, that can stall, reset or refuse.
+"""A TCP proxy on loopback in front of a real server, that can stall, reset, refuse or delay.
 
-Connection faults a real API server does not make on demand: a stream cut mid-flight, a server
-that stops answering, connections refused for a while. Bytes pass through untouched (TLS goes
-end to end, so the client still verifies the API server's certificate)::
+Connection faults a real server does not make on demand: a stream cut mid-flight, a server
+that stops answering, connections refused for a while, answers slower than a client's timeout.
+Bytes pass through untouched (TLS goes end to end, so the client still verifies the API
+server's certificate)::
 
     with FaultProxy("127.0.0.1", api_port) as proxy:
-        configuration.host = proxy.url   # https://127.0.0.1:<proxy port>
+        kubeconfig_through(kubeconfig, proxy.port, path)  # or configuration.host = proxy.url
         proxy.reset_connections()        # every open connection gets a TCP RST
         proxy.refuse()                   # new connections are reset at once...
         proxy.resume()                   # ... until this
+        proxy.cut()                      # both: the route to the server is gone
         proxy.stall()                    # open and new connections stop moving bytes
 
+`answer_delay_s` holds every chunk of the server's answers back that long (an extender slower
+than kube-scheduler's `httpTimeout`); `listen_port` puts the proxy where clients already look.
 One thread accepts, two threads per connection pump bytes; `stop()` closes everything.
 """
 
@@ -21,6 +25,9 @@ import select
 import socket
 import struct
 import threading
+from pathlib import Path
+
+import yaml
 
 _FORWARD, _STALL, _REFUSE = "forward", "stall", "refuse"
 _POLL_S = 0.05
@@ -37,9 +44,19 @@ def _reset(sock: socket.socket) -> None:
 class FaultProxy:
     """Forward loopback TCP connections to (host, port); see the module docstring."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, scheme: str = "https") -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        scheme: str = "https",
+        *,
+        listen_port: int = 0,
+        answer_delay_s: float = 0.0,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.scheme = scheme
+        self.answer_delay_s = answer_delay_s
+        self.posts_forwarded = 0  # HTTP POST requests seen going upstream
         self._mode = _FORWARD
         self._flowing = threading.Event()
         self._flowing.set()
@@ -48,7 +65,7 @@ class FaultProxy:
         self._stopping = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener.bind(("127.0.0.1", listen_port))
         self._listener.listen(64)
         self._listener.settimeout(_POLL_S)
         self.port = self._listener.getsockname()[1]
@@ -76,6 +93,11 @@ class FaultProxy:
         with self._lock:
             self._mode = _FORWARD
             self._flowing.set()
+
+    def cut(self) -> None:
+        """The route to the server is gone: new connections refused, open ones reset."""
+        self.refuse()
+        self.reset_connections()
 
     def reset_connections(self) -> int:
         """RST every open connection on the client's side (and close upstream); how many."""
@@ -139,12 +161,15 @@ class FaultProxy:
         upstream.settimeout(None)
         with self._lock:
             self._connections.append((client, upstream))
-        for source, sink in ((client, upstream), (upstream, client)):
+        for source, sink, answers in ((client, upstream, False), (upstream, client, True)):
             threading.Thread(
-                target=self._pump, args=(source, sink), name="fault-proxy-pump", daemon=True
+                target=self._pump,
+                args=(source, sink, answers),
+                name="fault-proxy-pump",
+                daemon=True,
             ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while not self._stopping.is_set():
                 self._flowing.wait()
@@ -155,6 +180,11 @@ class FaultProxy:
                     continue  # stalled after select: hold the bytes in the kernel's buffers
                 data = source.recv(65536)
                 if not data:
+                    break
+                if not answers:
+                    with self._lock:
+                        self.posts_forwarded += data.count(b"POST /")
+                elif self.answer_delay_s and self._stopping.wait(self.answer_delay_s):
                     break
                 sink.sendall(data)
         except (OSError, ValueError):
@@ -172,3 +202,13 @@ class FaultProxy:
                         with contextlib.suppress(OSError):
                             end.close()
                     break
+
+
+def kubeconfig_through(kubeconfig: Path, port: int, path: Path) -> Path:
+    """A copy of `kubeconfig` whose server is https://127.0.0.1:`port` (a `FaultProxy`)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
