@@ -352,8 +352,9 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "--field-manager=envtest", "-f", "-", input=document)
 
     def power_aware_scheduler_config(self) -> dict[str, Any]:
-        """The shipped KubeSchedulerConfiguration, made to run here: our kubeconfig, our
-        extender URL; the rest (profiles, extender verbs, weights, timeouts) as shipped."""
+        """The shipped KubeSchedulerConfiguration, made to run here: our extender URL, one
+        replica (no leader election); the rest (profiles, extender verbs, weights, timeouts)
+        as shipped."""
         namespace, name = SCHEDULER_CONFIG_MAP
         for obj in self.rendered_manifests():
             meta = obj.get("metadata", {})
@@ -368,6 +369,9 @@ class ControlPlane:
             raise ControlPlaneError(f"manifests ship no ConfigMap {namespace}/{name}")
         for extender in config.get("extenders") or []:
             extender["urlPrefix"] = self.extender_url
+        # One replica here: with leader election, an API server restarted under a test makes
+        # it lose its Lease and exit (in a cluster its pod would be restarted).
+        config["leaderElection"] = {"leaderElect": False}
         return config
 
     def _default_scheduler_config(self) -> dict[str, Any]:

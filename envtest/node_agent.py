@@ -265,6 +265,11 @@ class NodeAgent:
                 return
             node.up, node.booted_at_s = True, None
             node.pod_ips.clear()
+            # A kubelet that starts posts a fresh status whatever the old one said: a node off
+            # for less than the grace period still reads Ready, but from before it went off.
+            self._renew_lease(name)
+            self._post_ready(name)
+            return
         self._renew_lease(name)
         self._ensure_ready(name)
 
@@ -296,8 +301,10 @@ class NodeAgent:
     def _ensure_ready(self, name: str) -> None:
         node = self.core.read_node_status(name)
         ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
-        if ready is not None and ready.status == "True":
-            return
+        if ready is None or ready.status != "True":
+            self._post_ready(name)
+
+    def _post_ready(self, name: str) -> None:
         now = _stamp()
         # The node lifecycle controller set every condition Unknown: a kubelet reports them all.
         conditions = [self._ready_condition(True, now, now)] + [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,3 +91,21 @@ def describe_api_error(error: ApiException, what: str, *, rbac_manifest: str = "
     }.get(error.status or 0, "")
     detail = f": {message}" if message else ""
     return f"{what}: HTTP {error.status} {error.reason}{hint}{detail}"
+
+
+def describe_unreachable(error: Exception, what: str = "") -> str:
+    """One line for a request that got no answer: refused, reset, timed out (`what` first).
+
+    The official client raises urllib3's errors then (`urllib3.exceptions.HTTPError`, not
+    `ApiException` nor `OSError`); after its retries, a `MaxRetryError` whose `reason` is the
+    last cause.
+    """
+    cause = getattr(error, "reason", None) or error
+    prefix = f"{what}: " if what else ""
+    return f"{prefix}Kubernetes API unreachable: {' '.join(str(cause).split())}"
+
+
+def quiet_client_retries() -> None:
+    """Keep urllib3's per-retry warnings out of a command's output: its own one-line error
+    says what failed (the retries would repeat it three times over)."""
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)

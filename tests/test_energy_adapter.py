@@ -1,15 +1,22 @@
-"""The energy adapter against a real Prometheus (backfilled battery series) and the fake API.
+"""The energy adapter against a real Prometheus (backfilled battery series) and the real API
+server (envtest), as ServiceAccount energy-adapter with the rights
+manifests/base/energy-adapter.yaml gives it.
 
 The battery history is backfilled with promtool at known times, and each pass evaluates its
 queries at one of those times: the test walks a node through the levels, holds another at the
-75 % boundary, and checks the labels, taints and PATCH requests after every pass.
+75 % boundary, and checks the labels, taints and PATCH requests (recorded as the adapter sent
+them) after every pass. The nodes are a NodeAgent's (Ready, so the node lifecycle controller
+leaves their taints alone), named for this module's run, as the control plane is shared.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,11 +27,20 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from controllers import energy_adapter as ea
+from envtest import ControlPlane, NodeAgent
 from livedata.labels import ENERGY_BAND_BY_NAME, ENERGY_LABEL
-from tests.support.fake_kube import FakeKube
+from tests.support.exporters import wait_until
+from tests.support.fault_proxy import FaultProxy
+from tests.support.kube_api import (
+    RequestLog,
+    component_client,
+    component_kubeconfig,
+    kubeconfig_via,
+)
 from tests.support.prometheus import PrometheusServer, start_prometheus, write_openmetrics
 
-# FakeKube has no kubeconfig writer; the publisher's tests have the one wrapper.
+ADAPTER = "energy-adapter"
+RUN = f"ea-{uuid.uuid4().hex[:6]}"  # this module's node names: <RUN>-node-a, ...
 
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
 STEP_S = 60
@@ -77,6 +93,21 @@ INSTANCES = {
     "node-grid": "10.0.0.5:9100",  # on grid power: no battery series
 }
 OTHER_TAINT = {"key": "dedicated", "value": "edge", "effect": "NoSchedule"}
+# Each node's last reading, evaluated now (long after the backfilled samples), its node name
+# brought along by the query itself (--node-from label).
+LATEST_QUERY = (
+    "last_over_time(node_power_supply_capacity[3650d]) * on (instance) "
+    "group_left (nodename) last_over_time(node_uname_info[3650d])"
+)
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"  # on every new Node until it is seen Ready
+
+
+def full(short: str) -> str:
+    return f"{RUN}-{short}"
+
+
+def short(name: str) -> str:
+    return name.removeprefix(f"{RUN}-")
 
 
 def at(pass_index: int) -> float:
@@ -96,13 +127,13 @@ def battery_samples() -> list[tuple[str, dict[str, str], float, float]]:
         ("stray", "BAT0"): [5] * PASSES,
     }
     for (node, supply), values in series.items():
-        instance = INSTANCES.get(node, "10.9.9.9:9100")
+        instance = INSTANCES.get(node, "10.9.9.9:9100")  # "stray": no node of ours
         for index, value in enumerate(values):
             labels = {"instance": instance, "job": "node", "power_supply": supply}
             samples.append(("node_power_supply_capacity", labels, T0_S + index * STEP_S, value))
     for node, instance in INSTANCES.items():
         for index in range(PASSES):
-            labels = {"instance": instance, "job": "node", "nodename": node}
+            labels = {"instance": instance, "job": "node", "nodename": full(node)}
             samples.append(("node_uname_info", labels, T0_S + index * STEP_S, 1.0))
     return samples
 
@@ -124,50 +155,75 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusS
         yield server
 
 
+class Kube:
+    """The nodes of this module's run (admin reads) and the adapter's requests, as sent."""
+
+    def __init__(self, plane: ControlPlane, sent: RequestLog) -> None:
+        self.plane = plane
+        self.core = client.CoreV1Api(plane.api_client())
+        self.sent = sent
+
+    def node(self, name: str) -> dict:
+        response = self.core.read_node(full(name), _preload_content=False)
+        return json.loads(response.data)
+
+    def nodes(self) -> list[dict]:
+        items = json.loads(self.core.list_node(_preload_content=False).data)["items"]
+        return [n for n in items if n["metadata"]["name"].startswith(f"{RUN}-")]
+
+    def clear_requests(self) -> None:
+        self.sent.clear()
+
+
 @pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        for name in INSTANCES:
-            node: dict = {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
-            if name == "node-a":
-                node["spec"] = {"taints": [OTHER_TAINT]}
-            server.create("nodes", node)
-        yield server
+def kube(control_plane: ControlPlane, node_agent: NodeAgent) -> Iterator[Kube]:
+    for name in INSTANCES:
+        taints = [OTHER_TAINT] if name == "node-a" else []
+        node_agent.add_node(full(name), taints=taints)
+    admin = Kube(control_plane, RequestLog())
+
+    def settled() -> bool:  # Ready, and the node lifecycle controller's taint gone
+        nodes = admin.nodes()
+        taints = [t["key"] for n in nodes for t in (n.get("spec") or {}).get("taints") or []]
+        return len(nodes) == len(INSTANCES) and NOT_READY_TAINT not in taints
+
+    wait_until(settled, "the nodes Ready and untainted")
+    with admin.sent.recording():
+        yield admin
 
 
-def make_adapter(prometheus: PrometheusServer, kube: FakeKube, **overrides: object):
+def adapter_api(kube: Kube) -> client.CoreV1Api:
+    return client.CoreV1Api(component_client(kube.plane, ADAPTER))
+
+
+def make_adapter(prometheus: PrometheusServer, kube: Kube, **overrides: object):
     settings = ea.AdapterSettings(
         prometheus_url=prometheus.url,
         hysteresis_pct=HYSTERESIS_PCT,
         timeout_s=5.0,
         **overrides,
     )
-    return ea.EnergyAdapter(settings, client.CoreV1Api(kube.api_client()))
+    return ea.EnergyAdapter(settings, adapter_api(kube))
 
 
-def labels_of(kube: FakeKube) -> dict[str, str | None]:
+def labels_of(kube: Kube) -> dict[str, str | None]:
     return {
-        node["metadata"]["name"]: (node["metadata"].get("labels") or {}).get(ENERGY_LABEL)
-        for node in kube.objects("nodes")
+        short(node["metadata"]["name"]): (node["metadata"].get("labels") or {}).get(ENERGY_LABEL)
+        for node in kube.nodes()
     }
 
 
-def taints_of(kube: FakeKube, name: str) -> list[dict]:
-    node = kube.get("nodes", name)
-    assert node is not None
-    return (node.get("spec") or {}).get("taints") or []
+def taints_of(kube: Kube, name: str) -> list[dict]:
+    return (kube.node(name).get("spec") or {}).get("taints") or []
 
 
-def patches(kube: FakeKube) -> list[tuple[str, dict, str]]:
-    """(node, patch body, content type) of every PATCH sent."""
-    found = []
-    for request in kube.requests:
-        if request.method == "PATCH":
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            found.append(
-                (request.path.rsplit("/", 1)[-1], request.json(), headers.get("content-type"))
-            )
-    return found
+def patches(kube: Kube) -> list[tuple[str, dict, str]]:
+    """(node, patch body, content type) of every PATCH the adapter sent."""
+    return [
+        (short(request.path.rsplit("/", 1)[-1]), request.body, request.content_type)
+        for request in kube.sent.by(ADAPTER)
+        if request.method == "PATCH"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +308,7 @@ def test_patch_adds_and_removes_only_our_taint() -> None:
 
 
 def test_labels_follow_the_data_with_hysteresis_and_patch_only_on_change(
-    prometheus: PrometheusServer, kube: FakeKube
+    prometheus: PrometheusServer, kube: Kube
 ) -> None:
     adapter = make_adapter(prometheus, kube)
     seen: dict[str, list[str | None]] = {node: [] for node in EXPECTED}
@@ -269,7 +325,7 @@ def test_labels_follow_the_data_with_hysteresis_and_patch_only_on_change(
             assert content_type == ea.MERGE_PATCH
             assert body["metadata"]["labels"][ENERGY_LABEL] == labels[node]
         patch_counts.append(counts)
-        assert {c.node for c in result.changes} == set(counts)
+        assert {short(c.node) for c in result.changes} == set(counts)
         assert labels["node-grid"] is None  # no battery reading: never labelled
         # node-a is powerless (and tainted) exactly when its label says so; the other
         # taint it carried from the start is kept throughout.
@@ -290,7 +346,7 @@ def test_labels_follow_the_data_with_hysteresis_and_patch_only_on_change(
 
 
 def test_no_patch_when_nothing_changed_even_after_a_restart(
-    prometheus: PrometheusServer, kube: FakeKube
+    prometheus: PrometheusServer, kube: Kube
 ) -> None:
     make_adapter(prometheus, kube).run_pass(at_s=at(6))
     assert patches(kube)
@@ -307,22 +363,22 @@ def test_no_patch_when_nothing_changed_even_after_a_restart(
     assert [node for node, _, _ in patches(kube)] == ["node-a"]
 
 
-def test_dry_run_patches_nothing(prometheus: PrometheusServer, kube: FakeKube) -> None:
+def test_dry_run_patches_nothing(prometheus: PrometheusServer, kube: Kube) -> None:
     result = make_adapter(prometheus, kube, dry_run=True).run_pass(at_s=at(4))
-    assert {c.node: c.new_label for c in result.changes}["node-a"] == "powerless"
+    assert {short(c.node): c.new_label for c in result.changes}["node-a"] == "powerless"
     assert patches(kube) == []
     assert set(labels_of(kube).values()) == {None}
 
 
 def test_a_node_changed_meanwhile_gets_409_and_keeps_its_new_taint(
-    prometheus: PrometheusServer, kube: FakeKube
+    prometheus: PrometheusServer, kube: Kube
 ) -> None:
     adapter = make_adapter(prometheus, kube)
-    stale = ea.NodeEnergy.from_object(kube.get("nodes", "node-a"))
-    someone_elses = {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}
-    kube.patch("nodes", "node-a", {"spec": {"taints": [OTHER_TAINT, someone_elses]}})
+    stale = ea.NodeEnergy.from_object(kube.node("node-a"))
+    someone_elses = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+    kube.core.patch_node(full("node-a"), {"spec": {"taints": [OTHER_TAINT, someone_elses]}})
     patch = ea.plan_node_patch(stale, "powerless", taint_powerless=True)
-    change = ea.LabelChange("node-a", None, "powerless", 10.0, True)
+    change = ea.LabelChange(full("node-a"), None, "powerless", 10.0, True)
 
     assert adapter._apply(stale, patch, change) is False
 
@@ -334,12 +390,84 @@ def test_a_node_changed_meanwhile_gets_409_and_keeps_its_new_taint(
     assert any(t["key"] == ea.POWERLESS_TAINT_KEY for t in taints)
 
 
-def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: FakeKube) -> None:
+def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: Kube) -> None:
     settings = ea.AdapterSettings(prometheus_url="http://127.0.0.1:9", timeout_s=2.0)
-    adapter = ea.EnergyAdapter(settings, client.CoreV1Api(kube.api_client()))
+    adapter = ea.EnergyAdapter(settings, adapter_api(kube))
     with pytest.raises(ea.CollectError, match=r"127\.0\.0\.1:9"):
         adapter.run_pass(at_s=at(0))
     assert patches(kube) == []
+
+
+def test_an_unreachable_api_server_fails_passes_and_they_go_on(
+    prometheus: PrometheusServer, kube: Kube
+) -> None:
+    # The API server stops answering (a stall: connections open, no bytes back), then comes
+    # back: every pass in between fails with one line, and the loop keeps going.
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        api = client.CoreV1Api(component_client(kube.plane, ADAPTER, host=proxy.url))
+        settings = ea.AdapterSettings(
+            prometheus_url=prometheus.url,
+            hysteresis_pct=HYSTERESIS_PCT,
+            timeout_s=0.5,
+            interval_s=0.2,
+            query=LATEST_QUERY,
+            node_from="label",
+            node_label="nodename",
+        )
+        adapter = ea.EnergyAdapter(settings, api)
+        proxy.stall()
+        stop = threading.Event()
+        loop = threading.Thread(target=adapter.run_forever, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            registry = adapter.metrics.registry
+            wait_until(
+                lambda: (
+                    (
+                        registry.get_sample_value(
+                            "energy_adapter_passes_total", {"result": "error"}
+                        )
+                        or 0
+                    )
+                    >= 2
+                ),
+                "two failed passes",
+                timeout_s=60,
+            )
+            assert loop.is_alive()
+            assert adapter.last_error is not None and "\n" not in adapter.last_error
+            assert adapter.last_error.startswith("Kubernetes API unreachable")
+            assert not adapter.health()[1]  # not ready
+            assert patches(kube) == []
+            proxy.resume()
+            wait_until(lambda: adapter.last_error is None, "a pass to succeed again", 60)
+            assert labels_of(kube)["node-c"] == "vulnerable"
+        finally:
+            stop.set()
+            proxy.resume()
+            loop.join(timeout=30)
+        assert not loop.is_alive()
+
+
+def once_args(prometheus: PrometheusServer, kubeconfig: Path) -> list[str]:
+    """One pass now, node names from the query (LATEST_QUERY), warnings only."""
+    return [
+        *("--prometheus", prometheus.url, "--query", LATEST_QUERY),
+        *("--node-from", "label", "--node-label", "nodename"),
+        *("--kubeconfig", str(kubeconfig), "--once", "--log-level", "warning"),
+    ]
+
+
+def test_cli_once_with_the_api_server_unreachable_is_one_line(
+    prometheus: PrometheusServer, kube: Kube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        proxy.refuse()
+        kubeconfig = kubeconfig_via(component_kubeconfig(kube.plane, ADAPTER), proxy.url)
+        code = ea.main(once_args(prometheus, kubeconfig))
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert "\n" not in err and err.startswith("error: Kubernetes API unreachable")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,34 +475,12 @@ def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: FakeKub
 
 
 def test_cli_once_labels_the_nodes(
-    tmp_path: Path, prometheus: PrometheusServer, kube: FakeKube
+    tmp_path: Path, prometheus: PrometheusServer, kube: Kube
 ) -> None:
     # --once evaluates now, long after the backfilled samples: the query looks back far
     # enough and brings the node name along itself (--node-from label), as an operator
     # whose battery series lack a usable instance would configure it.
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-    window = f"{10 * 365}d"
-    query = (
-        f"last_over_time(node_power_supply_capacity[{window}]) * on (instance) "
-        f"group_left (nodename) last_over_time(node_uname_info[{window}])"
-    )
-    code = ea.main(
-        [
-            "--prometheus",
-            prometheus.url,
-            "--query",
-            query,
-            "--node-from",
-            "label",
-            "--node-label",
-            "nodename",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--once",
-            "--log-level",
-            "warning",
-        ]
-    )
+    code = ea.main(once_args(prometheus, component_kubeconfig(kube.plane, ADAPTER)))
     assert code == 0
     # Each node's last reading: node-a 90, node-b 78, node-c 50, node-d (30+34)/2.
     assert labels_of(kube) == {
@@ -411,7 +517,7 @@ def _get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: FakeKube) -> None:
+def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: Kube) -> None:
     adapter = make_adapter(prometheus, kube)
     server = ea.serve_health(adapter, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -423,7 +529,9 @@ def test_health_endpoints_follow_the_passes(prometheus: PrometheusServer, kube: 
         status, metrics = _get(f"{base}/metrics")
         assert status == 200
         assert 'energy_adapter_label_changes_total{level="powerless"} 1.0' in metrics
-        assert 'energy_adapter_nodes{level="none"} 1.0' in metrics
+        # node-grid has no battery reading, nor has any node of the cluster not ours.
+        unread = len(kube.core.list_node().items) - len(INSTANCES) + 1
+        assert f'energy_adapter_nodes{{level="none"}} {unread:.1f}' in metrics
     finally:
         server.shutdown()
         server.server_close()

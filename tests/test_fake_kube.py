@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from kubernetes import client, watch
 from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
-from tests.support.fake_kube import MAX_CONFIGMAP_BYTES, FakeKube
+from tests.support.fake_kube import FakeKube
 
 
 @pytest.fixture
@@ -251,32 +250,6 @@ def test_watch_from_expired_version_is_410_gone(kube: FakeKube, core: client.Cor
         list(watch.Watch().stream(core.list_node, resource_version=fresh_rv, timeout_seconds=1))
         == []
     )
-
-
-def test_body_over_3_mib_is_413(core: client.CoreV1Api) -> None:
-    with pytest.raises(ApiException) as raised:
-        core.create_namespaced_config_map("default", config_map("big", blob="x" * (3 * 2**20)))
-    assert raised.value.status == 413
-    assert status_of(raised.value)["reason"] == "RequestEntityTooLarge"
-    assert status_of(raised.value)["message"] == "Request entity too large: limit is 3145728"
-
-
-def test_configmap_over_1_mib_is_422(core: client.CoreV1Api) -> None:
-    half = base64.b64encode(b"\0" * (MAX_CONFIGMAP_BYTES // 2)).decode()
-    body = {"metadata": {"name": "models"}, "binaryData": {"a.onnx": half, "b.onnx": half}}
-    core.create_namespaced_config_map("default", body)  # exactly 1 MiB fits
-
-    body["metadata"]["name"] = "models-2"
-    body["data"] = {"manifest.json": "{}"}
-    with pytest.raises(ApiException) as raised:
-        core.create_namespaced_config_map("default", body)
-    assert raised.value.status == 422
-    status = status_of(raised.value)
-    assert status["reason"] == "Invalid"
-    assert status["message"] == (
-        'ConfigMap "models-2" is invalid: []: Too long: must have at most 1048576 bytes'
-    )
-    assert status["details"]["causes"][0]["reason"] == "FieldValueTooLong"
 
 
 def test_fault_injection_and_request_log(kube: FakeKube, core: client.CoreV1Api) -> None:

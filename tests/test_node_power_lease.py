@@ -34,10 +34,10 @@ from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
 from envtest import ControlPlane
 from tests.support.fake_kube import FakeKube
+from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.power_cluster import make_kube, node, pod, wait_until
 from tests.support.power_cluster import settings as controller_settings
 from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
-from tests.support.tcp_proxy import TcpProxy
 
 DURATION_S, DEADLINE_S, RETRY_S = 15.0, 10.0, 2.0
 
@@ -325,23 +325,14 @@ def lease_holder(kube_api: client.ApiClient) -> str | None:
     return lease.spec.holder_identity
 
 
-def through(kubeconfig: Path, proxy: TcpProxy, path: Path) -> Path:
-    """`kubeconfig` with its server reached through `proxy` (TLS passes through untouched)."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    (cluster,) = config["clusters"]
-    upstream = cluster["cluster"]["server"]
-    assert upstream.startswith("https://127.0.0.1:"), upstream
-    cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
     controller_kubeconfig: Path, kube_api: client.ApiClient, tmp_path: Path
 ) -> None:
     upstream = yaml.safe_load(controller_kubeconfig.read_text())["clusters"][0]["cluster"]
-    proxy = TcpProxy(int(upstream["server"].rsplit(":", 1)[1]))
-    kubeconfig = through(controller_kubeconfig, proxy, tmp_path / "proxied.kubeconfig")
+    proxy = FaultProxy("127.0.0.1", int(upstream["server"].rsplit(":", 1)[1])).start()
+    kubeconfig = kubeconfig_through(
+        controller_kubeconfig, proxy.port, tmp_path / "proxied.kubeconfig"
+    )
     controller = ControllerProcess([f"--kubeconfig={kubeconfig}", "--identity=a", *FAST_ELECTION])
     try:
         controller.wait_for("a started leading")
@@ -355,7 +346,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_leading_once(
         code = controller.stop(signal.SIGTERM)
     finally:
         controller.kill()
-        proxy.close()
+        proxy.stop()
     text = "\n".join(controller.log())
     assert code == 0, text
     assert "Traceback" not in text and "unexpected error" not in text, text
@@ -410,7 +401,8 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
-    proxy = TcpProxy(int(kube.url.rsplit(":", 1)[1]))  # the elector's way to the API server
+    # The elector's way to the API server.
+    proxy = FaultProxy("127.0.0.1", int(kube.url.rsplit(":", 1)[1]), scheme="http").start()
     clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
     configuration = client.Configuration(host=proxy.url)
     configuration.retries = 0
@@ -436,12 +428,12 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
             "power-aware-scheduler/power-state"
             not in (kube.get("nodes", "empty")["metadata"]["annotations"])
         )
-        proxy.restore()
+        proxy.resume()
         assert elector.try_acquire_or_renew()  # its own record: re-acquired at once
         assert controller.run_round(time.time()).acted == ["power_off empty"]
     finally:
         controller.stop()
-        proxy.close()
+        proxy.stop()
         kube.stop()
 
 

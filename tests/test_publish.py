@@ -1,16 +1,20 @@
-"""training.publish against the fake Kubernetes API, through the official client.
+"""training.publish against the real API server (envtest), as ServiceAccount power-model-trainer.
 
-Bundles are real: ONNX files fitted by scikit-learn and written by predictor.bundle. The fleet
-bundle over 1 MiB reuses one fitted model's bytes for thousands of nodes (each node's file is
-still a valid model with its own manifest entry and sha256); the oversized file is a real ONNX
-graph with a large weight initializer.
+The publisher runs with the token and rights manifests/base/trainer.yaml gives the trainer
+(ConfigMaps power-models-0..7 of namespace power-aware-scheduler, nothing else), so these tests
+also prove those rights are enough. The shards' names are the ones the manifests grant, in a
+namespace the control plane shares: every test starts and ends without them. What the publisher
+sends is recorded as sent (`RequestLog`); the 1 MiB ConfigMap limit and the 3 MiB request limit
+are the real server's.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes.client as k8s
@@ -19,8 +23,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto, helper, numpy_helper
 
+from envtest import ControlPlane
 from predictor.bundle import Bundle, read_bundle, write_bundle
 from tests.support.bundles import (
     DEFAULT_FEATURES,
@@ -30,11 +36,22 @@ from tests.support.bundles import (
     fit_curve_model,
     make_bundle,
 )
-from tests.support.fake_kube import MAX_CONFIGMAP_BYTES, FakeKube
+from tests.support.fault_proxy import FaultProxy
+from tests.support.kube_api import (
+    COMPONENT_NAMESPACE,
+    RequestLog,
+    SentRequest,
+    component_kubeconfig,
+    kubeconfig_via,
+)
 from training import publish
 
-NAMESPACE = "power-aware-scheduler"
-NAME = "power-models"
+NAMESPACE = COMPONENT_NAMESPACE
+NAME = "power-models"  # the shards manifests/base/trainer.yaml lets the trainer write
+TRAINER = "power-model-trainer"
+# The API server's limit on a ConfigMap's data + binaryData (core.MaxSecretSize).
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+OURS = re.compile(r"^(power-models|other-models)-\d+$")  # what the tests write
 LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -42,10 +59,45 @@ LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Fixtures and helpers
 
 
+class Kube:
+    """The admin's view of the namespace, and what the trainer sent."""
+
+    def __init__(self, plane: ControlPlane, sent: RequestLog) -> None:
+        self.plane = plane
+        self.core = k8s.CoreV1Api(plane.api_client())
+        self.sent = sent
+
+    def configmaps(self) -> dict[str, dict]:
+        response = self.core.list_namespaced_config_map(NAMESPACE, _preload_content=False)
+        items = json.loads(response.data)["items"]
+        return {cm["metadata"]["name"]: cm for cm in items if OURS.match(cm["metadata"]["name"])}
+
+    def remove_ours(self) -> None:
+        for name in self.configmaps():
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_config_map(name, NAMESPACE)
+
+    @property
+    def requests(self) -> list[SentRequest]:
+        """What the publisher sent as the trainer."""
+        return self.sent.by(TRAINER)
+
+    def clear_requests(self) -> None:
+        self.sent.clear()
+
+
 @pytest.fixture
-def kube() -> FakeKube:
-    with FakeKube(namespaces=("default", NAMESPACE)) as server:
-        yield server
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    with RequestLog().recording() as sent:
+        admin = Kube(control_plane, sent)
+        admin.remove_ours()
+        yield admin
+        admin.remove_ours()
+
+
+@pytest.fixture
+def trainer_kubeconfig(control_plane: ControlPlane) -> Path:
+    return component_kubeconfig(control_plane, TRAINER)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +156,6 @@ def bundle_with_large_model(directory: Path, model: bytes, large: bytes) -> Bund
     )
 
 
-def configmaps(kube: FakeKube) -> dict[str, dict]:
-    return {cm["metadata"]["name"]: cm for cm in kube.objects("configmaps", NAMESPACE)}
-
-
 def decoded_files(configmap: dict) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in (configmap.get("binaryData") or {}).items()}
 
@@ -139,14 +187,14 @@ def cli_args(bundle_dir: Path, kubeconfig: Path, *extra: str) -> list[str]:
     ]
 
 
-def configmap_writes(kube: FakeKube) -> list[tuple[str, str]]:
+def configmap_writes(kube: Kube) -> list[tuple[str, str]]:
     """(method, ConfigMap name) of every create/replace/delete, in order."""
     writes = []
     for request in kube.requests:
         if "/configmaps" not in request.path or request.method == "GET":
             continue
         if request.method == "POST":
-            writes.append(("POST", request.json()["metadata"]["name"]))
+            writes.append(("POST", request.body["metadata"]["name"]))
         else:
             writes.append((request.method, request.path.rsplit("/", 1)[-1]))
     return writes
@@ -157,19 +205,19 @@ def configmap_writes(kube: FakeKube) -> list[tuple[str, str]]:
 
 
 def test_publish_creates_a_configmap_with_the_bundle_and_its_version(
-    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(
         tmp_path / "bundle",
         {"node-a": PowerCurveSpec(100.0, 300.0), "node-b": PowerCurveSpec(80.0, 220.0, 2)},
         fallback=PowerCurveSpec(90.0, 260.0),
     )
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
 
     code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
     assert code == 0, err
-    stored = configmaps(kube)
+    stored = kube.configmaps()
     assert list(stored) == [f"{NAME}-0"]
     shard = stored[f"{NAME}-0"]
     assert decoded_files(shard) == on_disk(bundle)
@@ -186,9 +234,9 @@ def test_publish_creates_a_configmap_with_the_bundle_and_its_version(
 
 
 def test_publish_again_replaces_the_existing_configmap(
-    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
     first = make_bundle(tmp_path / "one", {"node-a": PowerCurveSpec(100.0, 300.0)})
     assert run_cli(capsys, *cli_args(first.directory, kubeconfig))[0] == 0
     second = make_bundle(
@@ -204,8 +252,8 @@ def test_publish_again_replaces_the_existing_configmap(
     # The create answers 409 AlreadyExists; the publisher then replaces the object.
     assert configmap_writes(kube) == [("POST", f"{NAME}-0"), ("PUT", f"{NAME}-0")]
     posted = next(r for r in kube.requests if r.method == "POST")
-    assert posted.json()["metadata"]["name"] == f"{NAME}-0"
-    shard = configmaps(kube)[f"{NAME}-0"]
+    assert posted.body["metadata"]["name"] == f"{NAME}-0"
+    shard = kube.configmaps()[f"{NAME}-0"]
     assert decoded_files(shard) == on_disk(second)
     assert shard["metadata"]["labels"][publish.VERSION_LABEL] == second.version
 
@@ -244,22 +292,26 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, small_model: bytes) -> Bundl
 
 
 def test_fleet_bundle_is_sharded_under_the_limit_and_mounts_as_one_directory(
-    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    kube: Kube,
+    trainer_kubeconfig: Path,
+    fleet: Bundle,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     files = on_disk(fleet)
     assert sum(len(data) for data in files.values()) > 2 * MAX_CONFIGMAP_BYTES
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
 
     code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig))
 
     assert code == 0, err
-    stored = configmaps(kube)
+    stored = kube.configmaps()
     names = [f"{NAME}-{i}" for i in range(len(stored))]
     assert sorted(stored) == sorted(names) and len(names) >= 3
     # Every shard under 1 MiB, measured as sent (base64 included) and as stored.
     for request in kube.requests:
         if request.method == "POST":
-            assert len(request.body) <= MAX_CONFIGMAP_BYTES
+            assert request.body_bytes <= MAX_CONFIGMAP_BYTES
     for shard in stored.values():
         assert sum(len(d) for d in decoded_files(shard).values()) <= MAX_CONFIGMAP_BYTES
         assert shard["metadata"]["annotations"][publish.SHARD_COUNT_ANNOTATION] == str(len(names))
@@ -287,15 +339,19 @@ def test_fleet_bundle_is_sharded_under_the_limit_and_mounts_as_one_directory(
 
 
 def test_a_smaller_publish_removes_stale_shards_after_writing(
-    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    kube: Kube,
+    trainer_kubeconfig: Path,
+    fleet: Bundle,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
     assert run_cli(capsys, *cli_args(fleet.directory, kubeconfig))[0] == 0
-    old_names = set(configmaps(kube))
+    old_names = set(kube.configmaps())
     assert len(old_names) >= 3
     # Bystanders: another bundle's shard, and an unlabelled ConfigMap with a similar name.
-    kube.create(
-        "configmaps",
+    kube.core.create_namespaced_config_map(
+        NAMESPACE,
         {
             "metadata": {
                 "name": "other-models-0",
@@ -303,22 +359,23 @@ def test_a_smaller_publish_removes_stale_shards_after_writing(
             },
             "data": {"x": "1"},
         },
-        NAMESPACE,
     )
-    kube.create("configmaps", {"metadata": {"name": f"{NAME}-9"}, "data": {"x": "1"}}, NAMESPACE)
+    kube.core.create_namespaced_config_map(
+        NAMESPACE, {"metadata": {"name": f"{NAME}-9"}, "data": {"x": "1"}}
+    )
     small = make_bundle(tmp_path / "small", {"node-a": PowerCurveSpec(100.0, 300.0)})
     kube.clear_requests()
 
     code, _, err = run_cli(capsys, *cli_args(small.directory, kubeconfig))
 
     assert code == 0, err
-    assert set(configmaps(kube)) == {f"{NAME}-0", "other-models-0", f"{NAME}-9"}
+    assert set(kube.configmaps()) == {f"{NAME}-0", "other-models-0", f"{NAME}-9"}
     writes = configmap_writes(kube)
     deletes = [name for method, name in writes if method == "DELETE"]
     assert set(deletes) == old_names - {f"{NAME}-0"}
     # Deletion only after the new shard (with its manifest) is written.
     assert writes.index(("PUT", f"{NAME}-0")) < min(writes.index(("DELETE", n)) for n in deletes)
-    assert decoded_files(configmaps(kube)[f"{NAME}-0"]) == on_disk(small)
+    assert decoded_files(kube.configmaps()[f"{NAME}-0"]) == on_disk(small)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,9 +383,13 @@ def test_a_smaller_publish_removes_stale_shards_after_writing(
 
 
 def test_dry_run_prints_valid_configmaps_and_calls_no_api(
-    tmp_path: Path, kube: FakeKube, fleet: Bundle, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    kube: Kube,
+    trainer_kubeconfig: Path,
+    fleet: Bundle,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
 
     code, out, err = run_cli(capsys, *cli_args(fleet.directory, kubeconfig, "--dry-run"))
 
@@ -351,11 +412,15 @@ def test_dry_run_prints_valid_configmaps_and_calls_no_api(
 
 
 def test_a_file_too_large_for_any_configmap_is_refused_before_any_api_call(
-    tmp_path: Path, kube: FakeKube, small_model: bytes, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    kube: Kube,
+    trainer_kubeconfig: Path,
+    small_model: bytes,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     large = large_onnx_model(weight_count=240_000)  # ~0.96 MB, ~1.28 MB base64
     bundle = bundle_with_large_model(tmp_path / "bundle", small_model, large)
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
 
     code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
@@ -370,11 +435,11 @@ def test_a_file_too_large_for_any_configmap_is_refused_before_any_api_call(
 
 
 def test_an_invalid_bundle_is_refused_before_any_api_call(
-    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
     corrupt_model_bytes(bundle.directory, "node-a")
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
 
     code, _, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
 
@@ -384,10 +449,10 @@ def test_an_invalid_bundle_is_refused_before_any_api_call(
 
 
 def test_a_bad_name_is_refused_before_any_api_call(
-    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig = trainer_kubeconfig
     args = cli_args(bundle.directory, kubeconfig)
     args[args.index("--name") + 1] = "Power_Models"
 
@@ -406,7 +471,7 @@ def test_a_bad_name_is_refused_before_any_api_call(
     ("weight_count", "trusted_max_bytes", "expected"),
     [
         # ~1.12 MB decoded: over the server's 1 MiB of ConfigMap data (its own words).
-        (280_000, 2 * 1024 * 1024, ["HTTP 422", "at most 1048576 bytes"]),
+        (280_000, 2 * 1024 * 1024, ["HTTP 422", "may not be more than 1048576 bytes"]),
         # ~2.6 MB, ~3.4 MB base64: over the 3 MiB request body limit.
         (640_000, 8 * 1024 * 1024, ["HTTP 413", "larger than the API server accepts"]),
     ],
@@ -414,7 +479,8 @@ def test_a_bad_name_is_refused_before_any_api_call(
 )
 def test_server_refusals_of_large_configmaps_are_reported(
     tmp_path: Path,
-    kube: FakeKube,
+    kube: Kube,
+    trainer_kubeconfig: Path,
     small_model: bytes,
     weight_count: int,
     trusted_max_bytes: int,
@@ -425,7 +491,7 @@ def test_server_refusals_of_large_configmaps_are_reported(
     )
     # A publisher told to trust a larger limit than the server's own.
     objects = publish.build_configmaps(bundle, NAME, NAMESPACE, max_bytes=trusted_max_bytes)
-    core = k8s.CoreV1Api(kube.api_client())
+    core = k8s.CoreV1Api(kube.plane.api_client(trainer_kubeconfig))
 
     with pytest.raises(publish.PublishError) as raised:
         publish.publish_configmaps(core, objects, namespace=NAMESPACE, bundle_name=NAME)
@@ -434,22 +500,53 @@ def test_server_refusals_of_large_configmaps_are_reported(
     assert f"ConfigMap {NAMESPACE}/{NAME}-" in message
     for words in expected:
         assert words in message
-    assert configmaps(kube) == {}
+    assert kube.configmaps() == {}
 
 
 def test_a_missing_namespace_is_reported_with_the_servers_message(
-    tmp_path: Path, kube: FakeKube, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kube: Kube, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
-    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-    args = cli_args(bundle.directory, kubeconfig)
+    # As someone allowed everywhere (the trainer would be refused first: the next test).
+    args = cli_args(bundle.directory, kube.plane.kubeconfig)
     args[args.index("--namespace") + 1] = "nowhere"
 
     code, _, err = run_cli(capsys, *args)
 
     assert code == 1
     assert "ConfigMap nowhere/power-models-0" in err
-    assert "HTTP 404" in err and "nowhere" in err
+    assert "HTTP 404" in err and 'namespaces "nowhere" not found' in err
+
+
+def test_a_namespace_the_trainer_may_not_write_is_a_403_naming_its_rbac(
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    args = cli_args(bundle.directory, trainer_kubeconfig)
+    args[args.index("--namespace") + 1] = "default"
+
+    code, _, err = run_cli(capsys, *args)
+
+    assert code == 1
+    assert err.count("\n") == 1
+    assert "ConfigMap default/power-models-0" in err and "HTTP 403" in err
+    assert publish.RBAC_MANIFEST in err and f"serviceaccount:{NAMESPACE}:{TRAINER}" in err
+
+
+def test_an_unreachable_api_server_is_one_clear_line(
+    tmp_path: Path, kube: Kube, trainer_kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = make_bundle(tmp_path / "bundle", {"node-a": PowerCurveSpec(100.0, 300.0)})
+    with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
+        proxy.refuse()  # every connection reset: no answer at all
+        kubeconfig = kubeconfig_via(trainer_kubeconfig, proxy.url)
+        code, out, err = run_cli(capsys, *cli_args(bundle.directory, kubeconfig))
+
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1
+    assert f"writing ConfigMap {NAMESPACE}/{NAME}-0: Kubernetes API unreachable" in err
+    assert kube.configmaps() == {}
 
 
 def test_a_missing_kubeconfig_is_one_clear_line(

@@ -2,27 +2,34 @@
 from a live cluster, which `python -m extender --cluster` then serves.
 
 From a table: each node's newest complete reading, checked against the same parser the
-service uses. From a live cluster: the fake Kubernetes API's Nodes and a real Prometheus
-scraping tiny exporters, read with the collect settings (the same path as live mode).
+service uses. From a live cluster: the command's `--kubeconfig` reads the real API server's
+(envtest) Nodes, as ServiceAccount power-extender (reading nodes is all it needs), and a real
+Prometheus scraping tiny exporters, read with the collect settings (the same path as live mode).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from extender.sources.snapshot import nodes_from_cluster, read_snapshot
+from envtest import ControlPlane
+from extender.sources.snapshot import read_snapshot
 from livedata.collect_config import load_collect_config
+from livedata.instant import read_instant
 from tests.support.bundles import PowerCurveSpec, make_bundle
-from tests.support.exporters import two_nodes, wait_until
-from tests.support.fake_kube import FakeKube
+from tests.support.exporters import FakeHost, serve, wait_until
+from tests.support.fault_proxy import FaultProxy
+from tests.support.kube_api import component_kubeconfig, kubeconfig_via
 from tests.support.prometheus import start_prometheus
 from tests.support.server import REPO_ROOT, extender_service
 
@@ -150,65 +157,145 @@ def test_bad_input_is_a_one_line_error(
     assert not (tmp_path / "c.json").exists()
 
 
+@contextlib.contextmanager
+def nodes_of_our_own(core: client.CoreV1Api, bodies: list[dict]) -> Iterator[list[str]]:
+    names = []
+    try:
+        for body in bodies:
+            core.create_node(body)
+            names.append(body["metadata"]["name"])
+        yield names
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiException):
+                core.delete_node(name)
+
+
 @pytest.mark.prometheus
-def test_from_a_live_cluster_nodes_from_the_api_telemetry_from_prometheus(tmp_path: Path) -> None:
-    with two_nodes() as (node_a, node_b), FakeKube() as kube:
-        prometheus = start_prometheus(tmp_path, scrape_targets=[node_a.target, node_b.target])
-        with prometheus:
-            prometheus.wait_for('rate(node_cpu_seconds_total{mode="idle"}[5s])')
-            kube.create(
-                "nodes",
-                {
-                    "metadata": {
-                        "name": "node-a",
-                        "labels": {"energy-status": "vulnerable", "kubernetes.io/os": "linux"},
-                        "annotations": {
-                            "power-aware-scheduler/max-power-w": "450",
-                            "node.alpha.kubernetes.io/ttl": "0",  # not ours: left out
-                        },
-                    },
-                    "status": {"allocatable": {"cpu": "7500m"}},
+def test_from_a_live_cluster_nodes_from_the_api_telemetry_from_prometheus(
+    tmp_path: Path, control_plane: ControlPlane, namespace: str
+) -> None:
+    a, b, c = (f"{namespace}-{x}" for x in "abc")  # the control plane is shared
+    node_a = serve(
+        FakeHost(
+            cpu_util=0.25,
+            temperatures_c={"Inlet Temp": 22.0, "CPU1 Temp": 55.0, "CPU2 Temp": 53.0},
+            power_w=310.0,
+            nodename=a,  # mapped by node_uname_info
+        )
+    )
+    # No uname: mapped by instance (the collect settings), one socket.
+    node_b = serve(
+        FakeHost(cpu_util=0.6, temperatures_c={"Ambient": 24.0, "CPU1 Temp": 61.0}, power_w=150.0)
+    )
+    core = client.CoreV1Api(control_plane.api_client())
+    bodies = [
+        {
+            "metadata": {
+                "name": a,
+                "labels": {"energy-status": "vulnerable", "kubernetes.io/os": "linux"},
+                "annotations": {
+                    "power-aware-scheduler/max-power-w": "450",
+                    "node.alpha.kubernetes.io/ttl": "0",  # not ours: left out
                 },
-            )
-            kube.create(
-                "nodes", {"metadata": {"name": "node-b"}, "status": {"allocatable": {"cpu": "4"}}}
-            )
-            kube.create(
-                "nodes", {"metadata": {"name": "node-c"}, "status": {"allocatable": {"cpu": "8"}}}
-            )
-            collect = load_collect_config(
-                None,
-                url=prometheus.url,
-                cpu_rate_window="5s",
-                instance_nodes={node_b.target: "node-b"},
-            )
-            api = client.CoreV1Api(kube.api_client())
-            nodes: dict = {}
+            },
+            "status": {"allocatable": {"cpu": "7500m"}},
+        },
+        {"metadata": {"name": b}, "status": {"allocatable": {"cpu": "4"}}},
+        {"metadata": {"name": c}, "status": {"allocatable": {"cpu": "8"}}},
+    ]
+    settings = {"cpu_rate_window": "5s", "instance_nodes": {node_b.target: b}}
+    collect_file = tmp_path / "collect.yaml"
+    collect_file.write_text(yaml.safe_dump(settings))
+    out = tmp_path / "live.json"
+    try:
+        prometheus = start_prometheus(tmp_path, scrape_targets=[node_a.target, node_b.target])
+        with prometheus, nodes_of_our_own(core, bodies):
+            prometheus.wait_for('rate(node_cpu_seconds_total{mode="idle"}[5s])')
+            collect = load_collect_config(collect_file, url=prometheus.url)
 
             def settled() -> bool:  # the first rate windows still hold the exporters' start
-                nodes.clear()
-                nodes.update((n.info.name, n) for n in nodes_from_cluster(collect, api))
+                utils = {r.node: r.values.get("cpu_util", -1.0) for r in read_instant(collect)}
                 return (
-                    abs(nodes["node-a"].telemetry.get("cpu_util", -1.0) - 0.25) < 0.02
-                    and abs(nodes["node-b"].telemetry.get("cpu_util", -1.0) - 0.6) < 0.02
+                    abs(utils.get(a, -1.0) - 0.25) < 0.02 and abs(utils.get(b, -1.0) - 0.6) < 0.02
                 )
 
             wait_until(settled, "the nodes' CPU rates to settle at the exporters' 25 % and 60 %")
-    assert set(nodes) == {"node-a", "node-b", "node-c"}
-    a = nodes["node-a"]
-    assert a.info.allocatable_cpu == 7.5
-    assert dict(a.info.labels) == {"energy-status": "vulnerable", "kubernetes.io/os": "linux"}
-    assert dict(a.info.annotations) == {"power-aware-scheduler/max-power-w": "450"}
-    assert nodes["node-b"].telemetry["cpu_util"] == pytest.approx(0.6, abs=0.02)
-    assert a.telemetry["power_w"] == 310.0
-    assert (a.telemetry["ambient_temp_c"], a.telemetry["cpu1_temp_c"]) == (22.0, 55.0)
-    assert nodes["node-b"].telemetry["power_w"] == 150.0
-    assert "cpu2_temp_c" not in nodes["node-b"].telemetry  # one socket
-    assert nodes["node-c"].telemetry == {}  # no exporter: no telemetry, still a node
-    # ... and the document round-trips through the service's parser.
-    from extender.sources.snapshot import write_snapshot_file
+            wait_until(  # the cluster's own label, below
+                lambda: "beta.kubernetes.io/os" in (core.read_node(a).metadata.labels or {}),
+                "the node lifecycle controller to label the node",
+            )
+            kubeconfig = component_kubeconfig(control_plane, "power-extender")
+            done = write_snapshot_cli(
+                "--prometheus",
+                prometheus.url,
+                "--collect-config",
+                str(collect_file),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--out",
+                str(out),
+            )
+    finally:
+        node_a.stop()
+        node_b.stop()
+    assert done.returncode == 0, done.stderr
+    assert "with telemetry) from" in done.stdout
+    # The service's own parser reads it back; nodes of other tests are none of ours.
+    nodes = {n.info.name: n for n in read_snapshot(out) if n.info.name.startswith(namespace)}
+    assert set(nodes) == {a, b, c}
+    written = json.loads(out.read_text())["nodes"]
+    assert [n["name"] for n in written if n["name"].startswith(namespace)] == [a, b, c]
+    node = nodes[a]
+    assert node.info.allocatable_cpu == 7.5
+    # Every label the Node has: ours, and what the cluster added (the node lifecycle
+    # controller copies kubernetes.io/os to its beta label).
+    assert dict(node.info.labels) == {
+        "energy-status": "vulnerable",
+        "kubernetes.io/os": "linux",
+        "beta.kubernetes.io/os": "linux",
+    }
+    assert dict(node.info.annotations) == {"power-aware-scheduler/max-power-w": "450"}
+    assert nodes[b].telemetry["cpu_util"] == pytest.approx(0.6, abs=0.02)
+    assert node.telemetry["cpu_util"] == pytest.approx(0.25, abs=0.02)
+    assert node.telemetry["power_w"] == 310.0
+    assert (node.telemetry["ambient_temp_c"], node.telemetry["cpu1_temp_c"]) == (22.0, 55.0)
+    assert nodes[b].telemetry["power_w"] == 150.0
+    assert "cpu2_temp_c" not in nodes[b].telemetry  # one socket
+    assert nodes[c].telemetry == {}  # no exporter: no telemetry, still a node
 
-    out = tmp_path / "live.json"
-    write_snapshot_file(out, list(nodes.values()))
-    assert json.loads(out.read_text())["nodes"][0]["name"] == "node-a"
-    assert len(read_snapshot(out)) == 3
+
+@pytest.mark.prometheus
+def test_from_a_live_cluster_a_refusal_or_no_answer_of_the_api_is_one_line(
+    tmp_path: Path, control_plane: ControlPlane
+) -> None:
+    # An identity that may not list nodes (the model trainer's): the server's 403, in words;
+    # and no answer at all (a proxy resetting every connection): unreachable, in words.
+    kubeconfig = component_kubeconfig(control_plane, "power-model-trainer")
+    extender = component_kubeconfig(control_plane, "power-extender")
+    with (
+        start_prometheus(tmp_path) as prometheus,
+        FaultProxy("127.0.0.1", control_plane.apiserver_port) as proxy,
+    ):
+        proxy.refuse()
+        runs = [
+            write_snapshot_cli(
+                "--prometheus",
+                prometheus.url,
+                "--kubeconfig",
+                str(config),
+                "--out",
+                str(tmp_path / "c.json"),
+            )
+            for config in (kubeconfig, kubeconfig_via(extender, proxy.url))
+        ]
+    expected = [
+        ("listing nodes: HTTP 403", "cannot list resource"),
+        ("listing nodes: Kubernetes API unreachable", "Connection reset by peer"),
+    ]
+    for done, words in zip(runs, expected, strict=True):
+        assert done.returncode == 2
+        assert "Traceback" not in done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert all(w in line for w in words), line
+    assert not (tmp_path / "c.json").exists()

@@ -40,12 +40,15 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tqdm import tqdm
+from urllib3.exceptions import HTTPError as ConnectionFailure
 
 from livedata.kube_client import (
     KubeConfigError,
     add_kube_arguments,
     describe_api_error,
+    describe_unreachable,
     kube_api_client,
+    quiet_client_retries,
 )
 from predictor.bundle import MANIFEST_NAME, Bundle, BundleError, read_bundle
 
@@ -313,6 +316,8 @@ def publish_configmaps(
             raise PublishError(
                 describe_api_error(error, f"writing {where}", rbac_manifest=RBAC_MANIFEST)
             ) from None
+        except ConnectionFailure as error:
+            raise PublishError(describe_unreachable(error, f"writing {where}")) from None
         log.info("wrote %s (%d files)", where, len(obj["binaryData"]))
     result.deleted = _delete_stale_shards(core_api, namespace, bundle_name, set(names))
     return result
@@ -335,6 +340,10 @@ def _delete_stale_shards(
                 rbac_manifest=RBAC_MANIFEST,
             )
         ) from None
+    except ConnectionFailure as error:
+        raise PublishError(
+            describe_unreachable(error, f"listing old shards of {bundle_name} in {namespace}")
+        ) from None
     deleted = []
     for item in listed:
         name = item["metadata"]["name"]
@@ -349,6 +358,10 @@ def _delete_stale_shards(
                 describe_api_error(
                     error, f"deleting stale shard {namespace}/{name}", rbac_manifest=RBAC_MANIFEST
                 )
+            ) from None
+        except ConnectionFailure as error:
+            raise PublishError(
+                describe_unreachable(error, f"deleting stale shard {namespace}/{name}")
             ) from None
         log.info("deleted stale shard ConfigMap %s/%s", namespace, name)
         deleted.append(name)
@@ -394,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    quiet_client_retries()
     try:
         bundle = read_bundle(args.bundle)
         objects = build_configmaps(bundle, args.name, args.namespace)

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as ConnectionFailure
 
 from controllers.energy_adapter.metrics import AdapterMetrics
 from controllers.energy_adapter.policy import (
@@ -37,11 +37,16 @@ from controllers.energy_adapter.policy import (
 )
 from controllers.energy_adapter.readings import DEFAULT_QUERY, BatteryReadings, read_batteries
 from livedata.collect_config import CollectConfig
+from livedata.kube_client import describe_unreachable
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL, POWERLESS
 from livedata.prometheus import CollectError
 
 # One logger name for the whole process (every module of the package), for log filters.
 log = logging.getLogger(__package__)
+# What fails a pass, not the process: Prometheus, an API answer, or no answer at all (the
+# official client raises urllib3's errors, not OSError, when the API server cannot be reached
+# or stops answering within the timeout).
+PASS_ERRORS = (CollectError, ApiException, OSError, ConnectionFailure)
 
 
 @dataclass(frozen=True)
@@ -241,8 +246,7 @@ class EnergyAdapter:
                     result.nodes_with_reading,
                     len(result.changes),
                 )
-            # urllib3's connection errors (the API server unreachable) are not OSErrors.
-            except (CollectError, ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            except PASS_ERRORS as error:
                 self.last_error = one_line_error(error)
                 self.metrics.passes.labels(result="error").inc()
                 log.warning("pass failed, labels left as they are: %s", self.last_error)
@@ -269,4 +273,6 @@ def one_line_error(error: BaseException) -> str:
     """A failed pass's cause on one line, for the log, /readyz and the CLI's error."""
     if isinstance(error, ApiException):
         return f"Kubernetes API: HTTP {error.status} {error.reason}"
+    if isinstance(error, ConnectionFailure):
+        return describe_unreachable(error)
     return " ".join(str(error).split())

@@ -13,11 +13,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-import urllib3
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from controllers.energy_adapter.adapter import AdapterSettings, EnergyAdapter, one_line_error
+from controllers.energy_adapter.adapter import (
+    PASS_ERRORS,
+    AdapterSettings,
+    EnergyAdapter,
+    one_line_error,
+)
 from controllers.energy_adapter.health import serve_health
 from controllers.energy_adapter.policy import (
     DEFAULT_HYSTERESIS_PCT,
@@ -28,10 +31,14 @@ from controllers.energy_adapter.policy import (
 from controllers.energy_adapter.readings import DEFAULT_QUERY
 from controllers.probes import stop_on_signals
 from livedata.collect_config import CollectConfigError, parse_duration_s
-from livedata.kube_client import KubeConfigError, add_kube_arguments, kube_api_client
+from livedata.kube_client import (
+    KubeConfigError,
+    add_kube_arguments,
+    kube_api_client,
+    quiet_client_retries,
+)
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL
 from livedata.logs import LOG_FORMATS, configure_logging
-from livedata.prometheus import CollectError
 
 log = logging.getLogger(__package__)
 
@@ -146,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the adapter; exit status 0, 1 (`--once` pass failed) or 2 (bad flags or kubeconfig)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    quiet_client_retries()  # a failed pass says in one line what failed
     try:
         settings = settings_from_args(args)
         api_client = kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster)
@@ -156,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.once:
         try:
             result = adapter.run_pass()
-        except (CollectError, ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+        except PASS_ERRORS as error:
             print(f"error: {one_line_error(error)}", file=sys.stderr)
             return 1
         log.info(

@@ -474,16 +474,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _read_cluster(args: argparse.Namespace) -> list[SnapshotNode]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError as ConnectionFailure
 
     from livedata.collect_config import load_collect_config
-    from livedata.kube_client import describe_api_error, kube_api_client
+    from livedata.kube_client import (
+        describe_api_error,
+        describe_unreachable,
+        kube_api_client,
+        quiet_client_retries,
+    )
 
+    quiet_client_retries()
     collect = load_collect_config(args.collect_config, url=args.prometheus)
     api = client.CoreV1Api(kube_api_client(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
     try:
         return nodes_from_cluster(collect, api)
     except ApiException as exc:
         raise RuntimeError(describe_api_error(exc, "listing nodes")) from None
+    except ConnectionFailure as exc:
+        raise RuntimeError(describe_unreachable(exc, "listing nodes")) from None
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ from envtest.control_plane import free_port
 from livedata.labels import ENERGY_LABEL, POWER_STATE_ANNOTATION
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import wait_until
+from tests.support.fault_proxy import FaultProxy
 from tests.support.live_scheduling import (
-    DelayingProxy,
     NodeTelemetry,
     explain,
     live_extender,
@@ -322,11 +322,17 @@ def test_scheduler_goes_on_when_the_extender_is_stopped_or_slow(
             extender_for(
                 control_plane, extender_kubeconfig, telemetry, bundle, port=upstream
             ) as extender,
-            DelayingProxy(control_plane.extender_port, upstream, 2 * timeout_s) as proxy,
+            FaultProxy(
+                "127.0.0.1",
+                upstream,
+                scheme="http",
+                listen_port=control_plane.extender_port,
+                answer_delay_s=2 * timeout_s,
+            ) as proxy,
         ):
             cluster.scale("steady", 6)
             cluster.all_replicas_running("steady", timeout_s=60 + 10 * timeout_s)
-            assert proxy.requests >= 2, "the scheduler never asked the slow extender"
+            assert proxy.posts_forwarded >= 2, "the scheduler never asked the slow extender"
             assert stop_extender(extender) == 0
 
 

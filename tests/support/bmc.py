@@ -211,6 +211,17 @@ class IpmiBmc:
         self._reader.start()
         return self
 
+    def power_state(self) -> str:
+        """ "on"/"off" as the chassis has it once the requests received so far are carried out
+        (what a node's kubelet lives by; with `delay_s` it runs ahead of the chassis)."""
+        power = self.power
+        for request in list(self.requests):
+            if request == "on":
+                power = "on"
+            elif request in ("off", "soft-off"):
+                power = "off"
+        return power
+
     def _read_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:

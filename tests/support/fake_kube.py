@@ -1,42 +1,36 @@
-"""A small fake Kubernetes API server for tests: the only faked part of the system.
+"""A small fake Kubernetes API server, for what a real API server cannot be made to do on demand.
 
-The live sources (node and pod watches), model publishing (ConfigMaps), the energy adapter
-(node label patches) and the node power controller (cordon, evictions that PodDisruptionBudgets
-may refuse, Leases for leader election) all talk to the Kubernetes API through the official
-`kubernetes` client.
-Tests point that client, unchanged, at this server::
+Tests of the Kubernetes-facing code run against the real control plane (envtest/,
+tests/conftest.py), each component as its own ServiceAccount; connection faults (streams cut
+mid-flight, stalls, refused connections) come from `tests.support.fault_proxy` in front of it.
+This fake serves the faults a real server does not make on demand: every request answering
+500 for a while (`failing`, `fail_next`), every watch cut at one exact moment
+(`drop_watches`), the watch history forgotten at once so that resuming answers 410 Gone
+(`expire_watches`), and a log of every request as it reached the server (`requests`). Tests
+not yet moved to envtest still use it too; new tests should not.
 
-    with FakeKube() as kube:
-        api = kubernetes.client.CoreV1Api(kube.api_client())
-        api.create_namespaced_config_map("default", {...})
+It answers as a real kube-apiserver does for the resources those tests use (core/v1 Nodes,
+Pods, Namespaces and ConfigMaps, Leases of coordination.k8s.io/v1, PodDisruptionBudgets of
+policy/v1): the same paths, the same JSON (objects, lists, `Status` errors with the real
+reasons and messages), the same watch streams (chunked, one JSON event per line, starting after
+a resourceVersion), the same optimistic concurrency (a stale resourceVersion is 409 Conflict)
+and the Eviction subresource's PodDisruptionBudget checks (pkg/registry/core/pod/storage/
+eviction.go: 429 TooManyRequests with a DisruptionBudget cause when the budget allows no
+disruption, 500 when several budgets match, no check for pods that are Pending, finished or
+already being deleted, and an allowed eviction takes one disruption from the budget's status).
 
-It answers as a real kube-apiserver does for the resources the project uses (core/v1, Leases of
-coordination.k8s.io/v1, PodDisruptionBudgets of policy/v1): the same paths, the same JSON
-(objects, lists, `Status` errors with the real reasons and messages), the same watch streams
-(chunked, one JSON event per line, starting after a resourceVersion, 410 Gone when that version
-is too old), the same size limits (3 MiB request bodies, 1 MiB ConfigMaps), the same optimistic
-concurrency (a stale resourceVersion is 409 Conflict) and the Eviction subresource's
-PodDisruptionBudget checks (pkg/registry/core/pod/storage/eviction.go: 429 TooManyRequests with
-a DisruptionBudget cause when the budget allows no disruption, 500 when several budgets match,
-no check for pods that are Pending, finished or already being deleted, and an allowed eviction
-takes one disruption from the budget's status).
+Where it differs from a real server, on purpose: deletion is immediate (no graceful
+termination or finalizers), strategic merge patches are applied as JSON merge patches (lists
+are replaced, not merged by key), list pagination (`limit`/`continue`) is ignored, there is no
+authentication or RBAC, no size limits, and no controller runs (a PodDisruptionBudget's status
+is whatever the test sets). A test that depends on any of these belongs on envtest.
 
-Simplifications, on purpose: deletion is immediate (no graceful termination or finalizers),
-strategic merge patches are applied as JSON merge patches (lists are replaced, not merged by
-key), list pagination (`limit`/`continue`) is ignored, there is no authentication, and no
-controller runs (a PodDisruptionBudget's status is whatever the test sets, as if the disruption
-controller had written it).
-
-Test hooks: every request is recorded (`requests`), faults can be injected (`fail_next`,
-`failing`, `drop_watches`, `expire_watches`), and objects can be changed from Python
-(`create`, `replace`, `patch`, `delete`, `bind_pod`), which notifies open watches like any
-API write.
+Objects can be changed from Python (`create`, `replace`, `patch`, `delete`, `bind_pod`), which
+notifies open watches like any API write.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import contextlib
 import copy
@@ -57,10 +51,6 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes.client
 from requests.structures import CaseInsensitiveDict
 
-# kube-apiserver's default --max-request-bytes for resource writes (etcd's limit, doubled).
-MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
-# core.MaxSecretSize, which also bounds a ConfigMap's data + binaryData values.
-MAX_CONFIGMAP_BYTES = 1024 * 1024
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 JsonObject = dict[str, Any]
@@ -117,28 +107,11 @@ RESOURCES: dict[str, ResourceType] = {
             micro_times=("spec.acquireTime", "spec.renewTime"),
         ),
         ResourceType("poddisruptionbudgets", "PodDisruptionBudget", True, group="policy"),
-        ResourceType(
-            "events",
-            "Event",
-            True,
-            (
-                "metadata.name",
-                "metadata.namespace",
-                "involvedObject.kind",
-                "involvedObject.name",
-                "involvedObject.namespace",
-                "involvedObject.uid",
-                "reason",
-                "type",
-                "source",
-            ),
-        ),
     )
 }
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1012,54 +985,6 @@ class FakeKube:
                     )
                 ],
             )
-        if resource.plural == "configmaps":
-            self._validate_configmap(name, obj)
-
-    @staticmethod
-    def _validate_configmap(name: str, obj: JsonObject) -> None:
-        data = obj.get("data") or {}
-        binary = obj.get("binaryData") or {}
-        causes: list[tuple[str, str, str]] = []
-        total_bytes = 0
-        for bag, values in (("data", data), ("binaryData", binary)):
-            for key, value in values.items():
-                if len(key) > 253 or not _CONFIGMAP_KEY.match(key):
-                    causes.append(
-                        (
-                            "FieldValueInvalid",
-                            f"{bag}[{key}]",
-                            f'Invalid value: "{key}": a valid config key must consist of '
-                            "alphanumeric characters, '-', '_' or '.'",
-                        )
-                    )
-                if bag == "data":
-                    total_bytes += len(str(value).encode())
-                else:
-                    try:
-                        total_bytes += len(base64.b64decode(value, validate=True))
-                    except (binascii.Error, TypeError):
-                        raise bad_request(
-                            f'ConfigMap in version "v1" cannot be handled as a ConfigMap: '
-                            f"illegal base64 data in binaryData[{key}]"
-                        ) from None
-        for key in set(data) & set(binary):
-            causes.append(
-                (
-                    "FieldValueInvalid",
-                    f"data[{key}]",
-                    f'Invalid value: "{key}": duplicate of key present in binaryData',
-                )
-            )
-        if total_bytes > MAX_CONFIGMAP_BYTES:
-            causes.append(
-                (
-                    "FieldValueTooLong",
-                    "[]",
-                    f"Too long: must have at most {MAX_CONFIGMAP_BYTES} bytes",
-                )
-            )
-        if causes:
-            raise invalid("ConfigMap", name, causes)
 
     def _list(self, flt: _WatchFilter) -> JsonObject:
         with self._lock:
@@ -1237,12 +1162,6 @@ class _Handler(BaseHTTPRequestHandler):
                     "InternalError" if injected == 500 else "ServiceUnavailable",
                     "Internal error occurred: injected fault",
                     {"causes": [{"message": "injected fault"}]},
-                )
-            if length > MAX_REQUEST_BODY_BYTES:
-                raise ApiError(
-                    413,
-                    "RequestEntityTooLarge",
-                    f"Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}",
                 )
             self._route(method, parsed.path, query, body)
         except ApiError as error:

@@ -1,6 +1,6 @@
 """What a scheduling test on the real control plane needs around it: node telemetry through a
-real Prometheus, the extender as `python -m extender` in live mode, and a proxy that makes it
-slow.
+real Prometheus and the extender as `python -m extender` in live mode (a slow extender is a
+`tests.support.fault_proxy.FaultProxy` with `answer_delay_s` in front of it).
 
 - `node_telemetry(tmp_path, {"node-a": 0.1, ...})`: one tiny exporter per node
   (`tests.support.exporters.FakeHost`, CPU counters advancing at that utilisation, BMC
@@ -12,16 +12,12 @@ slow.
   node has fresh telemetry; stopped with SIGTERM on exit.
 - `explain(url, pod, nodes)`: the extender's `/explain` for a pod over candidate names, as
   kube-scheduler would ask (`nodeCacheCapable`: names only).
-- `DelayingProxy`: a TCP proxy that holds every answer back `delay_s` (an extender slower
-  than kube-scheduler's `httpTimeout`), counting the requests it forwarded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -172,71 +168,3 @@ def stop_extender(extender: ExtenderProcess, timeout_s: float = 20.0) -> int:
     """SIGTERM, as Kubernetes stops a pod; its exit status."""
     extender.process.terminate()
     return extender.process.wait(timeout=timeout_s)
-
-
-class DelayingProxy:
-    """A TCP proxy on 127.0.0.1:`port` to `upstream_port` that holds each chunk of the
-    upstream's answers back `delay_s`; `requests` counts the HTTP requests it forwarded."""
-
-    def __init__(self, port: int, upstream_port: int, delay_s: float) -> None:
-        self.upstream_port = upstream_port
-        self.delay_s = delay_s
-        self.requests = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", port))
-        self._listener.settimeout(0.2)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._sockets: list[socket.socket] = []
-
-    def __enter__(self) -> DelayingProxy:
-        self._spawn(self._accept_loop)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        for sock in [self._listener, *self._sockets]:
-            with contextlib.suppress(OSError):
-                sock.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            except OSError:
-                client.close()  # nothing behind us: refuse as the extender would
-                continue
-            self._sockets += [client, upstream]
-            self._spawn(self._pump, client, upstream, 0.0, True)
-            self._spawn(self._pump, upstream, client, self.delay_s, False)
-
-    def _pump(
-        self, source: socket.socket, sink: socket.socket, delay_s: float, count: bool
-    ) -> None:
-        with contextlib.suppress(OSError):
-            while not self._stop.is_set():
-                data = source.recv(65536)
-                if not data:
-                    break
-                if count:
-                    with self._lock:
-                        self.requests += data.count(b"POST /")
-                if delay_s and self._stop.wait(delay_s):
-                    break
-                sink.sendall(data)
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)

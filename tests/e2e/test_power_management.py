@@ -1,0 +1,337 @@
+"""Power management end to end: the node power controller as it ships, on a real control plane.
+
+`python -m controllers.node_power --apply` runs as a subprocess, as its ServiceAccount
+power-aware-scheduler/power-node-controller (the manifests' RBAC), with short timings, against
+the session's real control plane (etcd, kube-apiserver, kube-controller-manager, the default
+and power-aware schedulers). Nodes are `envtest.NodeAgent` kubelets whose lives follow their
+BMC: sushy-tools' Redfish emulator in one scenario, pyghmi IPMI servers (one per node) in the
+other; the controller finds each BMC through the node's driver label and the BMC Secret
+directory (`--bmc-secret-dir`), as in a cluster.
+
+What must hold, checked from the API server and the BMCs, never from the controller's word:
+consolidation empties nodes through the Eviction API, powers them off and records `off`; the
+node lifecycle controller then sees them NotReady. Pods that no node can take wake exactly the
+nodes they need, which boot, turn Ready, are uncordoned and run them. Pods under a budget that
+allows no disruption, or annotated safe-to-evict "false", are never evicted and their nodes
+stay on, uncordoned. The floor (`--min-on-nodes`) and `--max-off-fraction` hold all along. No
+pod is lost: every Deployment ends with all its replicas Running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from envtest import ControlPlane
+from livedata.labels import SAFE_TO_EVICT_ANNOTATION
+from tests.support.bmc import IpmiBmc, RedfishEmulator
+from tests.support.power_cluster import (
+    CONTROLLER_ACCOUNT,
+    NAMESPACE,
+    SCHEDULER,
+    PowerCluster,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PASSWORD = "bmc-password-for-e2e"
+LEASE = "power-node-controller"
+BOOT_S = 2.0
+# Short timings: a node is unneeded after 2 s, rounds every second, boots in 2 s.
+TIMINGS = [
+    "--scan-interval=1s",
+    "--scale-down-unneeded-time=2s",
+    "--node-cooldown=0s",
+    f"--boot-time={BOOT_S:g}s",
+    "--off-margin-sd=0",
+    "--drain-timeout=60s",
+    "--max-graceful-termination-sec=5",
+    "--shutdown-timeout=20s",
+    "--wake-timeout=90s",
+    "--retry-backoff=5s",
+    "--max-retry-backoff=20s",
+    "--bmc-timeout=5s",
+    "--api-timeout=5s",
+    "--leader-elect-lease-duration=4s",
+    "--leader-elect-renew-deadline=3s",
+    "--leader-elect-retry-period=1s",
+]
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
+    power_cluster = PowerCluster(control_plane, namespace)
+    yield power_cluster
+    power_cluster.close()
+    with contextlib.suppress(client.ApiException):
+        client.CoordinationV1Api(power_cluster.admin).delete_namespaced_lease(LEASE, NAMESPACE)
+
+
+class ControllerProcess:
+    """`python -m controllers.node_power --apply ...` in a subprocess, its log in a file."""
+
+    def __init__(self, plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str):
+        self.log = tmp_path / "node-power-controller.log"
+        kubeconfig = plane.service_account_kubeconfig(
+            *CONTROLLER_ACCOUNT, tmp_path / "controller.kubeconfig"
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        self.argv = [
+            sys.executable,
+            "-m",
+            "controllers.node_power",
+            "--apply",
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            f"--scheduler-name={SCHEDULER}",
+            f"--bmc-secret-dir={secret_dir}",
+            "--identity=e2e-controller",
+            *TIMINGS,
+            *flags,
+        ]
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(
+                f"the controller exited with {self.process.returncode}:\n{self.tail()}"
+            )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextlib.contextmanager
+def controller_running(
+    plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str
+) -> Iterator[ControllerProcess]:
+    controller = ControllerProcess(plane, tmp_path, secret_dir, *flags)
+    try:
+        yield controller
+    except BaseException:
+        print(f"---- controller log ({controller.log}) ----\n{controller.tail(80)}")
+        raise
+    finally:
+        controller.stop()
+
+
+def wait_for(
+    controller: ControllerProcess, check: Callable[[], object], timeout_s: float, what: str
+) -> object:
+    """`wait_until`, failing at once with the controller's log if it died."""
+
+    def checked() -> object:
+        controller.check_alive()
+        return check()
+
+    return wait_until(checked, timeout_s, what)
+
+
+def secret_dir(tmp_path: Path, addresses: dict[str, str], **extra: str) -> Path:
+    """The BMC Secret as kubelet mounts it: one key per node, and `_defaults`."""
+    directory = tmp_path / "bmc-secret"
+    directory.mkdir()
+    for node, address in addresses.items():
+        lines = [f"address: {address}"] + [f"{k}: {v}" for k, v in extra.items()]
+        (directory / node).write_text("\n".join(lines) + "\n")
+    (directory / "_defaults").write_text(f"username: admin\npassword: {PASSWORD}\n")
+    return directory
+
+
+class Limits:
+    """Samples the nodes' recorded states all along a scenario: the floor and the off share."""
+
+    def __init__(self, cluster: PowerCluster, shorts: list[str]) -> None:
+        self.cluster, self.shorts = cluster, shorts
+        self.samples: list[dict[str, str | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Limits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.3):
+            with contextlib.suppress(Exception):
+                self.samples.append({s: self.cluster.state_of(s)[0] for s in self.shorts})
+
+    def most_off(self) -> int:
+        return max(sum(state == "off" for state in sample.values()) for sample in self.samples)
+
+    def fewest_on(self) -> int:
+        return min(
+            sum(state in (None, "on", "draining") for state in sample.values())
+            for sample in self.samples
+        )
+
+
+def all_replicas_running(cluster: PowerCluster) -> bool:
+    deployments = cluster.apps.list_namespaced_deployment(cluster.namespace).items
+    return all(
+        len(cluster.running(d.metadata.name)) == d.spec.replicas
+        and (d.status.ready_replicas or 0) == d.spec.replicas
+        for d in deployments
+    )
+
+
+# ---- consolidation, power off through Redfish, waking for waiting pods ------------------------
+
+
+@pytest.mark.parametrize("scheduler", [SCHEDULER, "default-scheduler"])
+def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_they_need(
+    scheduler: str, control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
+) -> None:
+    """The waiting pods are for the power-aware scheduler, or for the default one with a
+    controller told so (`--scheduler-name`): either scheduler marks them Unschedulable."""
+    shorts = ["a", "b", "c", "d"]
+    names = [cluster.name(s) for s in shorts]
+    with RedfishEmulator(tmp_path / "redfish", names, auth=("admin", PASSWORD)) as bmc:
+        for short, name in zip(shorts, names, strict=True):
+            cluster.add_node(
+                short,
+                cores=8,
+                driver="redfish",
+                power=lambda name=name: bmc.power_state(name).lower(),
+                boot_s=BOOT_S,
+            )
+        cluster.wait_ready(*shorts)
+        # One light pod per node: every node is under the utilisation threshold.
+        for short in shorts:
+            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
+        secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
+        flags = ("--min-on-nodes=1", "--max-off-fraction=0.5", f"--scheduler-name={scheduler}")
+        with (
+            Limits(cluster, shorts) as limits,
+            controller_running(control_plane, tmp_path, secret, *flags) as controller,
+        ):
+            # Two of four may be off (--max-off-fraction 0.5): two are drained and powered off.
+            off = wait_for(
+                controller,
+                lambda: (
+                    (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
+                    and len(found) == 2
+                    and found
+                ),
+                90,
+                "two nodes recorded off",
+            )
+            on = [s for s in shorts if s not in off]
+            for short in off:
+                assert bmc.power_state(cluster.name(short)) == "Off"
+                assert cluster.state_of(short)[1]  # cordoned
+            assert [bmc.power_state(cluster.name(s)) for s in on] == ["On", "On"]
+            # Drained through evictions: their pods run again on the nodes that stay on.
+            wait_for(controller, lambda: all_replicas_running(cluster), 60, "web replicas back")
+            assert {n for s in shorts for n in cluster.nodes_of(f"web-{s}")} == set(on)
+            # Powered off for real: no heartbeats, the node lifecycle controller says NotReady.
+            cluster.wait_not_ready(*off)
+            time.sleep(3)  # a few rounds: nothing more goes off (the off share is reached)
+            assert sorted(s for s in shorts if cluster.state_of(s)[0] == "off") == sorted(off)
+
+            # Three pods of 5 cores: the two nodes on take one each (6 cores free on each), the
+            # third waits as Unschedulable: one node is woken.
+            cluster.deployment("batch", "5", replicas=3, scheduler=scheduler)
+            wait_for(
+                controller,
+                lambda: [s for s in off if cluster.state_of(s)[0] in ("waking", "on")],
+                60,
+                "a node woken",
+            )
+            wait_for(controller, lambda: all_replicas_running(cluster), 90, "batch running")
+            woken = [s for s in off if cluster.state_of(s)[0] == "on"]
+            asleep = [s for s in off if s not in woken]
+            assert len(woken) == 1 and len(asleep) == 1
+            state, cordoned, reason = cluster.state_of(woken[0])
+            assert (state, cordoned) == ("on", False) and "woken" in reason
+            assert cluster.ready(woken[0])
+            assert bmc.power_state(cluster.name(woken[0])) == "On"
+            assert woken[0] in cluster.nodes_of("batch")
+            time.sleep(3)
+            assert cluster.state_of(asleep[0])[:2] == ("off", True)
+            assert bmc.power_state(cluster.name(asleep[0])) == "Off"
+            controller.check_alive()
+    assert limits.most_off() <= 2  # --max-off-fraction 0.5 of 4
+    assert limits.fewest_on() >= 1  # --min-on-nodes 1
+    assert all_replicas_running(cluster)  # no pod lost
+
+
+# ---- what must never be evicted, and the floor, through IPMI ---------------------------------
+
+
+def test_budgets_and_safe_to_evict_keep_their_nodes_on_and_the_floor_holds_through_ipmi(
+    control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
+) -> None:
+    shorts = ["db", "cache", "app", "spare"]
+    with contextlib.ExitStack() as stack:
+        bmcs = {
+            short: stack.enter_context(IpmiBmc(tmp_path / f"ipmi-{short}", password=PASSWORD))
+            for short in shorts
+        }
+        for short in shorts:
+            cluster.add_node(short, cores=8, driver="ipmi", power=bmcs[short].power_state)
+        cluster.wait_ready(*shorts)
+        # db: a budget that allows no disruption. cache: safe-to-evict "false". app: movable.
+        cluster.deployment("db", "1", on="db", scheduler="default-scheduler")
+        cluster.budget("db", "db", max_unavailable=0)
+        cluster.deployment(
+            "cache", "1", on="cache", annotations={SAFE_TO_EVICT_ANNOTATION: "false"}
+        )
+        cluster.deployment("app", "1", on="app")
+        kept = {p["metadata"]["uid"] for p in cluster.pods("db") + cluster.pods("cache")}
+        (app_pod,) = cluster.pods("app")
+        assert len(kept) == 2
+        secret = secret_dir(tmp_path, {cluster.name(s): bmcs[s].address for s in shorts})
+        # The floor binds: app (drained) and spare (empty) could both go, but 3 must stay on.
+        # At equal (unknown) idle watts the policy takes nodes in name order: app goes first.
+        flags = ("--min-on-nodes=3", "--max-off-fraction=1")
+        with (
+            Limits(cluster, shorts) as limits,
+            controller_running(control_plane, tmp_path, secret, *flags) as controller,
+        ):
+            wait_for(
+                controller, lambda: cluster.state_of("app")[0] == "off", 90, "app drained, off"
+            )
+            assert bmcs["app"].requests == ["soft-off"]
+            # Evicted, replaced, running on a node that stays on.
+            wait_for(controller, lambda: all_replicas_running(cluster), 60, "app running")
+            assert app_pod["metadata"]["uid"] not in cluster.uids()
+            assert cluster.nodes_of("app")[0] in ("db", "cache", "spare")
+            cluster.wait_not_ready("app")  # a node's kubelet dies with its power
+            controller.check_alive()
+            assert cluster.state_of("spare")[:2] in ((None, False), ("on", False))
+            assert bmcs["spare"].requests == []
+    for short in ("db", "cache"):
+        assert cluster.state_of(short)[:2] in ((None, False), ("on", False))
+        assert bmcs[short].requests == []
+    assert {p["metadata"]["uid"] for p in cluster.pods("db") + cluster.pods("cache")} == kept
+    assert cluster.nodes_of("db") == ["db"] and cluster.nodes_of("cache") == ["cache"]
+    assert limits.fewest_on() >= 3 and limits.most_off() == 1  # --min-on-nodes 3
+    assert all_replicas_running(cluster)  # no pod lost
