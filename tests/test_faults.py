@@ -17,8 +17,8 @@ Asserted for each fault, with bounded polling waits and no timing assertion:
   the lowest power score (0), notes say "stale", ``/readyz`` is 503 with the reason;
 - when the fault ends, fresh telemetry, scores and readiness come back by themselves.
 
-The Kubernetes watch dropping (a TCP proxy in front of the API server cut: streams end,
-connections are refused) is resumed without a visible gap; the API unreachable for longer than
+The Kubernetes watch dropping (a fault proxy in front of the API server cut: open streams
+and new connections reset) is resumed without a visible gap; the API unreachable for longer than
 the TTL makes ``/readyz`` say so while answers continue from the last node view. The bundle
 directory vanishing keeps the loaded model serving (and ``/status`` names the refusal) until a
 bundle is back, which is then swapped in.
@@ -54,9 +54,9 @@ from extender.runtime import Runtime
 from extender.sources.telemetry import TelemetryPoller
 from tests.support.bundles import PowerCurveSpec, edit_manifest, make_bundle
 from tests.support.exporters import two_nodes, wait_until
+from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.prometheus import PrometheusServer, start_prometheus
 from tests.support.server import REPO_ROOT, serve_app
-from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -176,14 +176,6 @@ class World:
     collect_config: Path
     bundle_dir: Path
     kubeconfig: Path  # the extender's ServiceAccount, straight to the API server
-
-    def kubeconfig_through(self, proxy: TcpProxy, path: Path) -> Path:
-        """The extender's kubeconfig, reaching the API server through `proxy`."""
-        config = yaml.safe_load(self.kubeconfig.read_text())
-        for cluster in config["clusters"]:
-            cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-        path.write_text(yaml.safe_dump(config))
-        return path
 
     def label_node_c(self, energy_status: str | None) -> None:
         core = client.CoreV1Api(self.control_plane.api_client())
@@ -359,8 +351,8 @@ def test_prometheus_fault_last_good_data_then_neutral_then_recovery(
 
 
 def test_kubernetes_watch_drops_and_outage(world: World, tmp_path: Path) -> None:
-    proxy = TcpProxy(world.control_plane.apiserver_port)
-    kubeconfig = world.kubeconfig_through(proxy, tmp_path / "through-proxy.kubeconfig")
+    proxy = FaultProxy("127.0.0.1", world.control_plane.apiserver_port).start()
+    kubeconfig = kubeconfig_through(world.kubeconfig, proxy.port, tmp_path / "proxy.kubeconfig")
     try:
         with live_service(world, world.prometheus.url, kubeconfig=kubeconfig) as (client, runtime):
             (watcher,) = [s for s in runtime.live_sources if hasattr(s, "healthy")]
@@ -377,7 +369,7 @@ def test_kubernetes_watch_drops_and_outage(world: World, tmp_path: Path) -> None
             proxy.cut()
             world.label_node_c("powerless")
             wait_until(lambda: failures() >= before + 2, "a few failed requests")
-            proxy.restore()
+            proxy.resume()
             wait_until(
                 lambda: NODE_C in client.post("/filter", content=request()).json()["FailedNodes"],
                 "the label changed during the drop to reach the filter",
@@ -400,7 +392,7 @@ def test_kubernetes_watch_drops_and_outage(world: World, tmp_path: Path) -> None
                 assert answer.json()["NodeNames"] == [NODE_A, NODE_B]  # node-c still powerless
                 assert_scored_from_telemetry(client)
             finally:
-                proxy.restore()
+                proxy.resume()
             wait_until(lambda: watcher.healthy and ready(client), "recovery of the watch")
             world.label_node_c(None)
             wait_until(
@@ -408,13 +400,13 @@ def test_kubernetes_watch_drops_and_outage(world: World, tmp_path: Path) -> None
                 "a change after the outage to arrive",
             )
     finally:
-        proxy.cut()
+        proxy.stop()
         world.label_node_c(None)
 
 
 def test_not_ready_until_the_watch_has_listed(world: World, tmp_path: Path) -> None:
-    proxy = TcpProxy(world.control_plane.apiserver_port)
-    kubeconfig = world.kubeconfig_through(proxy, tmp_path / "through-proxy.kubeconfig")
+    proxy = FaultProxy("127.0.0.1", world.control_plane.apiserver_port).start()
+    kubeconfig = kubeconfig_through(world.kubeconfig, proxy.port, tmp_path / "proxy.kubeconfig")
     proxy.cut()  # the API server out of reach from the start
     try:
         with live_service(world, world.prometheus.url, kubeconfig=kubeconfig) as (client, _):
@@ -425,10 +417,10 @@ def test_not_ready_until_the_watch_has_listed(world: World, tmp_path: Path) -> N
             # Unknown nodes still get an answer the scheduler can use: all pass, all score 0.
             scores = client.post("/prioritize", content=request()).json()
             assert [(e["Host"], e["Score"]) for e in scores] == [(n, 0) for n in NODES]
-            proxy.restore()
+            proxy.resume()
             wait_until(lambda: fresh_and_ready(client), "ready once the API answers")
     finally:
-        proxy.cut()
+        proxy.stop()
 
 
 # ---- the bundle directory vanishing ------------------------------------------------------------
