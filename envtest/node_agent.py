@@ -67,6 +67,7 @@ class _Node:
     name: str
     index: int
     boot_s: float
+    ip: str  # its InternalIP, the hostIP of its pods
     up: bool = True
     booted_at_s: float | None = None  # monotonic time the boot ends, while booting
     pod_ips: dict[str, str] = field(default_factory=dict)  # pod uid -> IP
@@ -94,11 +95,15 @@ class NodeAgent:
         *,
         power_of: Callable[[str], Any] | None = None,
         heartbeat_s: float = 2.0,
+        run_pods: bool = True,
     ) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.power_of = power_of
         self.heartbeat_s = heartbeat_s
+        # False: nodes stay alive but their pods are the test's to move (it writes their
+        # statuses itself, as kubelets would have: a finished Job, restarts, a failed pull).
+        self.run_pods = run_pods
         self._nodes: dict[str, _Node] = {}
         self._registered = 0  # nodes ever added: each gets its own addresses
         self._pods_started = 0  # pods ever run: each gets its own IP
@@ -123,8 +128,10 @@ class NodeAgent:
         annotations: Mapping[str, str] | None = None,
         taints: list[dict[str, str]] | None = None,
         boot_s: float = 0.0,
+        internal_ip: str | None = None,
     ) -> None:
-        """Register a Node (as a kubelet does at start) and keep it alive from now on."""
+        """Register a Node (as a kubelet does at start) and keep it alive from now on;
+        `internal_ip` is its InternalIP (one of the agent's own when not given)."""
         with self._lock:
             self._registered += 1
             index = self._registered
@@ -148,7 +155,7 @@ class NodeAgent:
                 "capacity": resources,
                 "allocatable": resources,
                 "addresses": [
-                    {"type": "InternalIP", "address": self._node_ip(index)},
+                    {"type": "InternalIP", "address": internal_ip or self._node_ip(index)},
                     {"type": "Hostname", "address": name},
                 ],
                 "conditions": [self._ready_condition(True, now, now)],
@@ -169,7 +176,7 @@ class NodeAgent:
         self.core.create_node(body)
         self._renew_lease(name)
         with self._lock:  # only now: the heartbeat thread must not race the registration
-            self._nodes[name] = _Node(name, index, boot_s)
+            self._nodes[name] = _Node(name, index, boot_s, internal_ip or self._node_ip(index))
         self._wake.set()
 
     def remove_node(self, name: str) -> None:
@@ -209,7 +216,10 @@ class NodeAgent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> NodeAgent:
-        for target, name in ((self._heartbeat_loop, "heartbeats"), (self._pod_loop, "pods")):
+        loops = [(self._heartbeat_loop, "heartbeats")]
+        if self.run_pods:
+            loops.append((self._pod_loop, "pods"))
+        for target, name in loops:
             thread = threading.Thread(target=target, name=f"node-agent-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -461,7 +471,7 @@ class NodeAgent:
 
     def _host_ip(self, node_name: str) -> str:
         with self._lock:
-            return self._node_ip(self._nodes[node_name].index)
+            return self._nodes[node_name].ip
 
     @staticmethod
     def _node_ip(index: int) -> str:

@@ -243,15 +243,6 @@ def _deferrable_pod() -> dict[str, Any]:
     }
 
 
-class _HeartbeatsOnly(NodeAgent):
-    """Kubelets that keep the nodes alive (Lease, Ready) but leave their pods alone: the test
-    writes the pods' statuses as kubelets would have over the last minute (a Job that finished,
-    restarts, an image that cannot be pulled), which an agent running pods would start afresh."""
-
-    def _reconcile_pods(self) -> None:
-        return
-
-
 def _register(agent: NodeAgent, core: client.CoreV1Api, name: str) -> None:
     labels = {REGION_LABEL: ZONES[name], RUN_LABEL: RUN}
     annotations = {}
@@ -544,7 +535,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane)
         stack.callback(_delete_namespace, admin, namespace)
         # The extender saves its evidence under the one name its Role allows: gone after.
         stack.callback(_delete_config_map, admin, DEFAULT_CONFIG_MAP, NAMESPACE)
-        agent = _HeartbeatsOnly(control_plane.api_client(), heartbeat_s=1.0).start()
+        # Kubelets that keep the nodes alive but leave their pods alone: the test writes the
+        # pods' statuses as kubelets would have over the last minute (a Job that finished,
+        # restarts, an image that cannot be pulled), which running them would start afresh.
+        agent = NodeAgent(control_plane.api_client(), heartbeat_s=1.0, run_pods=False).start()
         for name in hosts:
             stack.callback(agent.remove_node, name)
         stack.callback(agent.stop)

@@ -115,13 +115,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane)
     agent = NodeAgent(control_plane.api_client(), heartbeat_s=1.0).start()
     try:
         for node, address in NODES.items():
-            agent.add_node(node, cpu=16)
-            # The addresses Goldpinger's series name as host_ip (the agent numbers its own).
-            addresses = [
-                {"type": "InternalIP", "address": address},
-                {"type": "Hostname", "address": node},
-            ]
-            admin.patch_node_status(node, {"status": {"addresses": addresses}})
+            # The address Goldpinger's series name as host_ip.
+            agent.add_node(node, cpu=16, internal_ip=address)
         admin.create_namespace({"metadata": {"name": NAMESPACE}})
         for pod in PODS:
             if pod.node in NODES:
