@@ -10,7 +10,6 @@ real node lifecycle controller, and comes back Ready after its boot time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from envtest import AssetsMissing, ControlPlane, NodeAgent, find_assets
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
+from tests.support.exporters import wait_until
 
 
 def test_missing_binaries_say_how_to_get_them(
@@ -86,7 +75,7 @@ def test_deployment_pods_are_scheduled_and_run(
         ok = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip]
         return ok if len(ok) == 4 else []
 
-    pods = wait_for(running, what="4 Running pods")
+    pods = wait_until(running, "4 Running pods")
     assert {p.spec.node_name for p in pods} <= {f"{namespace}-a", f"{namespace}-b"}
     assert len({p.status.pod_ip for p in pods}) == 4
     ready = {c.type: c.status for c in pods[0].status.conditions}
@@ -95,9 +84,9 @@ def test_deployment_pods_are_scheduled_and_run(
     # Graceful deletion finishes as a kubelet finishes it; the ReplicaSet replaces the pod.
     victim = pods[0]
     core.delete_namespaced_pod(victim.metadata.name, namespace)
-    wait_for(
+    wait_until(
         lambda: victim.metadata.uid not in {p.metadata.uid for p in running()},
-        what="the deleted pod gone and replaced",
+        "the deleted pod gone and replaced",
     )
 
 
@@ -114,17 +103,17 @@ def test_node_follows_its_bmc_power(control_plane: ControlPlane) -> None:
             (ready,) = [c.status for c in node.status.conditions if c.type == "Ready"]
             return ready, sorted({t.key for t in node.spec.taints or []})
 
-        wait_for(lambda: ready_status() == ("True", []), what="Ready, untainted")
+        wait_until(lambda: ready_status() == ("True", []), "Ready, untainted")
         power["bmc-node"] = "off"
-        _, taints = wait_for(
+        _, taints = wait_until(
             lambda: (s := ready_status())[0] == "Unknown" and s,
+            "the node lifecycle controller marking it Unknown",
             timeout_s=control_plane.node_monitor_grace_s + 20,
-            what="the node lifecycle controller marking it Unknown",
         )
         assert "node.kubernetes.io/unreachable" in taints
         power["bmc-node"] = "on"
         started = time.monotonic()
-        wait_for(lambda: ready_status() == ("True", []), what="Ready again after its boot")
+        wait_until(lambda: ready_status() == ("True", []), "Ready again after its boot")
         assert time.monotonic() - started >= 2.0  # not before its boot time
     finally:
         agent.stop()
