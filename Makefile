@@ -31,11 +31,12 @@ e2e: $(STAMP)
 	scripts/ensure-kube-assets
 	$(BIN)/python -m pytest tests/e2e tests/test_envtest.py
 
-# Rebuild the shipped default bundle (models/default) from a synthetic 12-node fleet.
+# Rebuild the shipped default bundle (extender/models/default, package data that the wheel
+# and the image carry) from a synthetic 12-node fleet.
 models: $(STAMP)
 	$(BIN)/python -m training.synth --nodes 12 --hours 168 --step 60 --seed 7 \
 		--out out/default-metrics.parquet --quiet
-	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out models/default \
+	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out extender/models/default \
 		--report-dir out/default-report --seed 7 --quiet
 
 lint: $(STAMP)
