@@ -6,13 +6,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Both locks are pip-compile's, with hashes; the dev one (runtime + test tools) is held to the
+# runtime one's versions, so the tests run exactly what the image ships.
+LOCK := CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes \
+	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test e2e lint models clean
+.PHONY: run test e2e lint models lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -38,6 +42,13 @@ models: $(STAMP)
 		--out out/default-metrics.parquet --quiet
 	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out extender/models/default \
 		--report-dir out/default-report --seed 7 --quiet
+
+# Re-lock after changing pyproject.toml's dependencies; pins already in the locks are kept
+# (make lock LOCK_FLAGS='--upgrade-package numpy' moves one).
+lock: $(STAMP)
+	$(LOCK) $(LOCK_FLAGS) --output-file requirements.lock pyproject.toml
+	$(LOCK) $(LOCK_FLAGS) --extra dev --constraint requirements.lock \
+		--output-file requirements-dev.lock pyproject.toml
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
