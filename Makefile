@@ -2,17 +2,25 @@
 #   make run    serve the shipped model bundle on the built-in demo cluster (http://127.0.0.1:8888)
 #   make test   lint and run the whole test suite (installs Prometheus and etcd through apt-get
 #               when root, and unpacks the Kubernetes binaries of ../shared/k8s into .kube-assets/)
+# The container image: `make image` builds it with buildah, `make image-test` runs every process
+# from it. manifests/kustomization.yaml names the same tag (tests/test_image.py checks).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= power-aware-scheduler:$(VERSION)
+# Both locks are pip-compile's, with hashes; the dev one (runtime + test tools) is held to the
+# runtime one's versions, so the tests run exactly what the image ships.
+LOCK := CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes \
+	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test e2e lint models clean
+.PHONY: run test e2e lint models lock image image-test clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -31,12 +39,26 @@ e2e: $(STAMP)
 	scripts/ensure-kube-assets
 	$(BIN)/python -m pytest tests/e2e tests/test_envtest.py
 
-# Rebuild the shipped default bundle (models/default) from a synthetic 12-node fleet.
+# Rebuild the shipped default bundle (extender/models/default, package data that the wheel
+# and the image carry) from a synthetic 12-node fleet.
 models: $(STAMP)
 	$(BIN)/python -m training.synth --nodes 12 --hours 168 --step 60 --seed 7 \
 		--out out/default-metrics.parquet --quiet
-	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out models/default \
+	$(BIN)/python -m training.fit --input out/default-metrics.parquet --out extender/models/default \
 		--report-dir out/default-report --seed 7 --quiet
+
+# Re-lock after changing pyproject.toml's dependencies; pins already in the locks are kept
+# (make lock LOCK_FLAGS='--upgrade-package numpy' moves one).
+lock: $(STAMP)
+	$(LOCK) $(LOCK_FLAGS) --output-file requirements.lock pyproject.toml
+	$(LOCK) $(LOCK_FLAGS) --extra dev --constraint requirements.lock \
+		--output-file requirements-dev.lock pyproject.toml
+
+image:
+	scripts/build-image $(IMAGE) $(VERSION)
+
+image-test:
+	scripts/image-test $(IMAGE)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

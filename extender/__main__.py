@@ -1,6 +1,6 @@
 """``python -m extender``: start the power-aware kube-scheduler extender.
 
-With no flags: the shipped bundle (``models/default``) on the built-in demo cluster, on
+With no flags: the shipped bundle (``extender/models/default``) on the built-in demo cluster, on
 http://127.0.0.1:8888. ``--help`` lists every flag. Startup logs one line per step (config,
 cluster, bundle, background threads, listening) and a curl line to paste. Bad input (a
 missing bundle, an unreadable snapshot, conflicting flags) ends with a one-line error and

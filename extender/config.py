@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from extender.limits import (
@@ -32,8 +33,9 @@ from livedata.kube_client import add_kube_arguments
 from livedata.logs import LOG_FORMATS
 from predictor.core_scaling import MAX_CORE_RATIO, MIN_CORE_RATIO, shipped_core_exponents
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_BUNDLE_DIR = REPO_ROOT / "models" / "default"
+# The shipped bundle is package data (extender/models/default), so an installed wheel has it
+# too; `make models` rebuilds it. The bundle loader reads a directory, hence the Path.
+DEFAULT_BUNDLE_DIR = Path(str(resources.files("extender").joinpath("models", "default")))
 ENV_PREFIX = "PAS_"
 
 MODES = ("demo", "snapshot", "live")

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from extender.config import DEFAULT_BUNDLE_DIR
 from extender.plugins.base import cost_ratio_points
 from extender.plugins.carbon import CARBON_SIGNAL, Carbon, CarbonArgs
 from extender.profile import Profile, build_profile
@@ -490,7 +491,7 @@ def test_the_service_reads_the_carbon_aware_sdk_and_holds_a_deferrable_pod(tmp_p
                 }
             ],
         )
-        with extender_service(REPO_ROOT / "models" / "default", cluster, config_file=config) as (
+        with extender_service(DEFAULT_BUNDLE_DIR, cluster, config_file=config) as (
             url,
             runtime,
         ):
@@ -549,7 +550,7 @@ def test_the_service_converts_watttime_pounds(tmp_path: Path) -> None:
                 }
             ],
         )
-        with extender_service(REPO_ROOT / "models" / "default", cluster, config_file=config) as (
+        with extender_service(DEFAULT_BUNDLE_DIR, cluster, config_file=config) as (
             url,
             runtime,
         ):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from extender.config import DEFAULT_BUNDLE_DIR
 from tests.support.bundles import (
     PowerCurveSpec,
     corrupt_model_bytes,
@@ -22,7 +23,6 @@ from tests.support.bundles import (
 from tests.support.server import REPO_ROOT, run_extender
 
 DEMO_NODES = [f"node-{i:02d}" for i in range(1, 13)]
-SHIPPED_BUNDLE = REPO_ROOT / "models" / "default"
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +77,10 @@ def test_serves_the_demo_cluster(demo_bundle: Path) -> None:
         assert step in steps
 
 
-@pytest.mark.skipif(not SHIPPED_BUNDLE.is_dir(), reason="models/default not shipped yet")
 def test_no_arguments_serve_the_shipped_bundle_on_the_demo_cluster() -> None:
     with run_extender([]) as service:
         assert_demo_served(service.url, service.log_lines)
-        manifest = json.loads((SHIPPED_BUNDLE / "manifest.json").read_text())
+        manifest = json.loads((DEFAULT_BUNDLE_DIR / "manifest.json").read_text())
         status = httpx.get(f"{service.url}/status", timeout=10).json()
         assert status["bundle_version"] == manifest["version"]
 

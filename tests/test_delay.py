@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from envtest import ControlPlane, NodeAgent
+from extender.config import DEFAULT_BUNDLE_DIR
 from extender.plugins.delay import DelayPlugin, delay_constraints
 from extender.pods import PODS_SIGNAL, PodIndex, PodPlacement
 from extender.profile import ProfileError, build_profile
@@ -30,7 +31,7 @@ from extender.sources.kube_watch import ClusterWatcher
 from extender.sources.rtt_file import RttFileError
 from extender.state import ClusterState, NodeInfo
 from tests.support.manifests import find_object
-from tests.support.server import REPO_ROOT, extender_service, write_snapshot
+from tests.support.server import extender_service, write_snapshot
 
 NOW_S = 10_000.0
 EDGE_1 = ("edge-1a", "edge-1b")
@@ -393,7 +394,7 @@ def request(labels: dict[str, str]) -> dict[str, Any]:
 
 def test_explain_filter_and_status_over_http(tmp_path: Path) -> None:
     snapshot, config = service_files(tmp_path)
-    bundle = REPO_ROOT / "models" / "default"
+    bundle = DEFAULT_BUNDLE_DIR
     with (
         extender_service(bundle, cluster_file=snapshot, config_file=config) as (url, runtime),
         httpx.Client(base_url=url, timeout=10) as client,
@@ -434,7 +435,7 @@ def test_the_service_refuses_to_start_on_a_bad_rtt_file(tmp_path: Path) -> None:
     (tmp_path / "rtt.yaml").write_text("nodes: [a, b]\nrttMs: [[0, 1]]\n")
     with (
         pytest.raises(RttFileError, match="rttMs has 1 rows for 2 nodes"),
-        extender_service(REPO_ROOT / "models" / "default", cluster_file=snapshot,
+        extender_service(DEFAULT_BUNDLE_DIR, cluster_file=snapshot,
                          config_file=config),
     ):  # fmt: skip
         pass
@@ -445,7 +446,7 @@ def test_without_any_rtt_source_the_service_says_what_to_configure(tmp_path: Pat
     config = write(tmp_path / "bare.yaml", "plugins: {filter: {enabled: [{name: Delay}]}}\n")
     with (
         pytest.raises(ValueError, match="no RTT source; give rttFile"),
-        extender_service(REPO_ROOT / "models" / "default", cluster_file=snapshot,
+        extender_service(DEFAULT_BUNDLE_DIR, cluster_file=snapshot,
                          config_file=config),
     ):  # fmt: skip
         pass

@@ -29,7 +29,7 @@ from kubernetes import client
 from envtest import ControlPlane, NodeAgent
 from extender.__main__ import prepare
 from extender.app import create_app
-from extender.config import ExtenderConfig
+from extender.config import DEFAULT_BUNDLE_DIR, ExtenderConfig
 from extender.pods import PODS_SIGNAL
 from extender.profile import build_profile
 from extender.rtt import RTT_SIGNAL, RttMatrix
@@ -39,7 +39,7 @@ from extender.sources.rtt import RttSource, RttSourceSettings
 from extender.state import ClusterState
 from tests.support.goldpinger import GoldpingerPod, goldpinger_openmetrics
 from tests.support.prometheus import PrometheusServer, free_port, start_prometheus
-from tests.support.server import REPO_ROOT, serve_app
+from tests.support.server import serve_app
 
 pytestmark = pytest.mark.prometheus
 
@@ -304,7 +304,7 @@ def test_the_live_service_filters_by_goldpinger_rtts(world: World, tmp_path: Pat
     )
     config = ExtenderConfig(
         port=0,
-        bundle_dir=REPO_ROOT / "models" / "default",
+        bundle_dir=DEFAULT_BUNDLE_DIR,
         prometheus_url=world.prometheus.url,
         kubeconfig=world.kubeconfig,
         config_file=config_file,

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from extender.config import DEFAULT_BUNDLE_DIR
 from extender.node_requests import REQUESTED_CPU_SIGNAL, NodeRequests
 from extender.plugins.power_state import PowerStateCode, power_state_of
 from extender.profile import DEFAULT_PROFILE, Profile, ProfileError, build_profile
@@ -21,10 +22,10 @@ from livedata.labels import POWER_STATE_ANNOTATION
 from predictor.curves import CurveBuilder
 from predictor.model import Predictor
 from tests.support.bundles import PowerCurveSpec, make_bundle
-from tests.support.server import REPO_ROOT, extender_service, write_snapshot
+from tests.support.server import extender_service, write_snapshot
 
 NOW_S = 1_700_000_000.0
-MODELS = REPO_ROOT / "models" / "default"
+MODELS = DEFAULT_BUNDLE_DIR
 CURVES = {name: PowerCurveSpec(100.0, 300.0) for name in ("a", "b", "c", "d")}
 CONSOLIDATING = """
     plugins:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from extender.config import DEFAULT_BUNDLE_DIR
 from extender.cycle import Cycle
 from extender.plugins.base import FilterVerdict, LiveSource, Plugin, SourceContext
 from extender.profile import DEFAULT_PROFILE, ProfileError, build_profile, builtin_plugins
@@ -116,7 +117,7 @@ def test_a_new_plugin_needs_only_its_module_and_a_line_of_configuration(tmp_path
     )
     request = json.loads((SAMPLES / "cache-capable" / "prioritize-request.json").read_text())
     request["NodeNames"] = ["node-01", "node-02", "node-03"]
-    with extender_service(REPO_ROOT / "models" / "default", config_file=config) as (url, _):
+    with extender_service(DEFAULT_BUNDLE_DIR, config_file=config) as (url, _):
         explain = httpx.post(f"{url}/explain", json=request, timeout=10).json()
         failed = httpx.post(f"{url}/filter", json=request, timeout=10).json()["FailedNodes"]
     rows = {row["node"]: row for row in explain["nodes"]}
@@ -140,7 +141,7 @@ def test_a_plugins_background_source_feeds_it_through_the_state(tmp_path: Path) 
     )
     request = json.loads((SAMPLES / "cache-capable" / "prioritize-request.json").read_text())
     request["NodeNames"] = ["node-01", "node-02"]
-    with extender_service(REPO_ROOT / "models" / "default", config_file=config) as (url, _):
+    with extender_service(DEFAULT_BUNDLE_DIR, config_file=config) as (url, _):
         rows = httpx.post(f"{url}/explain", json=request, timeout=10).json()["nodes"]
         status = httpx.get(f"{url}/status", timeout=10).json()
     bonus = {row["node"]: row["plugins"]["Bonus"] for row in rows}
