@@ -52,7 +52,7 @@ SCHEDULER_NAME = "bench-scheduler"
 NAMESPACE = "default"
 # Only what the bench needs from kube-controller-manager: the `default` ServiceAccount pods use.
 CONTROLLERS = "serviceaccount-controller,serviceaccount-token-controller,namespace-controller"
-CLIENT_QPS = 5000  # scheduler_perf's; see the module docstring
+CLIENT_QPS = 5000  # scheduler_perf's (kube-scheduler's own default is 50): module docstring
 # The shipped entry (filter + prioritize: two round trips per pod), and the same without its
 # filter verb (one): what a profile whose filters only depend on the node costs, since the
 # controllers' cordons and taints then filter for free in kube-scheduler (docs/operations.md).
@@ -244,12 +244,13 @@ def extender_totals(url: str) -> Totals:
     return {verb: sc for verb, sc in totals.items() if verb in ("filter", "prioritize")}
 
 
-def scheduler_config(extender: dict[str, Any] | None) -> dict[str, Any]:
+def scheduler_config(extender: dict[str, Any] | None, client_qps: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {"leaderElect": False},
-        "clientConnection": {"qps": CLIENT_QPS, "burst": CLIENT_QPS},
+        # Burst twice the QPS, kube-scheduler's own ratio (50 and 100 by default).
+        "clientConnection": {"qps": client_qps, "burst": 2 * client_qps},
         "profiles": [{"schedulerName": SCHEDULER_NAME}],
     }
     if extender is not None:
@@ -271,6 +272,7 @@ def one_run(
     pods: int,
     round_index: int,
     timeout_s: float,
+    client_qps: int,
 ) -> Run:
     seed = round_index * 10 + MODES.index(mode)
     create_pods(core, pods, seed)
@@ -279,7 +281,9 @@ def one_run(
         assert extender is not None
         extender.pop("filterVerb", None)
     before = extender_totals(extender_url) if extender else {}
-    component = plane.start_scheduler("bench-scheduler", scheduler_config(extender), verbosity=2)
+    component = plane.start_scheduler(
+        "bench-scheduler", scheduler_config(extender, client_qps), verbosity=2
+    )
     bound = wait_for_bindings(component.log, f"{NAMESPACE}/{pod_prefix(seed)}", pods, timeout_s)
     pods_per_s, seconds = binding_rate(bound)
     assert component.port is not None
@@ -336,7 +340,9 @@ def cluster(nodes: int, work_dir: Path) -> Iterator[tuple[ControlPlane, str]]:
         yield plane, served.url
 
 
-def measure(nodes: int, pods: int, rounds: int, timeout_s: float) -> list[Run]:
+def measure(
+    nodes: int, pods: int, rounds: int, timeout_s: float, client_qps: int = CLIENT_QPS
+) -> list[Run]:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp, cluster(nodes, Path(tmp)) as (plane, url):
         core = kubernetes.client.CoreV1Api(plane.api_client())
@@ -344,7 +350,9 @@ def measure(nodes: int, pods: int, rounds: int, timeout_s: float) -> list[Run]:
             # Alternate which mode goes first, so that a machine warming up favours neither.
             order = MODES if round_index % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
-                run = one_run(plane, core, mode, url, nodes, pods, round_index, timeout_s)
+                run = one_run(
+                    plane, core, mode, url, nodes, pods, round_index, timeout_s, client_qps
+                )
                 print(
                     f"  {nodes} nodes, round {round_index + 1}, {mode}: "
                     f"{run.pods_per_s:.0f} pods/s ({run.bound}/{pods} bound in {run.seconds} s)",
@@ -370,8 +378,11 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
     return summary
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    print("\nkube-scheduler v1.36 throughput, pods/s from first to last binding (median of rounds)")
+def print_summary(summary: dict[str, Any], client_qps: int) -> None:
+    print(
+        f"\nkube-scheduler v1.36 throughput (client QPS {client_qps}), pods/s from first to "
+        "last binding (median of rounds)"
+    )
     print(
         f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6} "
         f"{'prioritize only':>16} {'ratio':>6}"
@@ -404,6 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", default="1000,2000", help="pods per node count (1000,2000)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per mode (default 2)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per run (default 300)")
+    parser.add_argument(
+        "--client-qps",
+        type=int,
+        default=CLIENT_QPS,
+        help=f"the scheduler's API client QPS (default {CLIENT_QPS}, as scheduler_perf; "
+        "kube-scheduler's own default, 50, caps binding near 50 pods/s whatever it runs)",
+    )
     parser.add_argument("--json", type=Path, help="write the runs and summary here")
     args = parser.parse_args(argv)
     try:
@@ -415,15 +433,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pods has {len(pod_counts)} counts for {len(node_counts)} --nodes")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.client_qps < 1:
+        parser.error("--client-qps must be at least 1")
     runs: list[Run] = []
     for nodes, pods in zip(node_counts, pod_counts, strict=True):
         print(f"{nodes} nodes, {pods} pods, {args.rounds} rounds", file=sys.stderr)
-        runs += measure(nodes, pods, args.rounds, args.timeout_s)
+        runs += measure(nodes, pods, args.rounds, args.timeout_s, args.client_qps)
     summary = summarise(runs)
-    print_summary(summary)
+    print_summary(summary, args.client_qps)
     if args.json:
         args.json.write_text(
-            json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1)
+            json.dumps(
+                {
+                    "settings": {"client_qps": args.client_qps, "rounds": args.rounds},
+                    "runs": [asdict(r) for r in runs],
+                    "summary": summary,
+                },
+                indent=1,
+            )
         )
     return 0
 
