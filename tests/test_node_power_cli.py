@@ -48,9 +48,8 @@ LEASE = "power-node-controller"  # the one Lease the shipped Role grants the con
 
 @pytest.fixture
 def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    power_cluster = PowerCluster(control_plane, namespace)
-    yield power_cluster
-    power_cluster.close()
+    with PowerCluster(control_plane, namespace) as power_cluster:
+        yield power_cluster
 
 
 @pytest.fixture

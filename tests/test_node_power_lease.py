@@ -424,9 +424,8 @@ def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
 
 @pytest.fixture
 def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    power_cluster = PowerCluster(control_plane, namespace)
-    yield power_cluster
-    power_cluster.close()
+    with PowerCluster(control_plane, namespace) as power_cluster:
+        yield power_cluster
 
 
 def writes_by(cluster: PowerCluster, manager: str) -> list[str]:

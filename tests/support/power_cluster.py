@@ -562,6 +562,12 @@ class PowerCluster:
 
     # ---- the end ---------------------------------------------------------------------------
 
+    def __enter__(self) -> PowerCluster:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Delete the workloads and wait for their pods to go (the agent finishes them), then
         stop the agent and delete the nodes."""
