@@ -1,15 +1,25 @@
-"""`python -m controllers.node_power`: its help, flags, one round, and its HTTP endpoints."""
+"""`python -m controllers.node_power`: its help, flags, one round, and its HTTP endpoints.
+
+Rounds run on the real control plane (`control_plane`) as the controller's own ServiceAccount,
+on nodes of `envtest.NodeAgent` (`PowerCluster`); an API server that fails is a `FaultProxy` in
+front of the real one, cut.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 from prometheus_client import generate_latest
 
 from controllers.node_power.carbon import CarbonSettings, NodeIntensity
@@ -17,16 +27,81 @@ from controllers.node_power.cli import build_parser, main, settings_from_args
 from controllers.node_power.health import serve_health
 from controllers.node_power.metrics import ControllerMetrics
 from controllers.node_power.views import parse_rfc3339_s
+from envtest import ControlPlane
 from tests.support.bmc import RedfishEmulator
 from tests.support.bundles import PowerCurveSpec, make_bundle
+from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.power_cluster import (
-    make_kube,
+    CONTROLLER_ACCOUNT,
+    NAMESPACE,
+    PowerCluster,
     node,
-    pod,
     settings,
     stamp,
     started_controller,
+    wait_until,
 )
+
+PREFIX = "power-aware-scheduler/"  # the controller's labels and annotations
+LEASE = "power-node-controller"  # the one Lease the shipped Role grants the controller
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
+    with PowerCluster(control_plane, namespace) as power_cluster:
+        yield power_cluster
+
+
+@pytest.fixture
+def leases(kube_api: client.ApiClient) -> Iterator[client.CoordinationV1Api]:
+    """The shipped Lease's API (admin), with no Lease left over before or after the test."""
+    api = client.CoordinationV1Api(kube_api)
+
+    def delete_lease() -> None:
+        with contextlib.suppress(ApiException):
+            api.delete_namespaced_lease(LEASE, NAMESPACE)
+
+    delete_lease()
+    yield api
+    delete_lease()
+
+
+@pytest.fixture
+def kubeconfig(control_plane: ControlPlane, tmp_path: Path) -> Path:
+    """The controller's own ServiceAccount: the manifests' RBAC is what it gets."""
+    return control_plane.service_account_kubeconfig(
+        *CONTROLLER_ACCOUNT, tmp_path / "controller.kubeconfig"
+    )
+
+
+def written(cluster: PowerCluster) -> dict[str, Any]:
+    """What the controller writes: this test's nodes' power-aware-scheduler/ labels and
+    annotations and their cordons, and its pods (an eviction is a pod gone). Others write to a
+    node too (the node controllers: labels, taints; its kubelet: status)."""
+    nodes = {}
+    for name in cluster.agent.node_names:
+        obj = cluster.node(cluster.short(name))
+        metadata = obj["metadata"]
+        ours = {
+            key: value
+            for key, value in {
+                **(metadata.get("labels") or {}),
+                **(metadata.get("annotations") or {}),
+            }.items()
+            if key.startswith(PREFIX)
+        }
+        nodes[name] = (ours, bool(obj["spec"].get("unschedulable")))
+    return {"nodes": nodes, "pods": cluster.uids()}
+
+
+def lease_exists(leases: client.CoordinationV1Api) -> bool:
+    try:
+        leases.read_namespaced_lease(LEASE, NAMESPACE)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
 
 
 def test_help_explains_the_safety_defaults() -> None:
@@ -107,63 +182,71 @@ def test_inconsistent_leader_election_times_exit_2(
 
 
 def test_once_prints_the_round_and_changes_nothing_without_apply(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: PowerCluster,
+    leases: client.CoordinationV1Api,
+    kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    kube = make_kube(
-        [node("busy"), node("idle"), node("spare", state="off", unschedulable=True)],
-        [pod("web-1", "busy", "12")],
+    busy, idle = cluster.add_node("busy"), cluster.add_node("idle")
+    spare = cluster.add_node("spare", state="off", unschedulable=True)
+    cluster.wait_ready("busy", "idle", "spare")
+    cluster.deployment("web", "12", on="busy")
+    before = written(cluster)
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        "--once",
+        "--namespace=power-aware-scheduler",
+        "--scale-down-unneeded-time=0",  # one round: nothing else is unneeded long enough
+        "--node-cooldown=0",
+        "--max-off-fraction=1",
+        "--boot-time=0",  # no headroom for web's pod, which arrived a moment ago
+    ]
+    code = main(common)
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["apply"] is False
+    assert summary["acted"] == []
+    assert [a["node"] for a in summary["power_off"]] == [idle]
+    assert {n["name"]: n["state"] for n in summary["nodes"]} == {
+        busy: "on",
+        idle: "on",
+        spare: "off",
+    }
+    assert written(cluster) == before
+    assert not lease_exists(leases)  # a dry run does not even take the Lease
+    code = main([*common, "--apply"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["acted"] == [f"power_off {idle}"]
+    assert cluster.state_of("idle")[0] == "off"
+    # Acting, it took the Lease and gave it back; while a controller holds it, it refuses.
+    assert not leases.read_namespaced_lease(LEASE, NAMESPACE).spec.holder_identity
+    leases.patch_namespaced_lease(
+        LEASE,
+        NAMESPACE,
+        {"spec": {"holderIdentity": "running-replica", "leaseDurationSeconds": 15}},
     )
-    try:
-        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-        common = [
-            f"--kubeconfig={kubeconfig}",
-            "--once",
-            "--namespace=power-aware-scheduler",
-            "--scale-down-unneeded-time=0",  # one round: nothing else is unneeded long enough
-            "--node-cooldown=0",
-            "--max-off-fraction=1",
-            "--boot-time=0",  # no headroom for web-1, which "arrived" a moment ago
-        ]
-        code = main(common)
-        assert code == 0
-        summary = json.loads(capsys.readouterr().out)
-        assert summary["apply"] is False
-        assert summary["acted"] == []
-        assert [a["node"] for a in summary["power_off"]] == ["idle"]
-        assert {n["name"]: n["state"] for n in summary["nodes"]} == {
-            "busy": "on",
-            "idle": "on",
-            "spare": "off",
-        }
-        assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
-        code = main([*common, "--apply"])
-        assert code == 0
-        assert json.loads(capsys.readouterr().out)["acted"] == ["power_off idle"]
-        annotations = kube.get("nodes", "idle")["metadata"]["annotations"]
-        assert annotations["power-aware-scheduler/power-state"] == "off"
-        # Acting, it took the Lease and gave it back; while a controller holds it, it refuses.
-        lease = kube.get("leases", "power-node-controller", "power-aware-scheduler")
-        assert not lease["spec"].get("holderIdentity")
-        kube.patch(
-            "leases",
-            "power-node-controller",
-            {"spec": {"holderIdentity": "running-replica", "leaseDurationSeconds": 15}},
-            "power-aware-scheduler",
-        )
-        assert main([*common, "--apply"]) == 1
-        assert "held by running-replica" in capsys.readouterr().err
-    finally:
-        kube.stop()
+    assert main([*common, "--apply"]) == 1
+    assert "held by running-replica" in capsys.readouterr().err
 
 
-def test_probes_metrics_and_status_over_http() -> None:
-    kube = make_kube(
-        [node("busy"), node("spare", state="off", unschedulable=True)], [pod("web-1", "busy", "12")]
+def test_probes_metrics_and_status_over_http(
+    control_plane: ControlPlane, cluster: PowerCluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    cluster.add_node("busy")
+    cluster.add_node("spare", state="off", unschedulable=True)
+    cluster.wait_ready("busy", "spare")
+    cluster.deployment("web", "12", on="busy")
+    # The controller's way to the API server, which the test cuts.
+    proxy = FaultProxy("127.0.0.1", int(control_plane.server.rsplit(":", 1)[1])).start()
+    api = control_plane.api_client(
+        kubeconfig_through(kubeconfig, proxy.port, tmp_path / "proxied.kubeconfig")
     )
-    controller = started_controller(kube, settings())
+    api.configuration.retries = 0
+    controller = started_controller(api, settings(api_timeout_s=2.0))
     server = serve_health(controller, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
+        cluster.caught_up(controller)
         assert controller.run_round(time.time()).error is None
         assert requests.get(base + "/healthz", timeout=5).status_code == 200
         ready = requests.get(base + "/readyz", timeout=5)
@@ -179,92 +262,92 @@ def test_probes_metrics_and_status_over_http() -> None:
         assert all(w["synced"] and w["relists_total"] >= 1 for w in status["watches"].values())
         assert status["carbon"] is None  # ranking by watts: no carbon source
         assert requests.get(base + "/nope", timeout=5).status_code == 404
-        kube.failing = True
+        proxy.cut()
         try:
             assert controller.run_round(time.time()).error
         finally:
-            kube.failing = False
+            proxy.resume()
         not_ready = requests.get(base + "/readyz", timeout=5)
         assert not_ready.status_code == 503 and "last round failed" in not_ready.text
     finally:
         server.shutdown()
         controller.stop()
-        kube.stop()
+        proxy.stop()
 
 
 def test_check_bmc_asks_each_nodes_bmc_and_changes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: PowerCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with RedfishEmulator(tmp_path / "redfish", ["rack-1"], auth=("admin", "bmc-pass")) as bmc:
+    rack_1, rack_2, rack_9 = (cluster.name(short) for short in ("rack-1", "rack-2", "rack-9"))
+    with RedfishEmulator(tmp_path / "redfish", [rack_1], auth=("admin", "bmc-pass")) as bmc:
         secret = tmp_path / "bmc"
         secret.mkdir()
-        (secret / "rack-1").write_text(f"address: {bmc.url}\nusername: admin\npassword: bmc-pass\n")
-        (secret / "rack-2").write_text(f"address: {bmc.url}\nusername: admin\npassword: wrong\n")
-        kube = make_kube([node("rack-1", driver="redfish"), node("rack-2", driver="redfish")])
-        try:
-            kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-            common = [f"--kubeconfig={kubeconfig}", f"--bmc-secret-dir={secret}"]
-            assert main([*common, "--check-bmc", "rack-1"]) == 0
-            assert capsys.readouterr().out.strip() == f"rack-1: redfish ({bmc.url}): power on"
-            assert main([*common, "--check-bmc", "rack-2", "--check-bmc", "rack-9"]) == 1
-            out = capsys.readouterr().out
-            assert "rack-2: FAILED (refused)" in out and "wrong" not in out
-            assert "rack-9: FAILED (config): node rack-9: no such node" in out
-            assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
-            assert bmc.power_state("rack-1") == "On"
-        finally:
-            kube.stop()
+        (secret / rack_1).write_text(f"address: {bmc.url}\nusername: admin\npassword: bmc-pass\n")
+        (secret / rack_2).write_text(f"address: {bmc.url}\nusername: admin\npassword: wrong\n")
+        cluster.add_node("rack-1", driver="redfish")
+        cluster.add_node("rack-2", driver="redfish")
+        before = written(cluster)
+        common = [f"--kubeconfig={kubeconfig}", f"--bmc-secret-dir={secret}"]
+        assert main([*common, "--check-bmc", rack_1]) == 0
+        assert capsys.readouterr().out.strip() == f"{rack_1}: redfish ({bmc.url}): power on"
+        assert main([*common, "--check-bmc", rack_2, "--check-bmc", rack_9]) == 1
+        out = capsys.readouterr().out
+        assert f"{rack_2}: FAILED (refused)" in out and "wrong" not in out
+        assert f"{rack_9}: FAILED (config): node {rack_9}: no such node" in out
+        assert written(cluster) == before
+        assert bmc.power_state(rack_1) == "On"
 
 
 def test_rank_by_grams_reads_the_carbon_sources_and_powers_off_the_dirtiest_node(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: PowerCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Two empty nodes: the efficient one sits in a coal-heavy zone, the hungry one on hydro.
+    busy, dirty, clean = (cluster.name(s) for s in ("busy", "efficient-dirty", "hungry-clean"))
     make_bundle(
         tmp_path / "bundle",
         {
-            "busy": PowerCurveSpec(100.0, 300.0),
-            "efficient-dirty": PowerCurveSpec(80.0, 250.0),
-            "hungry-clean": PowerCurveSpec(120.0, 300.0),
+            busy: PowerCurveSpec(100.0, 300.0),
+            dirty: PowerCurveSpec(80.0, 250.0),
+            clean: PowerCurveSpec(120.0, 300.0),
         },
     )
     zones = {"busy": "hydro", "efficient-dirty": "coal", "hungry-clean": "hydro"}
-    nodes = [node(name) for name in zones]
-    for obj in nodes:
-        obj["metadata"]["labels"]["topology.kubernetes.io/region"] = zones[obj["metadata"]["name"]]
+    for short, zone in zones.items():
+        cluster.add_node(short)
+        cluster.core.patch_node(
+            cluster.name(short), {"metadata": {"labels": {"topology.kubernetes.io/region": zone}}}
+        )
+    cluster.wait_ready(*zones)
+    cluster.deployment("web", "12", on="busy")
     sources = tmp_path / "carbon-sources.yaml"
     intensities = tmp_path / "intensities.yaml"
     intensities.write_text(
         "intensities:\n  - {zone: coal, g_per_kwh: 700}\n  - {zone: hydro, g_per_kwh: 30}\n"
     )
     sources.write_text(f"sources:\n  - {{kind: file, name: site, path: {intensities}}}\n")
-    kube = make_kube(nodes, [pod("web-1", "busy", "12")])
-    try:
-        common = [
-            f"--kubeconfig={kube.write_kubeconfig(tmp_path / 'kubeconfig')}",
-            "--once",
-            "--namespace=power-aware-scheduler",
-            f"--bundle={tmp_path / 'bundle'}",
-            "--scale-down-unneeded-time=0",
-            "--node-cooldown=0",
-            "--boot-time=0",
-            "--min-on-nodes=2",  # one of the two empty nodes goes off
-        ]
-        assert main(common) == 0
-        by_watts = json.loads(capsys.readouterr().out)
-        assert [a["node"] for a in by_watts["power_off"]] == ["hungry-clean"]  # 7.5 W/core
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        "--once",
+        "--namespace=power-aware-scheduler",
+        f"--bundle={tmp_path / 'bundle'}",
+        "--scale-down-unneeded-time=0",
+        "--node-cooldown=0",
+        "--boot-time=0",
+        "--min-on-nodes=2",  # one of the two empty nodes goes off
+    ]
+    assert main(common) == 0
+    by_watts = json.loads(capsys.readouterr().out)
+    assert [a["node"] for a in by_watts["power_off"]] == [clean]  # 7.5 W/core
 
-        assert main([*common, "--rank-by=grams", f"--carbon-sources={sources}"]) == 0
-        by_grams = json.loads(capsys.readouterr().out)
-        assert [a["node"] for a in by_grams["power_off"]] == ["efficient-dirty"]
-        assert "700 g CO2/kWh" in by_grams["power_off"][0]["reason"]
-        assert {n["name"]: n["g_per_kwh"] for n in by_grams["nodes"]} == {
-            "busy": 30.0,
-            "efficient-dirty": 700.0,
-            "hungry-clean": 30.0,
-        }
-    finally:
-        kube.stop()
+    assert main([*common, "--rank-by=grams", f"--carbon-sources={sources}"]) == 0
+    by_grams = json.loads(capsys.readouterr().out)
+    assert [a["node"] for a in by_grams["power_off"]] == [dirty]
+    assert "700 g CO2/kWh" in by_grams["power_off"][0]["reason"]
+    assert {n["name"]: n["g_per_kwh"] for n in by_grams["nodes"]} == {
+        busy: 30.0,
+        dirty: 700.0,
+        clean: 30.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -320,17 +403,42 @@ def _strict_json(text: str) -> dict:
 
 
 def test_once_at_defaults_powers_off_only_the_node_the_evidence_shows_empty_for_long(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: PowerCluster, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     now_s = time.time()
     two_hours_ago = now_s - 7200
-    finished = pod("batch-1", "finished-recently", "2")
-    finished["status"] = {
+    shorts = ("busy", "empty-for-long", "pod-deleted-recently", "finished-recently")
+    for short in shorts:
+        cluster.add_node(short, state="on", since_s=two_hours_ago)
+    cluster.wait_ready(*shorts)
+    cluster.deployment("web", "12", on="busy")
+    # A batch pod that ran on finished-recently and ended three minutes ago, as its kubelet
+    # wrote it (the agent runs it; the test writes its end).
+    cluster.core.create_namespaced_pod(
+        cluster.namespace,
+        {
+            "metadata": {"name": "batch-1", "labels": {"app": "batch"}},
+            "spec": {
+                "nodeName": cluster.name("finished-recently"),
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "app", "image": "app", "resources": {"requests": {"cpu": "2"}}}
+                ],
+            },
+        },
+    )
+    wait_until(lambda: cluster.running("batch"), 30, "batch-1 running")
+    pod = cluster.pods("batch")[0]
+    pod["status"] = {
         "phase": "Succeeded",
         "startTime": stamp(now_s - 900),
         "containerStatuses": [
             {
                 "name": "app",
+                "image": "app",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
                 "state": {
                     "terminated": {
                         "exitCode": 0,
@@ -341,54 +449,46 @@ def test_once_at_defaults_powers_off_only_the_node_the_evidence_shows_empty_for_
             }
         ],
     }
-    kube = make_kube(
-        [
-            node("busy", state="on", since_s=two_hours_ago),
-            node("empty-for-long", state="on", since_s=two_hours_ago),
-            node("pod-deleted-recently", state="on", since_s=two_hours_ago),
-            node("finished-recently", state="on", since_s=two_hours_ago),
-        ],
-        [pod("web-1", "busy", "12"), finished],
-    )
+    cluster.core.replace_namespaced_pod_status("batch-1", cluster.namespace, pod)
     # A pod deleted two minutes ago left no object, only its kubelet's Events.
-    kube.create(
-        "events",
+    cluster.core.create_namespaced_event(
+        cluster.namespace,
         {
-            "metadata": {"name": "gone-1.killing", "namespace": "default"},
-            "involvedObject": {"kind": "Pod", "name": "gone-1", "namespace": "default"},
+            "metadata": {"name": "gone-1.killing"},
+            "involvedObject": {"kind": "Pod", "name": "gone-1", "namespace": cluster.namespace},
             "reason": "Killing",
             "message": "Stopping container app",
-            "source": {"component": "kubelet", "host": "pod-deleted-recently"},
+            "source": {"component": "kubelet", "host": cluster.name("pod-deleted-recently")},
             "firstTimestamp": stamp(now_s - 130),
             "lastTimestamp": stamp(now_s - 120),
             "count": 1,
             "type": "Normal",
         },
-        "default",
     )
     try:
-        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-        # Defaults: 10 min unneeded, 30 min cool-down; only no headroom for web-1 and batch-1,
-        # which "arrived" a moment ago in the fake API server.
+        before = written(cluster)
+        # Defaults: 10 min unneeded, 30 min cool-down; only no headroom for web's and batch's
+        # pods, which arrived a moment ago.
         code = main([f"--kubeconfig={kubeconfig}", "--once", "--boot-time=0"])
         out = capsys.readouterr().out
         assert code == 0, out
         summary = _strict_json(out)
-        assert [a["node"] for a in summary["power_off"]] == ["empty-for-long"]
+        assert [a["node"] for a in summary["power_off"]] == [cluster.name("empty-for-long")]
         assert summary["drain"] == []
         # Its clock starts an --event-ttl (1 h) back: Events older than that are gone, so
         # further back the evidence proves nothing.
         since = summary["unneeded_since"]
-        assert abs(parse_rfc3339_s(since["empty-for-long"]) - (now_s - 3600)) < 120
-        assert now_s - parse_rfc3339_s(since["pod-deleted-recently"]) < 180
-        assert now_s - parse_rfc3339_s(since["finished-recently"]) < 240
+        assert abs(parse_rfc3339_s(since[cluster.name("empty-for-long")]) - (now_s - 3600)) < 120
+        assert now_s - parse_rfc3339_s(since[cluster.name("pod-deleted-recently")]) < 180
+        assert now_s - parse_rfc3339_s(since[cluster.name("finished-recently")]) < 240
         # No bundle: the idle watts are unknown, null in the JSON (NaN is not JSON).
         assert summary["power_off"][0]["watts"] is None
         assert {n["idle_w"] for n in summary["nodes"]} == {None}
-        assert not [r for r in kube.requests if r.method in ("PATCH", "POST", "PUT")]
+        assert written(cluster) == before
         # An unneeded time longer than the Events' retention can never be shown by evidence.
         code = main([f"--kubeconfig={kubeconfig}", "--once", "--boot-time=0", "--event-ttl=5m"])
         assert code == 0
         assert _strict_json(capsys.readouterr().out)["power_off"] == []
     finally:
-        kube.stop()
+        # A bare pod that ended stays until deleted: PowerCluster.close waits for none left.
+        cluster.core.delete_namespaced_pod("batch-1", cluster.namespace, grace_period_seconds=0)

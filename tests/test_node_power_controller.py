@@ -61,9 +61,8 @@ PASSWORD = "bmc-password-for-tests"
 
 @pytest.fixture
 def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    power_cluster = PowerCluster(control_plane, namespace)
-    yield power_cluster
-    power_cluster.close()
+    with PowerCluster(control_plane, namespace) as power_cluster:
+        yield power_cluster
 
 
 @pytest.fixture

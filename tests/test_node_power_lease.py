@@ -1,8 +1,10 @@
 """Leader election on a Lease: two controller replicas never both lead, and neither hangs on.
 
-Candidates talk to the fake API server (real HTTP, the official client, resourceVersion
-conflicts as the real server answers them) and read time from clocks the test moves, so
-"never both" is checked at every instant of a schedule, not by sleeping and hoping.
+Candidates talk to the real API server (`control_plane`: real HTTP, the official client,
+resourceVersion conflicts as kube-apiserver answers them), each test on Leases of its own
+namespace, and read time from clocks the test moves, so "never both" is checked at every
+instant of a schedule, not by sleeping and hoping. An unreachable API server is a `FaultProxy`
+in front of the real one, cut.
 
 The real controller process (`python -m controllers.node_power`) is run as users run it: against
 a closed port (the API server unreachable from the start), and on the real control plane
@@ -13,6 +15,7 @@ gone mid-run), or beside a second replica that must take over at once when it is
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import signal
@@ -31,11 +34,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from controllers.node_power.controller import NodePowerController
-from controllers.node_power.lease import LeaderElector, LeaseSettings, micro_time
+from controllers.node_power.lease import UNAVAILABLE, LeaderElector, LeaseSettings, micro_time
 from envtest import ControlPlane
-from tests.support.fake_kube import FakeKube
 from tests.support.fault_proxy import FaultProxy, kubeconfig_through
-from tests.support.power_cluster import make_kube, node, pod, wait_until
+from tests.support.power_cluster import (
+    PowerCluster,
+    controller_api_client,
+    wait_until,
+)
 from tests.support.power_cluster import settings as controller_settings
 from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
 
@@ -55,14 +61,25 @@ class Clock:
         return lambda: self.now_s + offset_s
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
+class LeaseStore:
+    def __init__(self, api: client.CoordinationV1Api, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+
+    def spec(self, name: str) -> dict[str, Any]:
+        """The Lease's spec as the API server sent it (its JSON, times as it stored them)."""
+        answer = self.api.read_namespaced_lease(name, self.namespace, _preload_content=False)
+        return json.loads(answer.data)["spec"]
+
+
+@pytest.fixture
+def leases(kube_api: client.ApiClient, namespace: str) -> LeaseStore:
+    """The Leases of this test's own namespace on the real API server (admin)."""
+    return LeaseStore(client.CoordinationV1Api(kube_api), namespace)
 
 
 def candidate(
-    kube: FakeKube,
+    leases: LeaseStore,
     identity: str,
     clock: Clock,
     lease: str,
@@ -72,7 +89,7 @@ def candidate(
     api: Any = None,
 ) -> LeaderElector:
     lease_settings = LeaseSettings(
-        namespace="kube-system",
+        namespace=leases.namespace,
         name=lease,
         identity=identity,
         lease_duration_s=DURATION_S,
@@ -80,29 +97,25 @@ def candidate(
         retry_period_s=RETRY_S,
     )
     return LeaderElector(
-        api or client.CoordinationV1Api(kube.api_client()),
+        api or leases.api,
         lease_settings,
         monotonic=clock.view(offset_s),
         wall_clock=lambda: 1.8e9 + clock.now_s + skew_s,
     )
 
 
-def lease_spec(kube: FakeKube, name: str, namespace: str = "kube-system") -> dict[str, Any]:
-    return kube.get("leases", name, namespace)["spec"]
-
-
 def test_one_candidate_leads_and_the_other_takes_over_only_after_the_lease_expires(
-    kube: FakeKube,
+    leases: LeaseStore,
 ) -> None:
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
-    a, b = candidate(kube, "a", clock, name), candidate(kube, "b", clock, name)
+    clock, name = Clock(), "lock"
+    a, b = candidate(leases, "a", clock, name), candidate(leases, "b", clock, name)
     assert a.try_acquire_or_renew() and a.is_leader()
     assert not b.try_acquire_or_renew() and b.holder == "a"
     for _ in range(5):  # a renews every retry period; b keeps waiting
         clock.advance(RETRY_S)
         assert a.try_acquire_or_renew()
         assert not b.try_acquire_or_renew()
-    assert lease_spec(kube, name)["holderIdentity"] == "a"
+    assert leases.spec(name)["holderIdentity"] == "a"
 
     # a stalls (stops renewing): it stops leading at its renew deadline...
     clock.advance(DEADLINE_S - 0.1)
@@ -116,21 +129,21 @@ def test_one_candidate_leads_and_the_other_takes_over_only_after_the_lease_expir
     clock.advance(0.2)
     assert b.try_acquire_or_renew() and b.is_leader()
     assert not a.try_acquire_or_renew() and not a.is_leader()
-    spec = lease_spec(kube, name)
+    spec = leases.spec(name)
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
 
 
-def test_a_released_lease_is_taken_over_at_once(kube: FakeKube) -> None:
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
-    a, b = candidate(kube, "a", clock, name), candidate(kube, "b", clock, name)
+def test_a_released_lease_is_taken_over_at_once(leases: LeaseStore) -> None:
+    clock, name = Clock(), "lock"
+    a, b = candidate(leases, "a", clock, name), candidate(leases, "b", clock, name)
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()
     assert a.release() and not a.is_leader()
-    assert "holderIdentity" not in lease_spec(kube, name)
+    assert "holderIdentity" not in leases.spec(name)
     assert b.try_acquire_or_renew() and b.is_leader()
     assert not a.try_acquire_or_renew() and not a.is_leader()
     assert not a.release()  # not the holder: nothing written
-    assert lease_spec(kube, name)["holderIdentity"] == "b"
+    assert leases.spec(name)["holderIdentity"] == "b"
 
 
 class RacingApi:
@@ -150,13 +163,13 @@ class RacingApi:
         return self.inner.replace_namespaced_lease(*args, **kwargs)
 
 
-def test_two_candidates_racing_for_an_expired_lease_cannot_both_win(kube: FakeKube) -> None:
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
-    old = candidate(kube, "old", clock, name)
+def test_two_candidates_racing_for_an_expired_lease_cannot_both_win(leases: LeaseStore) -> None:
+    clock, name = Clock(), "lock"
+    old = candidate(leases, "old", clock, name)
     assert old.try_acquire_or_renew()
-    racing = RacingApi(client.CoordinationV1Api(kube.api_client()))
-    a = candidate(kube, "a", clock, name)
-    b = candidate(kube, "b", clock, name, api=racing)
+    racing = RacingApi(leases.api)
+    a = candidate(leases, "a", clock, name)
+    b = candidate(leases, "b", clock, name, api=racing)
     assert not a.try_acquire_or_renew() and not b.try_acquire_or_renew()
     clock.advance(DURATION_S + 1)  # the old holder is gone; both see the record expired
     won_by_a: list[bool] = []
@@ -167,33 +180,43 @@ def test_two_candidates_racing_for_an_expired_lease_cannot_both_win(kube: FakeKu
     assert won_by_a == [True]
     assert a.is_leader() and not b.is_leader()
     assert "Conflict" in (b.last_error or "")
-    assert lease_spec(kube, name)["holderIdentity"] == "a"
+    assert leases.spec(name)["holderIdentity"] == "a"
 
 
-def test_lease_times_are_microtimes_the_api_server_accepts(kube: FakeKube) -> None:
+def test_lease_times_are_microtimes_the_api_server_accepts(leases: LeaseStore) -> None:
     assert micro_time(1.8e9) == "2027-01-15T08:00:00.000001Z"  # never a whole second
     assert micro_time(1.8e9 + 0.25) == "2027-01-15T08:00:00.250000Z"
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
+    clock, name = Clock(), "lock"
     clock.now_s = 0.0  # wall clock lands on a whole second
-    assert candidate(kube, "a", clock, name).try_acquire_or_renew()
-    assert "T08:00:00.000001" in lease_spec(kube, name)["renewTime"]
+    assert candidate(leases, "a", clock, name).try_acquire_or_renew()
+    spec = leases.spec(name)
+    assert spec["renewTime"] == spec["acquireTime"] == "2027-01-15T08:00:00.000001Z"
 
 
-def test_an_unreachable_api_server_ends_leadership_at_the_renew_deadline(kube: FakeKube) -> None:
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
-    a = candidate(kube, "a", clock, name)
-    assert a.try_acquire_or_renew()
-    kube.failing = True
-    try:
-        for _ in range(4):
-            clock.advance(RETRY_S)
-            assert a.try_acquire_or_renew()  # still within the deadline of the last renewal
-        clock.advance(RETRY_S + 0.1)
-        assert not a.try_acquire_or_renew()
-        assert "HTTP 500" in (a.last_error or "")
-    finally:
-        kube.failing = False
-    assert a.try_acquire_or_renew()  # its own record: renewed without waiting
+def test_an_unreachable_api_server_ends_leadership_at_the_renew_deadline(
+    control_plane: ControlPlane, leases: LeaseStore, tmp_path: Path
+) -> None:
+    clock, name = Clock(), "lock"
+    port = int(control_plane.server.rsplit(":", 1)[1])
+    with FaultProxy("127.0.0.1", port) as proxy:
+        through = control_plane.api_client(
+            kubeconfig_through(control_plane.kubeconfig, proxy.port, tmp_path / "kubeconfig")
+        )
+        through.configuration.retries = 0
+        a = candidate(leases, "a", clock, name, api=client.CoordinationV1Api(through))
+        assert a.try_acquire_or_renew()
+        proxy.cut()
+        try:
+            for _ in range(4):
+                clock.advance(RETRY_S)
+                assert a.try_acquire_or_renew()  # still within the deadline of the last renewal
+            clock.advance(RETRY_S + 0.1)
+            assert not a.try_acquire_or_renew()
+            assert (a.last_error or "").startswith(UNAVAILABLE), a.last_error
+        finally:
+            proxy.resume()
+        assert a.try_acquire_or_renew()  # its own record: renewed without waiting
+    assert leases.spec(name)["holderIdentity"] == "a"
 
 
 def test_settings_must_order_retry_deadline_and_duration() -> None:
@@ -222,12 +245,15 @@ STEP = st.tuples(
     skews=st.lists(st.floats(-600, 600), min_size=3, max_size=3),
 )
 def test_never_two_leaders_whatever_the_schedule_and_clock_skew(
-    kube: FakeKube, steps: list[tuple[str, str, float]], offsets: list[float], skews: list[float]
+    leases: LeaseStore,
+    steps: list[tuple[str, str, float]],
+    offsets: list[float],
+    skews: list[float],
 ) -> None:
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:8]}"
-    apis = {who: RacingApi(client.CoordinationV1Api(kube.api_client())) for who in "abc"}
+    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:8]}"  # one Lease per example
+    apis = {who: RacingApi(leases.api) for who in "abc"}
     electors = {
-        who: candidate(kube, who, clock, name, offset_s=off, skew_s=skew, api=apis[who])
+        who: candidate(leases, who, clock, name, offset_s=off, skew_s=skew, api=apis[who])
         for who, off, skew in zip("abc", offsets, skews, strict=True)
     }
 
@@ -235,8 +261,7 @@ def test_never_two_leaders_whatever_the_schedule_and_clock_skew(
         leaders = [who for who, e in electors.items() if e.is_leader()]
         assert len(leaders) <= 1, f"both lead at t={clock.now_s}: {leaders}"
         if leaders:  # the one who thinks it leads is the one the Lease names
-            lease = kube.get("leases", name, "kube-system")
-            assert lease is not None and lease["spec"].get("holderIdentity") == leaders[0]
+            assert leases.spec(name).get("holderIdentity") == leaders[0]
 
     for who, what, advance_s in steps:
         clock.advance(advance_s)
@@ -397,22 +422,61 @@ def test_stopping_the_leader_hands_the_lease_to_the_other_replica_at_once(
     assert takeover_s < 5, f"b took over {takeover_s:.1f} s after a stopped"
 
 
+@pytest.fixture
+def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
+    with PowerCluster(control_plane, namespace) as power_cluster:
+        yield power_cluster
+
+
+def writes_by(cluster: PowerCluster, manager: str) -> list[str]:
+    """This test's nodes that `manager` (a client's user agent) has written a field of."""
+    return [
+        name
+        for name in cluster.agent.node_names
+        for entry in cluster.node(cluster.short(name))["metadata"].get("managedFields") or []
+        if entry["manager"] == manager
+    ]
+
+
 def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    control_plane: ControlPlane,
+    cluster: PowerCluster,
+    controller_kubeconfig: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    kube = make_kube([node("busy"), node("empty")], [pod("web-1", "busy", "12")])
-    # The elector's way to the API server.
-    proxy = FaultProxy("127.0.0.1", int(kube.url.rsplit(":", 1)[1]), scheme="http").start()
-    clock, name = Clock(), f"lock-{uuid.uuid4().hex[:6]}"
-    configuration = client.Configuration(host=proxy.url)
-    configuration.retries = 0
-    elector = candidate(
-        kube, "a", clock, name, api=client.CoordinationV1Api(client.ApiClient(configuration))
+    cluster.add_node("busy")
+    empty = cluster.add_node("empty")
+    cluster.wait_ready("busy", "empty")
+    cluster.deployment("web", "12", on="busy")
+    # The elector's way to the API server (the shipped Lease, as the controller's account).
+    port = int(control_plane.server.rsplit(":", 1)[1])
+    proxy = FaultProxy("127.0.0.1", port).start()
+    through = control_plane.api_client(
+        kubeconfig_through(controller_kubeconfig, proxy.port, tmp_path / "proxied.kubeconfig")
     )
-    controller = NodePowerController(controller_settings(), kube.api_client(), elector=elector)
+    through.configuration.retries = 0
+    clock = Clock()
+    elector = LeaderElector(
+        client.CoordinationV1Api(through),
+        LeaseSettings(
+            namespace=NAMESPACE,
+            name=LEASE,
+            identity="a",
+            lease_duration_s=DURATION_S,
+            renew_deadline_s=DEADLINE_S,
+            retry_period_s=RETRY_S,
+        ),
+        monotonic=clock.view(),
+        wall_clock=lambda: time.time() + clock.now_s,
+    )
+    api = controller_api_client(control_plane)
+    api.user_agent = manager = f"controller-{uuid.uuid4().hex[:6]}"  # its writes' field manager
+    controller = NodePowerController(controller_settings(), api, elector=elector)
     controller.start()
     try:
         wait_until(lambda: controller.synced, what="caches synced")
+        cluster.caught_up(controller)
         assert elector.try_acquire_or_renew()
         proxy.cut()
         clock.advance(DEADLINE_S + 0.1)
@@ -423,18 +487,16 @@ def test_a_leader_that_cannot_renew_decides_nothing_until_it_holds_the_lease_aga
         assert len(stopped) == 1 and not any(r.exc_info for r in caplog.records)
         result = controller.run_round(time.time())
         assert not result.leader and result.decisions is None and result.acted == []
-        assert not [r for r in kube.requests if "/nodes" in r.path and r.method != "GET"]
-        assert (
-            "power-aware-scheduler/power-state"
-            not in (kube.get("nodes", "empty")["metadata"]["annotations"])
-        )
+        assert writes_by(cluster, manager) == []
+        assert cluster.state_of("empty") == (None, False, "")
         proxy.resume()
         assert elector.try_acquire_or_renew()  # its own record: re-acquired at once
-        assert controller.run_round(time.time()).acted == ["power_off empty"]
+        assert controller.run_round(time.time()).acted == [f"power_off {empty}"]
+        assert writes_by(cluster, manager) == [empty]
+        assert cluster.state_of("empty")[0] == "off"
     finally:
         controller.stop()
         proxy.stop()
-        kube.stop()
 
 
 class BrokenApi:

@@ -7,7 +7,8 @@ disruption controller computes; `controller_api_client` is the controller's own 
 
 `node`, `pod` and `budget` are plain API objects as a real cluster has them, for the pure
 functions of `controllers.node_power.views`; `make_kube` puts them into the project's fake
-API server, which the command-line tests still use.
+API server, for the one controller test of faults a real server cannot make (410 Gone on
+demand, HTTP 500 on every call).
 """
 
 from __future__ import annotations
@@ -560,6 +561,12 @@ class PowerCluster:
         wait_until(same, what="controller caches caught up with the API server")
 
     # ---- the end ---------------------------------------------------------------------------
+
+    def __enter__(self) -> PowerCluster:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Delete the workloads and wait for their pods to go (the agent finishes them), then
