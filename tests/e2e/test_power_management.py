@@ -20,145 +20,32 @@ pod is lost: every Deployment ends with all its replicas Running.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from envtest import ControlPlane
 from livedata.labels import SAFE_TO_EVICT_ANNOTATION
 from tests.support.bmc import IpmiBmc, RedfishEmulator
-from tests.support.power_cluster import (
-    CONTROLLER_ACCOUNT,
-    NAMESPACE,
-    SCHEDULER,
-    PowerCluster,
-    wait_until,
+from tests.support.power_cluster import SCHEDULER, PowerCluster
+from tests.support.power_e2e import (
+    BOOT_S,
+    PASSWORD,
+    all_replicas_running,
+    controller_running,
+    power_cluster,
+    secret_dir,
+    wait_for,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-PASSWORD = "bmc-password-for-e2e"
-LEASE = "power-node-controller"
-BOOT_S = 2.0
-# Short timings: a node is unneeded after 2 s, rounds every second, boots in 2 s.
-TIMINGS = [
-    "--scan-interval=1s",
-    "--scale-down-unneeded-time=2s",
-    "--node-cooldown=0s",
-    f"--boot-time={BOOT_S:g}s",
-    "--off-margin-sd=0",
-    "--drain-timeout=60s",
-    "--max-graceful-termination-sec=5",
-    "--shutdown-timeout=20s",
-    "--wake-timeout=90s",
-    "--retry-backoff=5s",
-    "--max-retry-backoff=20s",
-    "--bmc-timeout=5s",
-    "--api-timeout=5s",
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-]
 
 
 @pytest.fixture
 def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    power_cluster = PowerCluster(control_plane, namespace)
-    yield power_cluster
-    power_cluster.close()
-    with contextlib.suppress(client.ApiException):
-        client.CoordinationV1Api(power_cluster.admin).delete_namespaced_lease(LEASE, NAMESPACE)
-
-
-class ControllerProcess:
-    """`python -m controllers.node_power --apply ...` in a subprocess, its log in a file."""
-
-    def __init__(self, plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str):
-        self.log = tmp_path / "node-power-controller.log"
-        kubeconfig = plane.service_account_kubeconfig(
-            *CONTROLLER_ACCOUNT, tmp_path / "controller.kubeconfig"
-        )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        self.argv = [
-            sys.executable,
-            "-m",
-            "controllers.node_power",
-            "--apply",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
-            f"--scheduler-name={SCHEDULER}",
-            f"--bmc-secret-dir={secret_dir}",
-            "--identity=e2e-controller",
-            *TIMINGS,
-            *flags,
-        ]
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"the controller exited with {self.process.returncode}:\n{self.tail()}"
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@contextlib.contextmanager
-def controller_running(
-    plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str
-) -> Iterator[ControllerProcess]:
-    controller = ControllerProcess(plane, tmp_path, secret_dir, *flags)
-    try:
-        yield controller
-    except BaseException:
-        print(f"---- controller log ({controller.log}) ----\n{controller.tail(80)}")
-        raise
-    finally:
-        controller.stop()
-
-
-def wait_for(
-    controller: ControllerProcess, check: Callable[[], object], timeout_s: float, what: str
-) -> object:
-    """`wait_until`, failing at once with the controller's log if it died."""
-
-    def checked() -> object:
-        controller.check_alive()
-        return check()
-
-    return wait_until(checked, timeout_s, what)
-
-
-def secret_dir(tmp_path: Path, addresses: dict[str, str], **extra: str) -> Path:
-    """The BMC Secret as kubelet mounts it: one key per node, and `_defaults`."""
-    directory = tmp_path / "bmc-secret"
-    directory.mkdir()
-    for node, address in addresses.items():
-        lines = [f"address: {address}"] + [f"{k}: {v}" for k, v in extra.items()]
-        (directory / node).write_text("\n".join(lines) + "\n")
-    (directory / "_defaults").write_text(f"username: admin\npassword: {PASSWORD}\n")
-    return directory
+    with power_cluster(control_plane, namespace) as created:
+        yield created
 
 
 class Limits:
@@ -191,15 +78,6 @@ class Limits:
             sum(state in (None, "on", "draining") for state in sample.values())
             for sample in self.samples
         )
-
-
-def all_replicas_running(cluster: PowerCluster) -> bool:
-    deployments = cluster.apps.list_namespaced_deployment(cluster.namespace).items
-    return all(
-        len(cluster.running(d.metadata.name)) == d.spec.replicas
-        and (d.status.ready_replicas or 0) == d.spec.replicas
-        for d in deployments
-    )
 
 
 # ---- consolidation, power off through Redfish, waking for waiting pods ------------------------
