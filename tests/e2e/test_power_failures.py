@@ -31,46 +31,23 @@ from tests.support.power_e2e import (
     LEASE_DURATION_S,
     PASSWORD,
     RETRY_PERIOD_S,
-    ControllerProcess,
+    acted,
     all_replicas_running,
+    consistent,
     controller_running,
+    half_drained,
     power_cluster,
+    release_finalizer,
     secret_dir,
+    slow_drain_pods,
     wait_for,
 )
-
-FINALIZER = "power-test.example.com/hold"
-# What only an acting replica writes in its log.
-ACTING = ("evicted ", "drain and power off node", "power off requested", ": off")
 
 
 @pytest.fixture
 def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
     with power_cluster(control_plane, namespace) as created:
         yield created
-
-
-def acted(controller: ControllerProcess) -> list[str]:
-    return [line for line in controller.lines() if any(word in line for word in ACTING)]
-
-
-def consistent(cluster: PowerCluster, bmc: RedfishEmulator, short: str) -> str | None:
-    """The node's end state when its annotation, cordon and BMC agree ("off" or "on"), else
-    None (draining, or a record that the BMC or the cordon contradicts)."""
-    state, cordoned, _ = cluster.state_of(short)
-    power = bmc.power_state(cluster.name(short))
-    if state == "off" and cordoned and power == "Off":
-        return "off"
-    if state in (None, "on") and not cordoned and power == "On":
-        return "on"
-    return None
-
-
-def release_finalizer(cluster: PowerCluster, app: str) -> None:
-    for pod in cluster.pods(app):
-        cluster.core.patch_namespaced_pod(
-            pod["metadata"]["name"], cluster.namespace, {"metadata": {"finalizers": None}}
-        )
 
 
 @pytest.mark.parametrize("ending", ["finished", "given back"])
@@ -88,12 +65,7 @@ def test_a_leader_killed_mid_drain_is_replaced_and_its_drain_is_finished_or_give
         cluster.wait_ready("keep", "slow")
         # keep is busy (10 of 16 cores); slow runs 2 light pods, which fit on keep.
         cluster.deployment("big", "10", on="keep", scheduler="default-scheduler")
-        cluster.deployment("web", "1", on="slow", scheduler="default-scheduler")
-        cluster.deployment(
-            "held", "1", on="slow", scheduler="default-scheduler", finalizers=[FINALIZER]
-        )
-        (web,) = cluster.pods("web")
-        (held,) = cluster.pods("held")
+        web, held = slow_drain_pods(cluster, "slow")
         secret = secret_dir(tmp_path, {keep: bmc.url, slow: bmc.url})
         # Given back: the drain times out 25 s after the killed leader began it.
         drain_timeout_s = 180 if ending == "finished" else 25
@@ -102,24 +74,18 @@ def test_a_leader_killed_mid_drain_is_replaced_and_its_drain_is_finished_or_give
             controller_running(control_plane, tmp_path, secret, *flags, name="replica-a") as a,
             controller_running(control_plane, tmp_path, secret, *flags, name="replica-b") as b,
         ):
-            replicas = {"replica-a": a, "replica-b": b}
             leader = wait_until(
-                lambda: next((r for r in replicas.values() if r.leading()), None),
+                lambda: next((r for r in (a, b) if r.leading()), None),
                 30,
                 "a replica leading",
             )
             standby = b if leader is a else a
-
-            def half_drained() -> bool:
-                pods = {p["metadata"]["uid"]: p for p in cluster.pods()}
-                return (
-                    cluster.state_of("slow")[:2] == ("draining", True)
-                    and web["metadata"]["uid"] not in pods
-                    and bool(pods.get(held["metadata"]["uid"], {}).get("metadata", {}))
-                    and bool(pods[held["metadata"]["uid"]]["metadata"].get("deletionTimestamp"))
-                )
-
-            wait_for(leader, half_drained, 60, "slow cordoned, web evicted, held Terminating")
+            wait_for(
+                leader,
+                lambda: half_drained(cluster, web, held),
+                60,
+                "slow cordoned, web evicted, held Terminating",
+            )
             standby.check_alive()
             assert not standby.leading()
             assert acted(standby) == []  # the replica without the Lease touched nothing

@@ -16,10 +16,12 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
 from envtest import ControlPlane
+from tests.support.bmc import RedfishEmulator
 from tests.support.power_cluster import (
     CONTROLLER_ACCOUNT,
     NAMESPACE,
@@ -33,6 +35,9 @@ PASSWORD = "bmc-password-for-e2e"
 LEASE = "power-node-controller"
 BOOT_S = 2.0
 LEASE_DURATION_S = 4.0
+FINALIZER = "power-test.example.com/hold"  # holds an evicted pod Terminating: a slow drain
+# What only an acting replica writes in its log.
+ACTING = ("evicted ", "drain and power off node", "power off requested", ": off")
 RETRY_PERIOD_S = 1.0
 # Short timings: a node is unneeded after 2 s, rounds every second, boots in 2 s.
 TIMINGS = [
@@ -167,8 +172,18 @@ def secret_dir(tmp_path: Path, addresses: dict[str, str], **extra: str) -> Path:
     return directory
 
 
-def all_replicas_running(cluster: PowerCluster) -> bool:
+def all_replicas_running(cluster: PowerCluster, *, ready: bool = True) -> bool:
+    """Every Deployment of the test has all its replicas Running (and Ready, with `ready`)."""
     deployments = cluster.apps.list_namespaced_deployment(cluster.namespace).items
+    if not ready:
+        return all(
+            sum(
+                p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                for p in cluster.pods(d.metadata.name)
+            )
+            == d.spec.replicas
+            for d in deployments
+        )
     return all(
         len(cluster.running(d.metadata.name)) == d.spec.replicas
         and (d.status.ready_replicas or 0) == d.spec.replicas
@@ -186,3 +201,53 @@ def power_cluster(plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]
         cluster.close()
         with contextlib.suppress(client.ApiException):
             client.CoordinationV1Api(cluster.admin).delete_namespaced_lease(LEASE, NAMESPACE)
+
+
+def acted(controller: ControllerProcess) -> list[str]:
+    """The lines of its log that only an acting replica writes."""
+    return [line for line in controller.lines() if any(word in line for word in ACTING)]
+
+
+# ---- a slow drain ----------------------------------------------------------------------------
+
+
+def slow_drain_pods(cluster: PowerCluster, short: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two light pods on node `short`: web, which goes at once when evicted, and held, whose
+    finalizer keeps it Terminating until `release_finalizer`: (web, held)."""
+    cluster.deployment("web", "1", on=short, scheduler="default-scheduler")
+    cluster.deployment("held", "1", on=short, scheduler="default-scheduler", finalizers=[FINALIZER])
+    (web,) = cluster.pods("web")
+    (held,) = cluster.pods("held")
+    return web, held
+
+
+def half_drained(cluster: PowerCluster, web: dict[str, Any], held: dict[str, Any]) -> bool:
+    """The node of `web` and `held` cordoned and recorded draining, web evicted and gone, held
+    evicted but still Terminating."""
+    pods = {p["metadata"]["uid"]: p for p in cluster.pods()}
+    still = pods.get(held["metadata"]["uid"])
+    return (
+        cluster.state_of(cluster.short(held["spec"]["nodeName"]))[:2] == ("draining", True)
+        and web["metadata"]["uid"] not in pods
+        and still is not None
+        and bool(still["metadata"].get("deletionTimestamp"))
+    )
+
+
+def release_finalizer(cluster: PowerCluster, app: str) -> None:
+    for pod in cluster.pods(app):
+        cluster.core.patch_namespaced_pod(
+            pod["metadata"]["name"], cluster.namespace, {"metadata": {"finalizers": None}}
+        )
+
+
+def consistent(cluster: PowerCluster, bmc: RedfishEmulator, short: str) -> str | None:
+    """The node's end state when its record, cordon and BMC agree ("off" or "on"), else None
+    (draining, or a record that the BMC or the cordon contradicts)."""
+    state, cordoned, _ = cluster.state_of(short)
+    power = bmc.power_state(cluster.name(short))
+    if state == "off" and cordoned and power == "Off":
+        return "off"
+    if state in (None, "on") and not cordoned and power == "On":
+        return "on"
+    return None
