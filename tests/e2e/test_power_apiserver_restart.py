@@ -23,32 +23,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from envtest import ControlPlane
-from tests.support.bmc import RedfishEmulator
 from tests.support.power_cluster import PowerCluster, wait_until
 from tests.support.power_e2e import (
-    PASSWORD,
     all_replicas_running,
     consistent,
     controller_running,
     half_drained,
-    power_cluster,
+    keep_and_slow_drain,
+    redfish_nodes,
     release_finalizer,
     secret_dir,
-    slow_drain_pods,
     wait_for,
 )
 
 APISERVER = "kube-apiserver"
 INFORMERS = ("nodes", "pods", "poddisruptionbudgets")
-
-
-@pytest.fixture
-def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    with power_cluster(control_plane, namespace) as created:
-        yield created
 
 
 @contextlib.contextmanager
@@ -70,14 +60,8 @@ def test_an_api_server_restart_mid_drain_stops_the_leader_and_it_resumes_without
 ) -> None:
     keep, slow = cluster.name("keep"), cluster.name("slow")
     try:
-        with RedfishEmulator(tmp_path / "redfish", [keep, slow], auth=("admin", PASSWORD)) as bmc:
-            for short, name in (("keep", keep), ("slow", slow)):
-                cluster.add_node(
-                    short, driver="redfish", power=lambda name=name: bmc.power_state(name).lower()
-                )
-            cluster.wait_ready("keep", "slow")
-            cluster.deployment("big", "10", on="keep", scheduler="default-scheduler")
-            web, held = slow_drain_pods(cluster, "slow")
+        with redfish_nodes(cluster, tmp_path, ["keep", "slow"]) as bmc:
+            web, held = keep_and_slow_drain(cluster)
             secret = secret_dir(tmp_path, {keep: bmc.url, slow: bmc.url})
             # The drain outlives the outage: it must be carried on, not given up.
             flags = ("--min-on-nodes=1", "--drain-timeout=300s")

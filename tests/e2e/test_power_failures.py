@@ -19,35 +19,26 @@ leader's start, is past.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from envtest import ControlPlane
-from tests.support.bmc import RedfishEmulator
 from tests.support.power_cluster import PowerCluster, wait_until
 from tests.support.power_e2e import (
     LEASE_DURATION_S,
-    PASSWORD,
     RETRY_PERIOD_S,
     acted,
     all_replicas_running,
     consistent,
     controller_running,
     half_drained,
-    power_cluster,
+    keep_and_slow_drain,
+    redfish_nodes,
     release_finalizer,
     secret_dir,
-    slow_drain_pods,
     wait_for,
 )
-
-
-@pytest.fixture
-def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    with power_cluster(control_plane, namespace) as created:
-        yield created
 
 
 @pytest.mark.parametrize("ending", ["finished", "given back"])
@@ -57,15 +48,8 @@ def test_a_leader_killed_mid_drain_is_replaced_and_its_drain_is_finished_or_give
     """Finished: the held pod is let go after the new leader took over, and the node goes off.
     Given back: the pod is held past the drain timeout, and the node is uncordoned, on."""
     keep, slow = cluster.name("keep"), cluster.name("slow")
-    with RedfishEmulator(tmp_path / "redfish", [keep, slow], auth=("admin", PASSWORD)) as bmc:
-        for short, name in (("keep", keep), ("slow", slow)):
-            cluster.add_node(
-                short, driver="redfish", power=lambda name=name: bmc.power_state(name).lower()
-            )
-        cluster.wait_ready("keep", "slow")
-        # keep is busy (10 of 16 cores); slow runs 2 light pods, which fit on keep.
-        cluster.deployment("big", "10", on="keep", scheduler="default-scheduler")
-        web, held = slow_drain_pods(cluster, "slow")
+    with redfish_nodes(cluster, tmp_path, ["keep", "slow"]) as bmc:
+        web, held = keep_and_slow_drain(cluster)
         secret = secret_dir(tmp_path, {keep: bmc.url, slow: bmc.url})
         # Given back: the drain times out 25 s after the killed leader began it.
         drain_timeout_s = 180 if ending == "finished" else 25

@@ -13,8 +13,10 @@ consolidation empties nodes through the Eviction API, powers them off and record
 node lifecycle controller then sees them NotReady. Pods that no node can take wake exactly the
 nodes they need, which boot, turn Ready, are uncordoned and run them. Pods under a budget that
 allows no disruption, or annotated safe-to-evict "false", are never evicted and their nodes
-stay on, uncordoned. The floor (`--min-on-nodes`) and `--max-off-fraction` hold all along. No
-pod is lost: every Deployment ends with all its replicas Running.
+stay on, uncordoned. Nodes drained in the same round are all cordoned before the first
+eviction, so that no pod is evicted twice. The floor (`--min-on-nodes`) and
+`--max-off-fraction` hold all along. No pod is lost: every Deployment ends with all its
+replicas Running.
 """
 
 from __future__ import annotations
@@ -22,30 +24,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from envtest import ControlPlane
 from livedata.labels import SAFE_TO_EVICT_ANNOTATION
-from tests.support.bmc import IpmiBmc, RedfishEmulator
+from tests.support.bmc import IpmiBmc
 from tests.support.power_cluster import SCHEDULER, PowerCluster
 from tests.support.power_e2e import (
-    BOOT_S,
     PASSWORD,
     all_replicas_running,
     controller_running,
-    power_cluster,
+    redfish_nodes,
     secret_dir,
     wait_for,
 )
-
-
-@pytest.fixture
-def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    with power_cluster(control_plane, namespace) as created:
-        yield created
 
 
 class Limits:
@@ -91,16 +85,7 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
     controller told so (`--scheduler-name`): either scheduler marks them Unschedulable."""
     shorts = ["a", "b", "c", "d"]
     names = [cluster.name(s) for s in shorts]
-    with RedfishEmulator(tmp_path / "redfish", names, auth=("admin", PASSWORD)) as bmc:
-        for short, name in zip(shorts, names, strict=True):
-            cluster.add_node(
-                short,
-                cores=8,
-                driver="redfish",
-                power=lambda name=name: bmc.power_state(name).lower(),
-                boot_s=BOOT_S,
-            )
-        cluster.wait_ready(*shorts)
+    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
         # One light pod per node: every node is under the utilisation threshold.
         for short in shorts:
             cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
@@ -159,6 +144,54 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
     assert limits.most_off() <= 2  # --max-off-fraction 0.5 of 4
     assert limits.fewest_on() >= 1  # --min-on-nodes 1
     assert all_replicas_running(cluster)  # no pod lost
+
+
+# ---- drains started together ----------------------------------------------------------------
+
+
+def test_nodes_drained_in_one_round_are_all_cordoned_before_any_eviction(
+    control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
+) -> None:
+    """With `--max-drain-parallelism 2` two light nodes are drained in the same round, both
+    cordoned before the first eviction: no evicted pod lands on the other node being drained,
+    to be evicted a second time."""
+    shorts = ["a", "b", "c", "d"]
+    names = [cluster.name(s) for s in shorts]
+    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
+        for short in shorts:
+            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
+        secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
+        flags = (
+            "--min-on-nodes=1",
+            "--max-off-fraction=0.5",
+            "--max-drain-parallelism=2",
+            # Every node unneeded from the first round on: both drains can start in that round.
+            "--scale-down-unneeded-time=0s",
+        )
+        with controller_running(control_plane, tmp_path, secret, *flags) as controller:
+            off = wait_for(
+                controller,
+                lambda: (
+                    (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
+                    and len(found) == 2
+                    and found
+                ),
+                90,
+                "two nodes recorded off",
+            )
+            wait_for(controller, lambda: all_replicas_running(cluster), 60, "web replicas back")
+            log = controller.lines()
+    drained = [i for i, line in enumerate(log) if "drain and power off node" in line]
+    evicted = [line for line in log if " evicted " in line]
+    assert len(drained) == 2, log
+    first_eviction = next(i for i, line in enumerate(log) if " evicted " in line)
+    assert max(drained) < first_eviction  # both decided (and cordoned) before any eviction
+    # One eviction per drained node's pod, none of a pod that had moved onto the other.
+    assert sorted(line.split(f"evicted {cluster.namespace}/web-")[1][0] for line in evicted) == (
+        sorted(off)
+    )
+    on = [s for s in shorts if s not in off]
+    assert {n for s in shorts for n in cluster.nodes_of(f"web-{s}")} == set(on)
 
 
 # ---- what must never be evicted, and the floor, through IPMI ---------------------------------

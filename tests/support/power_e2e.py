@@ -208,14 +208,38 @@ def acted(controller: ControllerProcess) -> list[str]:
     return [line for line in controller.lines() if any(word in line for word in ACTING)]
 
 
+@contextlib.contextmanager
+def redfish_nodes(
+    cluster: PowerCluster, tmp_path: Path, shorts: list[str], *, cores: int = 16
+) -> Iterator[RedfishEmulator]:
+    """Nodes `shorts`, Ready, behind one sushy-tools Redfish emulator whose power their
+    kubelets follow; the emulator."""
+    names = [cluster.name(s) for s in shorts]
+    with RedfishEmulator(tmp_path / "redfish", names, auth=("admin", PASSWORD)) as bmc:
+        for short, name in zip(shorts, names, strict=True):
+            cluster.add_node(
+                short,
+                cores=cores,
+                driver="redfish",
+                power=lambda name=name: bmc.power_state(name).lower(),
+                boot_s=BOOT_S,
+            )
+        cluster.wait_ready(*shorts)
+        yield bmc
+
+
 # ---- a slow drain ----------------------------------------------------------------------------
 
 
-def slow_drain_pods(cluster: PowerCluster, short: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two light pods on node `short`: web, which goes at once when evicted, and held, whose
-    finalizer keeps it Terminating until `release_finalizer`: (web, held)."""
-    cluster.deployment("web", "1", on=short, scheduler="default-scheduler")
-    cluster.deployment("held", "1", on=short, scheduler="default-scheduler", finalizers=[FINALIZER])
+def keep_and_slow_drain(cluster: PowerCluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Node keep busy (10 cores of 16), node slow with two light pods that fit on keep: web,
+    which goes at once when evicted, and held, whose finalizer keeps it Terminating until
+    `release_finalizer`: a slow drain. (web, held)."""
+    cluster.deployment("big", "10", on="keep", scheduler="default-scheduler")
+    cluster.deployment("web", "1", on="slow", scheduler="default-scheduler")
+    cluster.deployment(
+        "held", "1", on="slow", scheduler="default-scheduler", finalizers=[FINALIZER]
+    )
     (web,) = cluster.pods("web")
     (held,) = cluster.pods("held")
     return web, held
