@@ -24,16 +24,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from envtest import ControlPlane
 from livedata.labels import SAFE_TO_EVICT_ANNOTATION
-from tests.support.bmc import IpmiBmc
+from tests.support.bmc import IpmiBmc, RedfishEmulator
 from tests.support.power_cluster import SCHEDULER, PowerCluster
 from tests.support.power_e2e import (
     PASSWORD,
+    ControllerProcess,
     all_replicas_running,
     controller_running,
     redfish_nodes,
@@ -74,6 +76,35 @@ class Limits:
         )
 
 
+@contextlib.contextmanager
+def light_nodes(
+    cluster: PowerCluster, tmp_path: Path, shorts: list[str]
+) -> Iterator[tuple[RedfishEmulator, Path]]:
+    """Nodes `shorts` of 8 cores behind one Redfish emulator, each running one light pod
+    (Deployment web-<node>): every node under the utilisation threshold. (emulator, BMC Secret
+    directory)."""
+    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
+        for short in shorts:
+            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
+        yield bmc, secret_dir(tmp_path, dict.fromkeys(map(cluster.name, shorts), bmc.url))
+
+
+def two_recorded_off(
+    controller: ControllerProcess, cluster: PowerCluster, shorts: list[str]
+) -> list[str]:
+    """Wait until two of the nodes `shorts` are recorded off (and no more); those two."""
+    return wait_for(
+        controller,
+        lambda: (
+            (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
+            and len(found) == 2
+            and found
+        ),
+        90,
+        "two nodes recorded off",
+    )
+
+
 # ---- consolidation, power off through Redfish, waking for waiting pods ------------------------
 
 
@@ -84,28 +115,14 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
     """The waiting pods are for the power-aware scheduler, or for the default one with a
     controller told so (`--scheduler-name`): either scheduler marks them Unschedulable."""
     shorts = ["a", "b", "c", "d"]
-    names = [cluster.name(s) for s in shorts]
-    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
-        # One light pod per node: every node is under the utilisation threshold.
-        for short in shorts:
-            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
-        secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
+    with light_nodes(cluster, tmp_path, shorts) as (bmc, secret):
         flags = ("--min-on-nodes=1", "--max-off-fraction=0.5", f"--scheduler-name={scheduler}")
         with (
             Limits(cluster, shorts) as limits,
             controller_running(control_plane, tmp_path, secret, *flags) as controller,
         ):
             # Two of four may be off (--max-off-fraction 0.5): two are drained and powered off.
-            off = wait_for(
-                controller,
-                lambda: (
-                    (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
-                    and len(found) == 2
-                    and found
-                ),
-                90,
-                "two nodes recorded off",
-            )
+            off = two_recorded_off(controller, cluster, shorts)
             on = [s for s in shorts if s not in off]
             for short in off:
                 assert bmc.power_state(cluster.name(short)) == "Off"
@@ -156,11 +173,7 @@ def test_nodes_drained_in_one_round_are_all_cordoned_before_any_eviction(
     cordoned before the first eviction: no evicted pod lands on the other node being drained,
     to be evicted a second time."""
     shorts = ["a", "b", "c", "d"]
-    names = [cluster.name(s) for s in shorts]
-    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
-        for short in shorts:
-            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
-        secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
+    with light_nodes(cluster, tmp_path, shorts) as (_, secret):
         flags = (
             "--min-on-nodes=1",
             "--max-off-fraction=0.5",
@@ -169,16 +182,7 @@ def test_nodes_drained_in_one_round_are_all_cordoned_before_any_eviction(
             "--scale-down-unneeded-time=0s",
         )
         with controller_running(control_plane, tmp_path, secret, *flags) as controller:
-            off = wait_for(
-                controller,
-                lambda: (
-                    (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
-                    and len(found) == 2
-                    and found
-                ),
-                90,
-                "two nodes recorded off",
-            )
+            off = two_recorded_off(controller, cluster, shorts)
             wait_for(controller, lambda: all_replicas_running(cluster), 60, "web replicas back")
             log = controller.lines()
     drained = [i for i, line in enumerate(log) if "drain and power off node" in line]
