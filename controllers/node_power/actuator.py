@@ -200,8 +200,11 @@ class Actuator:
 
     # ---- powering off ---------------------------------------------------------------------
 
-    def begin_power_off(self, node: JsonObject, action: Action, now_s: float) -> bool:
-        """Check the BMC, cordon, record draining, start evicting. False if it did not start."""
+    def begin_power_off(
+        self, node: JsonObject, action: Action, now_s: float, *, evict: bool = True
+    ) -> bool:
+        """Check the BMC, cordon, record draining, start evicting (unless not `evict`: the
+        caller then calls `continue_drain`). False if it did not start."""
         name = action.node
         try:
             driver = self.driver_for(node, POWER_ON)
@@ -215,7 +218,8 @@ class Actuator:
         self._record(name, POWER_DRAINING, now_s, action.reason, unschedulable=True)
         self.metrics.actions.labels(action="drain", result="ok").inc()
         self._drains[name] = DrainProgress()
-        self.continue_drain(node, now_s, since_s=now_s)
+        if evict:
+            self.continue_drain(node, now_s, since_s=now_s)
         return True
 
     def continue_drain(self, node: JsonObject, now_s: float, *, since_s: float) -> None:

@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="nodes drained at once (default: %(default)s)",
+        help="nodes drained at once; as many may start in one round (default: %(default)s)",
     )
     act.add_argument(
         "--max-empty-bulk-power-off",
@@ -526,6 +526,9 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             wake_horizon_s=args.wake_horizon,
             off_margin_sd=args.off_margin_sd,
             rank_by=args.rank_by,
+            # Drains started together in one round are cordoned together before any eviction,
+            # so what one drain evicts cannot land on another (see `controller`).
+            max_drains_per_round=args.max_drain_parallelism,
         )
     except ValueError as error:
         raise ValueError(f"policy flags: {error}") from None

@@ -11,7 +11,9 @@ Every `scan_interval_s`, on the replica that holds the Lease:
    pods that the nodes already waking will not take (`views.pending_beyond_waking`);
 3. **act** (`actuator`): cancel drains first, carry on with what is in flight (drains,
    wakes; off nodes powered on by someone else), then wake, power off empty nodes (at most
-   `max_bulk_power_off` a round) and start drains (at most `max_drain_parallelism` at once);
+   `max_bulk_power_off` a round) and start drains (at most `max_drain_parallelism` at once):
+   every node to empty is cordoned before the first eviction, so that no evicted pod lands
+   on a node that is about to be drained too;
 4. **report**: each decision logged with its reason and predicted watts, and the metrics.
 
 Without `apply` (the default) nothing is written and no BMC is asked to switch anything:
@@ -381,6 +383,9 @@ class NodePowerController:
             *(("power off", a) for a in decisions.power_off[: self.settings.max_bulk_power_off]),
             *(("drain and power off", a) for a in decisions.drain[:room]),
         ]
+        # Every node this round empties is cordoned before anything is evicted: a pod evicted
+        # from one must not be scheduled onto another, to be evicted again a moment later.
+        cordoned = []
         for what, action in planned:
             node = objects.get(action.node)
             if node is None:  # deleted since the round began
@@ -389,9 +394,13 @@ class NodePowerController:
             if what == "wake":
                 started = self.actuator.wake(node, action, now_s)
             else:
-                started = self.actuator.begin_power_off(node, action, now_s)
+                started = self.actuator.begin_power_off(node, action, now_s, evict=False)
+                if started:
+                    cordoned.append(node)
             if started:
                 result.acted.append(f"{ACTION_LABELS[what]} {action.node}")
+        for node in cordoned:
+            self.actuator.continue_drain(node, now_s, since_s=now_s)
 
     def _log_decision(self, what: str, action: Action, *, would: bool = False) -> None:
         watts = f"{action.watts:.0f} W" if math.isfinite(action.watts) else "unknown W"

@@ -13,152 +13,35 @@ consolidation empties nodes through the Eviction API, powers them off and record
 node lifecycle controller then sees them NotReady. Pods that no node can take wake exactly the
 nodes they need, which boot, turn Ready, are uncordoned and run them. Pods under a budget that
 allows no disruption, or annotated safe-to-evict "false", are never evicted and their nodes
-stay on, uncordoned. The floor (`--min-on-nodes`) and `--max-off-fraction` hold all along. No
-pod is lost: every Deployment ends with all its replicas Running.
+stay on, uncordoned. Nodes drained in the same round are all cordoned before the first
+eviction, so that no pod is evicted twice. The floor (`--min-on-nodes`) and
+`--max-off-fraction` hold all along. No pod is lost: every Deployment ends with all its
+replicas Running.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from envtest import ControlPlane
 from livedata.labels import SAFE_TO_EVICT_ANNOTATION
 from tests.support.bmc import IpmiBmc, RedfishEmulator
-from tests.support.power_cluster import (
-    CONTROLLER_ACCOUNT,
-    NAMESPACE,
-    SCHEDULER,
-    PowerCluster,
-    wait_until,
+from tests.support.power_cluster import SCHEDULER, PowerCluster
+from tests.support.power_e2e import (
+    PASSWORD,
+    ControllerProcess,
+    all_replicas_running,
+    controller_running,
+    redfish_nodes,
+    secret_dir,
+    wait_for,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-PASSWORD = "bmc-password-for-e2e"
-LEASE = "power-node-controller"
-BOOT_S = 2.0
-# Short timings: a node is unneeded after 2 s, rounds every second, boots in 2 s.
-TIMINGS = [
-    "--scan-interval=1s",
-    "--scale-down-unneeded-time=2s",
-    "--node-cooldown=0s",
-    f"--boot-time={BOOT_S:g}s",
-    "--off-margin-sd=0",
-    "--drain-timeout=60s",
-    "--max-graceful-termination-sec=5",
-    "--shutdown-timeout=20s",
-    "--wake-timeout=90s",
-    "--retry-backoff=5s",
-    "--max-retry-backoff=20s",
-    "--bmc-timeout=5s",
-    "--api-timeout=5s",
-    "--leader-elect-lease-duration=4s",
-    "--leader-elect-renew-deadline=3s",
-    "--leader-elect-retry-period=1s",
-]
-
-
-@pytest.fixture
-def cluster(control_plane: ControlPlane, namespace: str) -> Iterator[PowerCluster]:
-    power_cluster = PowerCluster(control_plane, namespace)
-    yield power_cluster
-    power_cluster.close()
-    with contextlib.suppress(client.ApiException):
-        client.CoordinationV1Api(power_cluster.admin).delete_namespaced_lease(LEASE, NAMESPACE)
-
-
-class ControllerProcess:
-    """`python -m controllers.node_power --apply ...` in a subprocess, its log in a file."""
-
-    def __init__(self, plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str):
-        self.log = tmp_path / "node-power-controller.log"
-        kubeconfig = plane.service_account_kubeconfig(
-            *CONTROLLER_ACCOUNT, tmp_path / "controller.kubeconfig"
-        )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        self.argv = [
-            sys.executable,
-            "-m",
-            "controllers.node_power",
-            "--apply",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
-            f"--scheduler-name={SCHEDULER}",
-            f"--bmc-secret-dir={secret_dir}",
-            "--identity=e2e-controller",
-            *TIMINGS,
-            *flags,
-        ]
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"the controller exited with {self.process.returncode}:\n{self.tail()}"
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@contextlib.contextmanager
-def controller_running(
-    plane: ControlPlane, tmp_path: Path, secret_dir: Path, *flags: str
-) -> Iterator[ControllerProcess]:
-    controller = ControllerProcess(plane, tmp_path, secret_dir, *flags)
-    try:
-        yield controller
-    except BaseException:
-        print(f"---- controller log ({controller.log}) ----\n{controller.tail(80)}")
-        raise
-    finally:
-        controller.stop()
-
-
-def wait_for(
-    controller: ControllerProcess, check: Callable[[], object], timeout_s: float, what: str
-) -> object:
-    """`wait_until`, failing at once with the controller's log if it died."""
-
-    def checked() -> object:
-        controller.check_alive()
-        return check()
-
-    return wait_until(checked, timeout_s, what)
-
-
-def secret_dir(tmp_path: Path, addresses: dict[str, str], **extra: str) -> Path:
-    """The BMC Secret as kubelet mounts it: one key per node, and `_defaults`."""
-    directory = tmp_path / "bmc-secret"
-    directory.mkdir()
-    for node, address in addresses.items():
-        lines = [f"address: {address}"] + [f"{k}: {v}" for k, v in extra.items()]
-        (directory / node).write_text("\n".join(lines) + "\n")
-    (directory / "_defaults").write_text(f"username: admin\npassword: {PASSWORD}\n")
-    return directory
 
 
 class Limits:
@@ -193,12 +76,32 @@ class Limits:
         )
 
 
-def all_replicas_running(cluster: PowerCluster) -> bool:
-    deployments = cluster.apps.list_namespaced_deployment(cluster.namespace).items
-    return all(
-        len(cluster.running(d.metadata.name)) == d.spec.replicas
-        and (d.status.ready_replicas or 0) == d.spec.replicas
-        for d in deployments
+@contextlib.contextmanager
+def light_nodes(
+    cluster: PowerCluster, tmp_path: Path, shorts: list[str]
+) -> Iterator[tuple[RedfishEmulator, Path]]:
+    """Nodes `shorts` of 8 cores behind one Redfish emulator, each running one light pod
+    (Deployment web-<node>): every node under the utilisation threshold. (emulator, BMC Secret
+    directory)."""
+    with redfish_nodes(cluster, tmp_path, shorts, cores=8) as bmc:
+        for short in shorts:
+            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
+        yield bmc, secret_dir(tmp_path, dict.fromkeys(map(cluster.name, shorts), bmc.url))
+
+
+def two_recorded_off(
+    controller: ControllerProcess, cluster: PowerCluster, shorts: list[str]
+) -> list[str]:
+    """Wait until two of the nodes `shorts` are recorded off (and no more); those two."""
+    return wait_for(
+        controller,
+        lambda: (
+            (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
+            and len(found) == 2
+            and found
+        ),
+        90,
+        "two nodes recorded off",
     )
 
 
@@ -212,37 +115,14 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
     """The waiting pods are for the power-aware scheduler, or for the default one with a
     controller told so (`--scheduler-name`): either scheduler marks them Unschedulable."""
     shorts = ["a", "b", "c", "d"]
-    names = [cluster.name(s) for s in shorts]
-    with RedfishEmulator(tmp_path / "redfish", names, auth=("admin", PASSWORD)) as bmc:
-        for short, name in zip(shorts, names, strict=True):
-            cluster.add_node(
-                short,
-                cores=8,
-                driver="redfish",
-                power=lambda name=name: bmc.power_state(name).lower(),
-                boot_s=BOOT_S,
-            )
-        cluster.wait_ready(*shorts)
-        # One light pod per node: every node is under the utilisation threshold.
-        for short in shorts:
-            cluster.deployment(f"web-{short}", "1", on=short, scheduler="default-scheduler")
-        secret = secret_dir(tmp_path, dict.fromkeys(names, bmc.url))
+    with light_nodes(cluster, tmp_path, shorts) as (bmc, secret):
         flags = ("--min-on-nodes=1", "--max-off-fraction=0.5", f"--scheduler-name={scheduler}")
         with (
             Limits(cluster, shorts) as limits,
             controller_running(control_plane, tmp_path, secret, *flags) as controller,
         ):
             # Two of four may be off (--max-off-fraction 0.5): two are drained and powered off.
-            off = wait_for(
-                controller,
-                lambda: (
-                    (found := [s for s in shorts if cluster.state_of(s)[0] == "off"])
-                    and len(found) == 2
-                    and found
-                ),
-                90,
-                "two nodes recorded off",
-            )
+            off = two_recorded_off(controller, cluster, shorts)
             on = [s for s in shorts if s not in off]
             for short in off:
                 assert bmc.power_state(cluster.name(short)) == "Off"
@@ -281,6 +161,41 @@ def test_consolidation_powers_off_through_redfish_and_waiting_pods_wake_what_the
     assert limits.most_off() <= 2  # --max-off-fraction 0.5 of 4
     assert limits.fewest_on() >= 1  # --min-on-nodes 1
     assert all_replicas_running(cluster)  # no pod lost
+
+
+# ---- drains started together ----------------------------------------------------------------
+
+
+def test_nodes_drained_in_one_round_are_all_cordoned_before_any_eviction(
+    control_plane: ControlPlane, cluster: PowerCluster, tmp_path: Path
+) -> None:
+    """With `--max-drain-parallelism 2` two light nodes are drained in the same round, both
+    cordoned before the first eviction: no evicted pod lands on the other node being drained,
+    to be evicted a second time."""
+    shorts = ["a", "b", "c", "d"]
+    with light_nodes(cluster, tmp_path, shorts) as (_, secret):
+        flags = (
+            "--min-on-nodes=1",
+            "--max-off-fraction=0.5",
+            "--max-drain-parallelism=2",
+            # Every node unneeded from the first round on: both drains can start in that round.
+            "--scale-down-unneeded-time=0s",
+        )
+        with controller_running(control_plane, tmp_path, secret, *flags) as controller:
+            off = two_recorded_off(controller, cluster, shorts)
+            wait_for(controller, lambda: all_replicas_running(cluster), 60, "web replicas back")
+            log = controller.lines()
+    drained = [i for i, line in enumerate(log) if "drain and power off node" in line]
+    evicted = [line for line in log if " evicted " in line]
+    assert len(drained) == 2, log
+    first_eviction = next(i for i, line in enumerate(log) if " evicted " in line)
+    assert max(drained) < first_eviction  # both decided (and cordoned) before any eviction
+    # One eviction per drained node's pod, none of a pod that had moved onto the other.
+    assert sorted(line.split(f"evicted {cluster.namespace}/web-")[1][0] for line in evicted) == (
+        sorted(off)
+    )
+    on = [s for s in shorts if s not in off]
+    assert {n for s in shorts for n in cluster.nodes_of(f"web-{s}")} == set(on)
 
 
 # ---- what must never be evicted, and the floor, through IPMI ---------------------------------
