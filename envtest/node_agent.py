@@ -56,6 +56,10 @@ def _stamp(when: datetime | None = None) -> str:
     return (when or _now()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _condition_true(pod: Any, kind: str) -> bool:
+    return any(c.type == kind and c.status == "True" for c in pod.status.conditions or [])
+
+
 def _is_on(power: Any) -> bool:
     if isinstance(power, str):
         return power.lower() == "on"
@@ -405,11 +409,25 @@ class NodeAgent:
                     self._run(pod)
                 elif (failure := self._failure_of(pod)) is not None:
                     self._fail(pod, failure.mode)
+                elif pod.status.phase == "Running" and not _condition_true(pod, "Ready"):
+                    # The node lifecycle controller marked it not ready while its node was
+                    # unreachable; the kubelet, back, reports its containers ready again.
+                    self._mark_ready(pod)
             except ApiException as error:
                 if error.status not in (404, 409):
                     log.warning("pod %s: %s", pod.metadata.name, error.reason)
             except Exception as error:
                 log.warning("pod %s: %s", pod.metadata.name, error)
+
+    def _mark_ready(self, pod: Any) -> None:
+        now = _stamp()
+        conditions = [
+            {"type": kind, "status": "True", "lastTransitionTime": now}
+            for kind in ("ContainersReady", "Ready")
+        ]
+        self.core.patch_namespaced_pod_status(
+            pod.metadata.name, pod.metadata.namespace, {"status": {"conditions": conditions}}
+        )
 
     def _finish_deletion(self, pod: Any) -> None:
         self.core.delete_namespaced_pod(

@@ -779,7 +779,11 @@ def test_two_replicas_never_both_act(
         # The leader stops (and releases the Lease): the other takes over and finishes the job.
         stops[first].set()
         threads[first].join(10)
-        done_by_first = {s for s, w in writers().items() if w}
+        # What the first leader finished (off); a node it had only begun (draining) is the
+        # other's to finish, so both may have written that one, one after the other.
+        done_by_first = {
+            s for s, w in writers().items() if w == {first} and cluster.state_of(s)[0] == "off"
+        }
         wait_until(
             lambda: all(cluster.state_of(s)[0] == "off" for s in idle),
             what="all idle nodes off",
@@ -792,6 +796,6 @@ def test_two_replicas_never_both_act(
         with contextlib.suppress(client.ApiException):
             client.CoordinationV1Api(cluster.admin).delete_namespaced_lease(lease_name, NAMESPACE)
     final = writers()
-    assert all(final[s] == {first} for s in done_by_first)
-    assert all(final[s] == {other} for s in idle if s not in done_by_first)
+    assert all(final[s] == {first} for s in done_by_first)  # it wrote nothing once stopped
+    assert all(other in final[s] <= {first, other} for s in idle if s not in done_by_first)
     assert any(final[s] == {other} for s in idle)
