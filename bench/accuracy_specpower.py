@@ -49,14 +49,15 @@ import numpy as np
 import pandas as pd
 from scipy.interpolate import PchipInterpolator
 
-from bench.specpower_split import SPLIT_CSV, read_split, result_id
-from livedata.metrics_table import CPU_UTIL, NODE, POWER_W
+from bench.specpower_split import SAMPLES, read_split, result_id
+from livedata.metrics_table import CPU_UTIL, FACT_COLUMNS, NODE, POWER_W
 from predictor.bundle import read_bundle
 from training.dataset import clean_metrics
 from training.export import onnx_predict_w
 from training.families import DEFAULT_FAMILIES
 from training.fit import FitSettings, fit_fleet, heldout_start_index
 from training.fit.cli import setup_logging
+from training.node_facts import generation as cpu_generation
 from training.report import IdleToMaxLine
 from training.shape_prior import GRID_UTIL, SHARE_COLUMNS, ShapePrior
 from training.synth import (
@@ -98,6 +99,42 @@ class Servers:
     n_prior: int
 
 
+def prior_side(csv: Path, split_csv: Path, generation: str) -> PriorSide:
+    """One sample's prior side: its curves, processor models and generation."""
+    sample, split = read_sample(csv, split_csv)
+    chosen = (sample["result"].map(split["split"]) == "prior").to_numpy()
+    return PriorSide(
+        curves_w=sample[LOAD_COLUMNS].to_numpy(np.float64)[chosen],
+        models=sample["result"].map(split["processor_model"]).to_numpy()[chosen],
+        generations=[generation] * int(chosen.sum()),
+    )
+
+
+@dataclass
+class PriorSide:
+    curves_w: np.ndarray  # [m, 11]
+    models: np.ndarray  # processor model per server
+    generations: list[str]
+
+
+def other_prior_sides(csv: Path) -> list[PriorSide]:
+    """The prior sides of the samples other than `csv` (both priors learn from every sample's
+    prior side), when they are found; the sample at `csv` itself is not among them."""
+    sides = []
+    for generation, (other_csv, other_split) in SAMPLES.items():
+        if other_csv.resolve() != csv.resolve() and other_csv.is_file():
+            sides.append(prior_side(other_csv, other_split, generation))
+    return sides
+
+
+def sample_generation(csv: Path) -> str | None:
+    """`old` or `modern` for one of `SAMPLES`' files, else None."""
+    for generation, (known_csv, _) in SAMPLES.items():
+        if known_csv.resolve() == csv.resolve():
+            return generation
+    return None
+
+
 def read_sample(csv: Path, split_csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The sample and the committed split, row for row (the split indexed by result id);
     exits with a clear error when they do not match."""
@@ -119,7 +156,9 @@ def shapes_table(sample: pd.DataFrame, curves_w: np.ndarray, chosen: np.ndarray)
     return pd.DataFrame(
         {
             "result": sample["result"][chosen].to_numpy(),
+            "processor": sample["processor"][chosen].to_numpy(),
             "chips": sample["chips"][chosen].to_numpy(),
+            "cores": sample["cores"][chosen].to_numpy(),
             "watts_max": curves_w[chosen, -1],
             **{
                 column: curves_w[chosen, i] / curves_w[chosen, -1]
@@ -130,17 +169,36 @@ def shapes_table(sample: pd.DataFrame, curves_w: np.ndarray, chosen: np.ndarray)
 
 
 def load_servers(csv: Path, split_csv: Path) -> Servers:
-    """Read the sample, check it against the committed split, learn the prior on its side."""
+    """Read the sample, check it against the committed split, learn the prior on its prior
+    side and on the prior sides of the other samples (`SAMPLES`), each server marked with its
+    generation: no scored server, nor any of its processor model, is in the prior."""
     sample, split = read_sample(csv, split_csv)
     curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
     side = sample["result"].map(split["split"]).to_numpy()
     held_out = side == "eval"
+    sides = [
+        PriorSide(
+            curves_w[side == "prior"],
+            sample["result"].map(split["processor_model"]).to_numpy()[side == "prior"],
+            [sample_generation(csv)] * int(np.sum(side == "prior")),
+        ),
+        *other_prior_sides(csv),
+    ]
+    scored_models = set(sample["result"].map(split["processor_model"])[held_out])
+    keep = [~np.isin(s.models, list(scored_models)) for s in sides]
     return Servers(
         names=[f"spec-{i:03d}" for i in np.flatnonzero(held_out)],
         curves_w=curves_w[held_out],
         table=shapes_table(sample, curves_w, held_out),
-        prior=ShapePrior.from_curves(curves_w[side == "prior"]),
-        n_prior=int(np.sum(side == "prior")),
+        prior=ShapePrior.from_curves(
+            np.vstack([s.curves_w[k] for s, k in zip(sides, keep, strict=True)]),
+            generations=[
+                g
+                for s, k in zip(sides, keep, strict=True)
+                for g in np.array(s.generations, dtype=object)[k]
+            ],
+        ),
+        n_prior=int(sum(k.sum() for k in keep)),
     )
 
 
@@ -180,7 +238,11 @@ def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
 
 
 def prior_from_exact_points(
-    prior: ShapePrior, curve_w: np.ndarray, sampling: str, loads_u: np.ndarray
+    prior: ShapePrior,
+    curve_w: np.ndarray,
+    sampling: str,
+    loads_u: np.ndarray,
+    generation: str | None = None,
 ) -> np.ndarray:
     """The prior's prediction at `loads_u` (grid points) from a server's exact watts at the
     grid points `sampling` shows (`SHOWN_GRID_POINTS`), as `training.monoshape`'s pass 3 draws
@@ -190,6 +252,7 @@ def prior_from_exact_points(
     top = max(shown)
     observed = np.zeros(len(GRID_UTIL), dtype=bool)
     observed[list(shown)] = True
+    prior = prior.for_generation(generation)
     # Between shown points the node's data say nothing: straight lines, as a fit would leave.
     seen_w = np.interp(GRID_UTIL[: top + 1], GRID_UTIL[list(shown)], curve_w[list(shown)])
     shape = np.concatenate([[0.0], np.cumsum(prior.conditional_shape(seen_w, top, observed))])
@@ -228,6 +291,8 @@ def run_case(
         temperature=temperature,
         steady_power_w=steady_power(servers.curves_w, sampling),
     )
+    if not args.facts:
+        telemetry = telemetry.drop(columns=[c for c in FACT_COLUMNS if c in telemetry.columns])
     cleaned = clean_metrics(telemetry, source=f"SPECpower held-out servers, {sampling} load")
     settings = FitSettings(
         families=tuple(args.families.split(",")), seed=args.seed, shape_prior=servers.prior
@@ -260,7 +325,11 @@ def run_case(
                 interp.append(mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
             if sampling in SHOWN_GRID_POINTS:
                 exact_w = prior_from_exact_points(
-                    servers.prior, servers.curves_w[i], sampling, loads_u
+                    servers.prior,
+                    servers.curves_w[i],
+                    sampling,
+                    loads_u,
+                    cpu_generation(servers.table["processor"].iloc[i]) if args.facts else None,
                 )
                 exact_prior.append(mape_pct(exact_w, truth_w))
     summary = run.report["summary"]
@@ -370,20 +439,34 @@ def _choices(value: str, known: tuple[str, ...], flag: str) -> list[str]:
 
 
 def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--csv` and `--split`, as every bench on the SPECpower sample reads them."""
+    """`--sample`, `--csv` and `--split`, as every bench on the SPECpower samples reads them
+    (`resolve_sample` fills `--csv` and `--split` from `--sample`)."""
+    parser.add_argument(
+        "--sample",
+        choices=tuple(SAMPLES),
+        default="old",
+        help="which sample is scored: old (servers of 2007-2016) or modern (2017-2025); the "
+        "prior learns from the prior sides of both (default old)",
+    )
     parser.add_argument(
         "--csv",
         type=Path,
-        default=DEFAULT_CSV,
-        help=f"SPECpower CSV, relative to the repo root (default {DEFAULT_CSV})",
+        help=f"SPECpower CSV, relative to the repo root (default: --sample's, {DEFAULT_CSV} "
+        "for old)",
     )
     parser.add_argument(
         "--split",
         type=Path,
-        default=SPLIT_CSV,
-        help="which servers the prior learns from and which are scored (default the committed "
-        "bench/data/specpower_split.csv)",
+        help="which servers the prior learns from and which are scored (default: --sample's "
+        "committed split in bench/data/)",
     )
+
+
+def resolve_sample(args: argparse.Namespace) -> None:
+    """Fill `--csv` and `--split` from `--sample` where they were not given."""
+    csv, split = SAMPLES[args.sample]
+    args.csv = args.csv or csv
+    args.split = args.split or split
 
 
 def sample_found(csv: Path) -> bool:
@@ -422,12 +505,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0 = all cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or logs")
+    parser.add_argument(
+        "--no-facts",
+        dest="facts",
+        action="store_false",
+        help="leave out the nodes' hardware facts (cpu_model, cores, ...): the prior then "
+        "cannot tell their generation",
+    )
     args = parser.parse_args(argv)
     try:
         samplings = _choices(args.sampling, SAMPLINGS, "--sampling")
         temperatures = _choices(args.temperature, TEMPERATURE_MODES, "--temperature")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    resolve_sample(args)
     setup_logging(args.quiet)
     logging.getLogger("training.report").setLevel(logging.WARNING)
     logging.getLogger("training.synth").setLevel(logging.WARNING)

@@ -43,7 +43,10 @@ from io import StringIO
 import numpy as np
 import pandas as pd
 
+from training.node_facts import GENERATIONS
+
 SHAPES_FILE = "specpower_shapes.csv"
+SHAPES_FILES = {"old": SHAPES_FILE, "modern": "specpower_modern_shapes.csv"}
 SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
 GRID_UTIL = np.linspace(0.0, 1.0, 11)
 GRID_UTIL.flags.writeable = False
@@ -63,16 +66,41 @@ LOCAL_LOG_WATTS_WEIGHT = 0.002
 # their share against the kernel mean of similar servers. Chosen by cross-validation on the
 # prior's servers, leaving out each processor model in turn (`bench.accuracy_cv`: at curve
 # level, then on a week of telemetry); never on the scored servers.
+# A measured curve may dip this share of its range between two loads and still teach a shape.
+MAX_DIP_SHARE = 0.05
 GAP_RIDGE = 3.0
 RISE_RIDGE = 10.0
 GAP_RIDGE_SHARE = 0.75
 RISE_RIDGE_SHARE = 0.5
+# Above the highest load a node showed, the rise is the geometric mean of what the prior
+# regresses and the straight line through idle and that load (this share of the line's, in
+# log): half of a curve unseen is where the prior can tell least, and the line bounds how far
+# a wrong guess goes. Judged by processor model on both samples' curves (`bench.accuracy_priors`).
+RISE_LINE_SHARE = 0.5
+# The interval given above the highest load: these quantiles of how the prior's servers' own
+# rises came out against what the prior (learned without each of them) predicted for them.
+INTERVAL_QUANTILES = (0.1, 0.9)
+# A generation's own prior needs this many servers; below, the prior of every server is used.
+MIN_GENERATION_SERVERS = 20
 
 
-def load_shapes_table() -> pd.DataFrame:
-    """The SPECpower curve shapes shipped with the package (one row per real server)."""
-    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
-    return pd.read_csv(StringIO(text), comment="#")
+def load_shapes_table(periods: tuple[str, ...] = ("old",)) -> pd.DataFrame:
+    """The SPECpower curve shapes shipped with the package (one row per real server), of the
+    given periods (`SHAPES_FILES`: `old`, servers of 2007-2016; `modern`, 2017-2025)."""
+    tables = []
+    for period in periods:
+        if period not in SHAPES_FILES:
+            raise ValueError(f"unknown period {period!r}; known: {', '.join(SHAPES_FILES)}")
+        text = resources.files("training").joinpath("data", SHAPES_FILES[period]).read_text()
+        tables.append(pd.read_csv(StringIO(text), comment="#"))
+    return pd.concat(tables, ignore_index=True)
+
+
+def table_generations(table: pd.DataFrame) -> list[str | None]:
+    """Each row's generation: its `period` column (the shipped tables have one), else None."""
+    if "period" not in table.columns:
+        return [None] * len(table)
+    return [p if p in GENERATIONS else None for p in table["period"]]
 
 
 def normalised_shapes(curves_w: np.ndarray) -> np.ndarray:
@@ -91,20 +119,41 @@ class ShapePrior:
     bank_shapes: np.ndarray  # [m, 11] each server's normalised shape
     bank_watts: np.ndarray  # [m, 11] each server's curve in watts
     dynamic_from_idle: tuple[float, float]  # (a, b): log D = a + b log idle, least squares
+    # each server's generation ("old", "modern" or None: unknown), for `for_generation`
+    bank_generations: tuple[str | None, ...] = ()
     # `_ShownShapeRegression`s learned so far, per pattern of shown grid points and top
     _regressions: dict = field(default_factory=dict, init=False, repr=False)
+    _by_generation: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_curves(cls, curves_w: np.ndarray, components: int = DEFAULT_COMPONENTS) -> ShapePrior:
-        """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3)."""
+    def from_curves(
+        cls,
+        curves_w: np.ndarray,
+        components: int = DEFAULT_COMPONENTS,
+        generations: list[str | None] | None = None,
+    ) -> ShapePrior:
+        """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3), and
+        optionally each server's generation (`for_generation` then knows them)."""
         curves_w = np.asarray(curves_w, dtype=np.float64)
         if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
             raise ValueError(
                 f"a shape prior needs at least 3 curves of {len(GRID_UTIL)} points, "
                 f"got an array of shape {curves_w.shape}"
             )
-        if not (np.diff(curves_w, axis=1) >= 0).all() or not (curves_w[:, 0] > 0).all():
-            raise ValueError("every curve of a shape prior must be positive and non-decreasing")
+        dynamic_w = curves_w[:, -1] - curves_w[:, 0]
+        dips_w = np.maximum.accumulate(curves_w, axis=1) - curves_w
+        if (
+            not (curves_w[:, 0] > 0).all()
+            or not (dynamic_w > 0).all()
+            or (dips_w.max(axis=1) > MAX_DIP_SHARE * dynamic_w).any()
+        ):
+            raise ValueError(
+                "every curve of a shape prior must be positive and non-decreasing (dips of "
+                f"up to {MAX_DIP_SHARE:.0%} of its range are evened out)"
+            )
+        # A measured curve may dip a watt between two loads (one Arm server of the modern
+        # sample does): a shape is non-decreasing, so the dip is evened out.
+        curves_w = np.maximum.accumulate(curves_w, axis=1)
         shapes = normalised_shapes(curves_w)
         increments = np.diff(shapes, axis=1)
         mean = increments.mean(axis=0)
@@ -128,6 +177,7 @@ class ShapePrior:
             bank_shapes=shapes,
             bank_watts=curves_w,
             dynamic_from_idle=(float(intercept), float(slope)),
+            bank_generations=tuple(generations or [None] * len(curves_w)),
         )
 
     @classmethod
@@ -142,7 +192,26 @@ class ShapePrior:
             table[list(SHARE_COLUMNS)].to_numpy(np.float64)
             * table["watts_max"].to_numpy(np.float64)[:, None]
         )
-        return cls.from_curves(curves_w, components)
+        return cls.from_curves(curves_w, components, table_generations(table))
+
+    def for_generation(self, generation: str | None) -> ShapePrior:
+        """The prior of this generation's servers only (`old` or `modern`), when it has at
+        least `MIN_GENERATION_SERVERS` of them; otherwise (or for None) this prior itself.
+
+        Curves of 2017 on idle lower and climb steeper at the top than those of 2007-2016, so
+        a node known to be of one generation is best drawn from its own."""
+        if generation is None:
+            return self
+        if generation not in self._by_generation:
+            mine = np.array([g == generation for g in self.bank_generations], dtype=bool)
+            self._by_generation[generation] = (
+                ShapePrior.from_curves(
+                    self.bank_watts[mine], generations=[generation] * int(mine.sum())
+                )
+                if mine.sum() >= MIN_GENERATION_SERVERS and mine.sum() < self.n_servers
+                else self
+            )
+        return self._by_generation[generation]
 
     @property
     def n_servers(self) -> int:
@@ -182,10 +251,18 @@ class ShapePrior:
         )
         return increments / increments.sum()
 
-    def _kernel_weights(self, curve_w: np.ndarray, top: int, observed: np.ndarray) -> np.ndarray:
-        """[m] how much each server looks like the node up to `top` (see local_mean_increments)."""
+    def _kernel_weights(
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        among: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """[m] how much each server looks like the node up to `top` (see local_mean_increments);
+        `among` ([m] bool): only those servers (the result then has one weight per one of them)."""
         node = (curve_w[: top + 1] - curve_w[0]) / max(curve_w[top] - curve_w[0], 1e-6)
-        bank = self.bank_shapes[:, : top + 1]
+        bank_watts = self.bank_watts if among is None else self.bank_watts[among]
+        bank = (self.bank_shapes if among is None else self.bank_shapes[among])[:, : top + 1]
         bank = (bank - bank[:, :1]) / (bank[:, top : top + 1] - bank[:, :1])
         inner = [j for j in range(1, top) if observed[j]] or list(range(1, top))
         # mean squared distance scaled to ~4 compared points, so the bandwidth means the same
@@ -193,7 +270,7 @@ class ShapePrior:
         distance2 = ((bank[:, inner] - node[inner]) ** 2).sum(axis=1) / len(inner) * 4
         distance2 += (
             LOCAL_LOG_WATTS_WEIGHT
-            * (np.log(self.bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
+            * (np.log(bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
         )
         weights = np.exp(-0.5 * (distance2 - distance2.min()) / LOCAL_BANDWIDTH**2)
         return weights / weights.sum()
@@ -231,12 +308,55 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            rise = RISE_RIDGE_SHARE * rise + (1 - RISE_RIDGE_SHARE) * (
-                weights @ regression.bank_rise
-            )
-            shape[top + 1 :] = shape[top] + np.maximum.accumulate(np.maximum(rise, 0.0))
+            rise = _blended_rise(rise, weights @ regression.bank_rise, top)
+            shape[top + 1 :] = shape[top] + rise
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
+
+    def rise_interval(
+        self, curve_w: np.ndarray, top: int, observed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """How sure the prior is above grid point `top`: ([10 - top] the rise it predicts at
+        each grid point above, and the `INTERVAL_QUANTILES` band around it), each per unit of
+        the node's rise from idle to `top` (so watts = P(top) + r * (P(top) - P(0))).
+
+        The band is how the prior's own servers came out against what it predicted for each
+        of them from their points up to `top`, learned without it (the regression left one
+        out by its hat matrix, the kernel without the server itself): their ratios of actual
+        to predicted rise, quantiles taken, applied to this node's prediction."""
+        curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
+        if top >= N_DECILES or top < 2:
+            empty = np.zeros(0)
+            return empty, empty, empty
+        anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
+        regression = self._shown_shape_regression(anchors, top)
+        _, regressed = regression.predict(curve_w)
+        rise = _blended_rise(
+            regressed, self._kernel_weights(curve_w, top, observed) @ regression.bank_rise, top
+        )
+        low_ratio, high_ratio = self._rise_ratio_quantiles(anchors, top, observed)
+        return rise, rise * low_ratio, rise * high_ratio
+
+    def _rise_ratio_quantiles(
+        self, anchors: tuple[int, ...], top: int, observed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        key = ("interval", anchors, top)
+        if key not in self._regressions:
+            regression = self._shown_shape_regression(anchors, top)
+            left_out_log_rise = regression.left_out_log_rise()
+            ratios = []
+            for i in range(self.n_servers):
+                others = np.arange(self.n_servers) != i
+                weights = self._kernel_weights(self.bank_watts[i], top, observed, others)
+                predicted = _blended_rise(
+                    np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others], top
+                )
+                ratios.append(
+                    np.maximum(regression.bank_rise[i], 1e-4) / np.maximum(predicted, 1e-4)
+                )
+            low, high = np.quantile(np.array(ratios), INTERVAL_QUANTILES, axis=0)
+            self._regressions[key] = (np.minimum(low, 1.0), np.maximum(high, 1.0))
+        return self._regressions[key]
 
     def _shown_shape_regression(self, anchors: tuple[int, ...], top: int) -> _ShownShapeRegression:
         key = (anchors, top)
@@ -273,6 +393,19 @@ class _ShownShapeRegression:
     rise: tuple[np.ndarray, np.ndarray]
     bank_gap_shares: np.ndarray  # [m, gaps] each server's shares, for the kernel mean
     bank_rise: np.ndarray  # [m, 10 - top]
+    bank_x: np.ndarray  # [m, features] standardised, for the left-out predictions
+
+    def left_out_log_rise(self) -> np.ndarray:
+        """[m, 10 - top] each server's log rise as the rise regression predicts it learned
+        without that server (exact for ridge: residual / (1 - leverage), intercept included)."""
+        xs = self.bank_x
+        m = len(xs)
+        lhs = xs.T @ xs + RISE_RIDGE * np.eye(xs.shape[1])
+        leverage = np.einsum("ij,ij->i", xs @ np.linalg.inv(lhs), xs) + 1.0 / m
+        fitted = self.rise[0] + xs @ self.rise[1]
+        actual = np.log(np.maximum(self.bank_rise, 1e-4))
+        residual = (actual - fitted) / (1.0 - np.minimum(leverage, 0.99))[:, None]
+        return actual - residual
 
     @staticmethod
     def features(curves_w: np.ndarray, anchors: tuple[int, ...], top: int) -> np.ndarray:
@@ -319,6 +452,7 @@ class _ShownShapeRegression:
             rise=ridge(np.log(np.maximum(rise, 1e-4)), RISE_RIDGE),
             bank_gap_shares=shares,
             bank_rise=rise,
+            bank_x=xs,
         )
 
     def predict(self, curve_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -329,10 +463,23 @@ class _ShownShapeRegression:
         return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
+def _blended_rise(regressed: np.ndarray, kernel_mean: np.ndarray, top: int) -> np.ndarray:
+    """The rise above `top` per unit of the rise from idle to it: the regression mixed with the
+    kernel mean (`RISE_RIDGE_SHARE`), then `RISE_LINE_SHARE` of the straight line's (in log),
+    made non-decreasing."""
+    prior_rise = np.maximum(
+        RISE_RIDGE_SHARE * regressed + (1 - RISE_RIDGE_SHARE) * kernel_mean, 1e-4
+    )
+    line_rise = (np.arange(top + 1, N_DECILES + 1) - top) / top
+    rise = np.exp((1 - RISE_LINE_SHARE) * np.log(prior_rise) + RISE_LINE_SHARE * np.log(line_rise))
+    return np.maximum.accumulate(rise)
+
+
 @functools.cache
 def default_shape_prior() -> ShapePrior:
-    """The prior learned from every server shipped in `training/data/specpower_shapes.csv`."""
-    return ShapePrior.from_shapes_table(load_shapes_table())
+    """The prior learned from every server shipped in `training/data/` (both periods: 242
+    servers); `for_generation` narrows it to a node's generation when its facts tell it."""
+    return ShapePrior.from_shapes_table(load_shapes_table(tuple(SHAPES_FILES)))
 
 
 DERIVE_CORE_SCALING = (
