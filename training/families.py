@@ -300,7 +300,7 @@ def fit_family(
     with the package. `facts` (the node's hardware, `training.node_facts`) likewise.
     """
     model = family.make(seed)
-    params = model.get_params(deep=False)
+    params = model.get_params(deep=False) if hasattr(model, "get_params") else {}
     if shape_prior is not None and "prior" in params:
         model.set_params(prior=shape_prior)
     if facts is not None and "facts" in params:
