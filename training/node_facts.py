@@ -77,7 +77,7 @@ def generation(cpu_model: str | None) -> str | None:
     node_exporter reports it or a CPUID triple as Node Feature Discovery labels it."""
     if not cpu_model or not isinstance(cpu_model, str):
         return None
-    name = cpu_model.lower()
+    name = cpu_model.lower().replace("(r)", "").replace("(tm)", "").replace("®", "")
     cpuid = _CPUID.search(name)
     if cpuid:
         vendor, family, model = cpuid.group(1), int(cpuid.group(2)), int(cpuid.group(3))
