@@ -95,7 +95,7 @@ def test_fact_columns_are_kept_by_cleaning_and_empty_facts_drop_no_row() -> None
 
 def test_a_fact_column_of_words_is_refused_with_where() -> None:
     raw = _rows().assign(psu_rating_w=["big", "huge", "large", "800"])
-    with pytest.raises(MetricsInputError, match="psu_rating_w 'big'.*right column"):
+    with pytest.raises(MetricsInputError, match=r"psu_rating_w 'big'.*right column"):
         clean_metrics(raw, source="facts.csv")
 
 
