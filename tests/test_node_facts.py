@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.interpolate import PchipInterpolator
 
 from livedata.metrics_table import CONTRACT_COLUMNS, FACT_COLUMNS, FEATURES
-from predictor.curves import ExtrapolationBand
+from predictor.curves import CurveBuilder, ExtrapolationBand
+from predictor.model import Predictor
 from training.dataset import MetricsInputError, clean_metrics
+from training.fit import FitSettings, fit_fleet
 from training.fit.node import iter_node_rows
 from training.fit.settings import FEATURE_FILL
 from training.monoshape import extrapolation_interval, fit_monotone_curve
 from training.node_facts import NodeFacts, generation, nfd_cpu_model, processor_model
+from training.report import format_table, full_load_band
 from training.shape_prior import GRID_UTIL, default_shape_prior, load_shapes_table
 from training.synth import synth_fleet
 
@@ -169,3 +174,30 @@ def test_the_predictor_band_widens_from_the_highest_trained_load() -> None:
     assert band.ratios(0.4) == (1.0, 1.0)
     assert band.ratios(0.55) == pytest.approx((0.95, 1.05))
     assert band.ratios(0.8) == pytest.approx((0.85, 1.2))
+
+
+def test_a_lowload_fleet_ships_its_bands_to_the_manifest_the_report_and_the_curves(
+    tmp_path,
+) -> None:
+    fleet = synth_fleet(3, 24, 120, seed=4, sampling="lowload")
+    cleaned = clean_metrics(fleet, source="synth lowload")
+    run = fit_fleet(cleaned, tmp_path / "bundle", settings=FitSettings(min_rows=100), jobs=1)
+    entries = {e["node"]: e for e in run.report["nodes"]}
+    assert all(e["facts"]["generation"] in ("old", "modern") for e in entries.values())
+    predictor = Predictor.load(tmp_path / "bundle")
+    telemetry = {
+        node: {"cpu_util": 0.3, "ambient_temp_c": 23.0, "cpu1_temp_c": 45.0} for node in entries
+    }
+    table = CurveBuilder().build(predictor, telemetry, None)
+    for node, entry in entries.items():
+        band = entry["extrapolation_interval"]
+        assert entry["max_util_measured"] <= 0.55 and band["util"][-1] == 1.0
+        assert predictor.entry(node).info["extrapolation_interval"] == band
+        row_band = table.extrapolation[table.row_of(node)]
+        low, high = row_band.ratios(1.0)
+        assert (low, high) == pytest.approx((band["low"][-1], band["high"][-1]))
+        assert low < 1.0 < high
+        assert row_band.ratios(entry["max_util_measured"]) == (1.0, 1.0)
+    text = format_table(run.report)
+    assert "u=1 band" in text
+    assert re.fullmatch(r"-\d+/\+\d+ %", full_load_band(next(iter(entries.values()))))
