@@ -56,6 +56,7 @@ from bench.accuracy_specpower import (
     sample_found,
     sample_generation,
 )
+from training.node_facts import generation as cpu_generation
 from training.shape_prior import GRID_UTIL, ShapePrior
 
 NEAREST_K = (1, 3, 5)
@@ -144,8 +145,10 @@ class Sample:
     curves_w: np.ndarray  # [n, 11]
     models: np.ndarray  # processor model per server
     scored_side: np.ndarray  # [n] bool: on the committed split's held-out side
-    generations: list[str | None]  # per server
+    generations: list[str | None]  # per server: its sample's period (what the bank knows)
     judged: np.ndarray  # [n] bool: of the judged sample (the others only teach)
+    # per server, the generation its CPU model tells (what a cluster would know of a node)
+    told: list[str | None] | None = None
 
 
 def read(csv: Path, split_csv: Path) -> Sample:
@@ -165,6 +168,7 @@ def read(csv: Path, split_csv: Path) -> Sample:
         generations=[sample_generation(csv)] * len(sample)
         + [g for o in others for g in o.generations],
         judged=np.arange(len(sample) + n_others) < len(sample),
+        told=[cpu_generation(p) for p in sample["processor"]] + [None] * n_others,
     )
 
 
@@ -196,7 +200,7 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
                 curve_w,
                 sampling,
                 bank_generations,
-                sample.generations[i],
+                sample.told[i] if sample.told is not None else None,
             )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}

@@ -1,13 +1,17 @@
 """Benchmark accuracy on real servers' power curves (SPECpower_ssj2008), sampled as fleets are.
 
-Each held-out server of `../shared/data/specpower/ssj2008-sample.csv` (the committed split,
-`bench.specpower_split`: the shape prior is learned from the other servers, never from these)
+Each held-out server of a SPECpower sample (`--sample old`, servers of 2007-2016, the default;
+`--sample modern`, 2017-2025: the committed splits, `bench.specpower_split`: the shape prior is
+learned from the prior sides of both samples, never from these nor their processor models)
 becomes a node with a week of contract-1 telemetry from `training.synth`: load spread over time
 by `--sampling`, CPU temperatures following it by `--temperature`, fans, ambient swings, BMC
 noise, whole-watt or 5 W readings, missing samples and sensor dropouts. Its power at
 steady-state temperatures is the measured SPECpower curve: for `levels` the straight lines
 between the measured levels it was held at (0, 20, ..., 100 %), so the rows say nothing about
 the loads between; otherwise a smooth monotone interpolation (PCHIP) through all 11 points.
+The telemetry carries the node facts a cluster would report (contract 1's optional columns:
+the server's processor, cores and sockets, the highest power read, a power-supply rating), so
+the prior draws on the node's generation; `--no-facts` leaves them out.
 
 The whole fleet goes through the real pipeline (`training.fit.fit_fleet`: family choice, ONNX,
 parity, bundle), then each node's model in the bundle (its own, or the fleet fallback it was
@@ -528,7 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     servers = load_servers(args.csv, args.split)
     print(
         f"servers: {len(servers.names)} scored, held out of {args.csv}; the shape prior is "
-        f"learned from the other {servers.n_prior} ({args.split.name}, split by processor model)"
+        f"learned from {servers.n_prior} servers of every sample's prior side "
+        f"({args.split.name} and the other sample's split, by processor model; no scored "
+        "processor model among them)"
     )
     results = []
     for sampling in samplings:

@@ -72,11 +72,6 @@ GAP_RIDGE = 3.0
 RISE_RIDGE = 10.0
 GAP_RIDGE_SHARE = 0.75
 RISE_RIDGE_SHARE = 0.5
-# Above the highest load a node showed, the rise is the geometric mean of what the prior
-# regresses and the straight line through idle and that load (this share of the line's, in
-# log): half of a curve unseen is where the prior can tell least, and the line bounds how far
-# a wrong guess goes. Judged by processor model on both samples' curves (`bench.accuracy_priors`).
-RISE_LINE_SHARE = 0.5
 # The interval given above the highest load: these quantiles of how the prior's servers' own
 # rises came out against what the prior (learned without each of them) predicted for them.
 INTERVAL_QUANTILES = (0.1, 0.9)
@@ -308,7 +303,8 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            rise = _blended_rise(rise, weights @ regression.bank_rise, top)
+            calibration = self._rise_calibration(anchors, top, observed)
+            rise = calibration.rise(rise, weights @ regression.bank_rise, top)
             shape[top + 1 :] = shape[top] + rise
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
@@ -321,9 +317,9 @@ class ShapePrior:
         the node's rise from idle to `top` (so watts = P(top) + r * (P(top) - P(0))).
 
         The band is how the prior's own servers came out against what it predicted for each
-        of them from their points up to `top`, learned without it (the regression left one
-        out by its hat matrix, the kernel without the server itself): their ratios of actual
-        to predicted rise, quantiles taken, applied to this node's prediction."""
+        of them from their points up to `top`, learned without it (`_RiseCalibration`): their
+        ratios of actual to predicted rise, quantiles taken, applied to this node's
+        prediction."""
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
         if top >= N_DECILES or top < 2:
             empty = np.zeros(0)
@@ -331,31 +327,32 @@ class ShapePrior:
         anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
         regression = self._shown_shape_regression(anchors, top)
         _, regressed = regression.predict(curve_w)
-        rise = _blended_rise(
+        calibration = self._rise_calibration(anchors, top, observed)
+        rise = calibration.rise(
             regressed, self._kernel_weights(curve_w, top, observed) @ regression.bank_rise, top
         )
-        low_ratio, high_ratio = self._rise_ratio_quantiles(anchors, top, observed)
-        return rise, rise * low_ratio, rise * high_ratio
+        return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
 
-    def _rise_ratio_quantiles(
+    def _rise_calibration(
         self, anchors: tuple[int, ...], top: int, observed: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        key = ("interval", anchors, top)
+    ) -> _RiseCalibration:
+        """How well the prior and the straight line each predicted the rise above `top` of the
+        prior's own servers, each learned without the server (the regression left one out by
+        its hat matrix, the kernel without the server itself): the line's weight and the band."""
+        key = ("calibration", anchors, top)
         if key not in self._regressions:
             regression = self._shown_shape_regression(anchors, top)
             left_out_log_rise = regression.left_out_log_rise()
-            ratios = []
+            prior_rise = np.empty_like(regression.bank_rise)
             for i in range(self.n_servers):
                 others = np.arange(self.n_servers) != i
                 weights = self._kernel_weights(self.bank_watts[i], top, observed, others)
-                predicted = _blended_rise(
-                    np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others], top
+                prior_rise[i] = _prior_rise(
+                    np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others]
                 )
-                ratios.append(
-                    np.maximum(regression.bank_rise[i], 1e-4) / np.maximum(predicted, 1e-4)
-                )
-            low, high = np.quantile(np.array(ratios), INTERVAL_QUANTILES, axis=0)
-            self._regressions[key] = (np.minimum(low, 1.0), np.maximum(high, 1.0))
+            self._regressions[key] = _RiseCalibration.learn(
+                prior_rise, np.maximum(regression.bank_rise, 1e-4), top
+            )
         return self._regressions[key]
 
     def _shown_shape_regression(self, anchors: tuple[int, ...], top: int) -> _ShownShapeRegression:
@@ -463,16 +460,53 @@ class _ShownShapeRegression:
         return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
-def _blended_rise(regressed: np.ndarray, kernel_mean: np.ndarray, top: int) -> np.ndarray:
-    """The rise above `top` per unit of the rise from idle to it: the regression mixed with the
-    kernel mean (`RISE_RIDGE_SHARE`), then `RISE_LINE_SHARE` of the straight line's (in log),
-    made non-decreasing."""
-    prior_rise = np.maximum(
-        RISE_RIDGE_SHARE * regressed + (1 - RISE_RIDGE_SHARE) * kernel_mean, 1e-4
-    )
-    line_rise = (np.arange(top + 1, N_DECILES + 1) - top) / top
-    rise = np.exp((1 - RISE_LINE_SHARE) * np.log(prior_rise) + RISE_LINE_SHARE * np.log(line_rise))
-    return np.maximum.accumulate(rise)
+def _line_rise(top: int) -> np.ndarray:
+    """The straight line through idle and grid point `top`, extended: its rise above `top` at
+    each grid point, per unit of the rise from idle to `top`."""
+    return (np.arange(top + 1, N_DECILES + 1) - top) / top
+
+
+def _prior_rise(regressed: np.ndarray, kernel_mean: np.ndarray) -> np.ndarray:
+    """The prior's own rise above `top`: the regression mixed with the kernel mean of similar
+    servers (`RISE_RIDGE_SHARE`)."""
+    return np.maximum(RISE_RIDGE_SHARE * regressed + (1 - RISE_RIDGE_SHARE) * kernel_mean, 1e-4)
+
+
+@dataclass(frozen=True)
+class _RiseCalibration:
+    """Above grid point `top`: how much of the straight line to take and how wide the band is.
+
+    The rise is the prior's and the line's combined in log by inverse mean squared error, each
+    measured on the prior's own servers left out one at a time: where the prior tells the rise
+    well the line counts for little, where it cannot tell (its error as large as the line's)
+    the two count alike, so the result is rarely worse than the line. The band holds the
+    `INTERVAL_QUANTILES` of the combined prediction's ratios, actual to predicted.
+    """
+
+    line_weight: np.ndarray  # [10 - top] share of the line's log rise
+    low_ratio: np.ndarray  # [10 - top] actual / predicted, lower quantile (<= 1)
+    high_ratio: np.ndarray  # upper quantile (>= 1)
+
+    @classmethod
+    def learn(cls, prior_rise: np.ndarray, actual_rise: np.ndarray, top: int) -> _RiseCalibration:
+        line = _line_rise(top)
+        prior_error2 = np.mean(np.log(actual_rise / prior_rise) ** 2, axis=0)
+        line_error2 = np.mean(np.log(actual_rise / line) ** 2, axis=0)
+        line_weight = prior_error2 / np.maximum(prior_error2 + line_error2, 1e-12)
+        combined = np.maximum.accumulate(
+            np.exp((1 - line_weight) * np.log(prior_rise) + line_weight * np.log(line)), axis=1
+        )
+        low, high = np.quantile(actual_rise / combined, INTERVAL_QUANTILES, axis=0)
+        return cls(line_weight, np.minimum(low, 1.0), np.maximum(high, 1.0))
+
+    def rise(self, regressed: np.ndarray, kernel_mean: np.ndarray, top: int) -> np.ndarray:
+        """One node's rise above `top` (non-decreasing), from its regressed rise and the
+        kernel mean of the servers like it."""
+        prior_rise = _prior_rise(regressed, kernel_mean)
+        log_rise = (1 - self.line_weight) * np.log(prior_rise) + self.line_weight * np.log(
+            _line_rise(top)
+        )
+        return np.maximum.accumulate(np.exp(log_rise))
 
 
 @functools.cache
