@@ -56,6 +56,7 @@ from scipy.interpolate import PchipInterpolator
 from bench.specpower_split import SAMPLES, read_split, result_id
 from livedata.metrics_table import CPU_UTIL, FACT_COLUMNS, NODE, POWER_W
 from predictor.bundle import read_bundle
+from predictor.curves import ExtrapolationBand
 from training.dataset import clean_metrics
 from training.export import onnx_predict_w
 from training.families import DEFAULT_FAMILIES
@@ -272,6 +273,10 @@ class CaseResult:
     line_pct: np.ndarray
     interp_pct: np.ndarray | None
     exact_prior_pct: np.ndarray | None
+    # scored points above a node's highest trained load, and how many of them the measured
+    # watts fell inside its model's band at (`extrapolation_interval`)
+    band_points: int
+    band_inside: int
     families: dict[str, int]
     fallback: list[dict]
     names: list[str]
@@ -315,11 +320,14 @@ def run_case(
         frame = cleaned.frame
         steady_rows = steady_feature_rows(spec, loads_u)
         ours, line, interp, exact_prior = [], [], [], []
+        band_points = band_inside = 0
         for i, name in enumerate(servers.names):
             truth_w = servers.curves_w[i, truth_index]
             entry = bundle.entry_for(name)
             predicted_w = onnx_predict_w(bundle.model_path(entry).read_bytes(), steady_rows[i])
             ours.append(mape_pct(predicted_w, truth_w))
+            points, inside = band_coverage(entry.info, loads_u, predicted_w, truth_w)
+            band_points, band_inside = band_points + points, band_inside + inside
             node_rows = frame[frame[NODE] == name]
             train = node_rows.iloc[: heldout_start_index(len(node_rows), settings.test_fraction)]
             util, power_w = train[CPU_UTIL].to_numpy(), train[POWER_W].to_numpy()
@@ -344,12 +352,35 @@ def run_case(
         line_pct=np.array(line),
         interp_pct=np.array(interp) if interp else None,
         exact_prior_pct=np.array(exact_prior) if exact_prior else None,
+        band_points=band_points,
+        band_inside=band_inside,
         families=summary["families_chosen"],
         fallback=summary["nodes_fallback"],
         names=servers.names,
         fit_s=fit_s,
         rows_per_node=len(frame) / len(servers.names),
     )
+
+
+def band_coverage(
+    info: dict, loads_u: np.ndarray, predicted_w: np.ndarray, truth_w: np.ndarray
+) -> tuple[int, int]:
+    """(scored loads above the node's highest trained load, how many of them the measured watts
+    lie inside its model's band at): the band of the bundle's `extrapolation_interval`, applied
+    to the model's prediction as the extender's /explain applies it."""
+    band = info.get("extrapolation_interval")
+    measured = info.get("max_util_measured")
+    if not band or measured is None:
+        return 0, 0
+    ratios = ExtrapolationBand(measured, band["util"], band["low"], band["high"])
+    above = loads_u > measured
+    inside = 0
+    for load, predicted, truth in zip(
+        loads_u[above], predicted_w[above], truth_w[above], strict=True
+    ):
+        low, high = ratios.ratios(float(load))
+        inside += int(low * predicted <= truth <= high * predicted)
+    return int(above.sum()), inside
 
 
 def mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
@@ -402,6 +433,13 @@ def print_case(result: CaseResult) -> None:
         print(
             f"  {'the prior from the exact watts shown:':<40} {_stats(result.exact_prior_pct)} "
             "(no telemetry, no fit: the prior's own limit)"
+        )
+    if result.band_points:
+        share = result.band_inside / result.band_points * 100
+        print(
+            f"  measured watts inside the model's band (extrapolation_interval) at "
+            f"{result.band_inside} of {result.band_points} scored loads above the highest "
+            f"trained ({share:.0f} %)"
         )
     better = int(np.sum(result.ours_pct < result.line_pct))
     print(
