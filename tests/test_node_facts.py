@@ -144,17 +144,22 @@ def test_above_its_highest_load_a_node_gets_a_band_around_its_prediction() -> No
     predicted_w = curve.predict_w(steady)[6:]
     inside = (curve_w[6:] >= predicted_w * band.low) & (curve_w[6:] <= predicted_w * band.high)
     assert inside.sum() >= 4
-    # a BMC that once read 1100 W says full load draws at least that
-    steady_w = predicted_w.copy()
-    floored = extrapolation_interval(
-        prior.for_generation("modern"),
-        np.concatenate([curve.predict_w(steady)[:6], steady_w]),
-        5,
-        np.array([True] * 6 + [False] * 5),
-        NodeFacts(bmc_max_power_w=1100.0, psu_rating_w=1000.0),
-    )
-    assert floored.low[-1] == pytest.approx(1.0) or floored.low[-1] * steady_w[-1] <= 1100.0
-    assert floored.high[-1] * steady_w[-1] <= 1000.0 + 1e-6 or floored.high[-1] == 1.0
+    # a BMC that once read 20 % more than the model predicts at full load: the band moves up
+    # there, above the prediction; a power supply rated at the prediction caps the band
+    steady_w = curve.predict_w(steady)
+    modern = prior.for_generation("modern")
+    shown = np.array([True] * 6 + [False] * 5)
+
+    def band_with(facts: NodeFacts):
+        return extrapolation_interval(modern, steady_w, 5, shown, facts)
+
+    plain = band_with(NodeFacts())
+    floored = band_with(NodeFacts(bmc_max_power_w=1.2 * steady_w[-1]))
+    assert floored.low[-1] == pytest.approx(1.2, abs=1e-4) and floored.high[-1] >= 1.2
+    assert floored.low[:-1] == plain.low[:-1] and floored.high[:-1] == plain.high[:-1]
+    capped = band_with(NodeFacts(psu_rating_w=steady_w[-1]))
+    assert np.all(np.array(capped.high) * steady_w[6:] <= steady_w[-1] * (1 + 1e-4))
+    assert capped.high[-1] == pytest.approx(1.0, abs=1e-4) and capped.low == plain.low
 
 
 def test_a_node_that_showed_every_load_has_no_band() -> None:

@@ -157,21 +157,28 @@ def extrapolation_interval(
 ) -> ExtrapolationInterval | None:
     """The band above grid point `top` for a node whose fitted steady curve at the 11 grid
     points is `steady_w`: the prior's rise quantiles (`ShapePrior.rise_interval`) from the
-    curve's own idle and `top` watts. Facts narrow it: full load draws at least the highest
-    power the BMC has reported, and no load more than the power-supply rating."""
+    curve's own idle and `top` watts, widened to hold the prediction. Facts move it: full load
+    draws at least the highest power the BMC has reported, and no load more than the
+    power-supply rating (either may put the band off the prediction: the band then says the
+    prediction is surely too low, or too high)."""
     if top >= N_DECILES:
         return None
     _, low_rise, high_rise = prior.rise_interval(steady_w[: top + 1], top, observed)
     top_w, rise_w = steady_w[top], max(steady_w[top] - steady_w[0], 1e-6)
-    low_w = top_w + low_rise * rise_w
-    high_w = top_w + high_rise * rise_w
+    predicted_w = np.maximum(steady_w[top + 1 :], 1e-6)
+    # the prior's band, around the prediction (the fit may sit a little off the prior's rise)
+    low_w = np.minimum(top_w + low_rise * rise_w, predicted_w)
+    high_w = np.maximum(top_w + high_rise * rise_w, predicted_w)
+    # what the hardware says is firmer than the prior: a BMC that read more than the band
+    # allows at full load moves the band up (even above the prediction), a power supply
+    # rated below it moves the band down
     if facts is not None and facts.bmc_max_power_w is not None:
         low_w[-1] = max(low_w[-1], facts.bmc_max_power_w)
+        high_w[-1] = max(high_w[-1], low_w[-1])
     if facts is not None and facts.psu_rating_w is not None:
         high_w = np.minimum(high_w, facts.psu_rating_w)
-    predicted_w = np.maximum(steady_w[top + 1 :], 1e-6)
-    low = np.minimum(low_w, predicted_w) / predicted_w
-    high = np.maximum(high_w, predicted_w) / predicted_w
+        low_w = np.minimum(low_w, high_w)
+    low, high = low_w / predicted_w, high_w / predicted_w
     return ExtrapolationInterval(
         util=tuple(round(float(u), 2) for u in GRID_UTIL[top + 1 :]),
         low=tuple(round(float(r), 4) for r in low),
