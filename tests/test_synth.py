@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from livedata.metrics_table import CONTRACT_COLUMNS
+from livedata.metrics_table import CONTRACT_COLUMNS, FACT_COLUMNS
 from training.dataset import (
     clean_metrics,
     load_metrics,
@@ -41,7 +41,9 @@ def test_same_seed_same_fleet_other_seed_other_fleet() -> None:
 
 
 def test_contract_columns_types_and_order(fleet: pd.DataFrame) -> None:
-    assert list(fleet.columns) == list(CONTRACT_COLUMNS)
+    # the contract's columns, then the node facts a cluster would report (one value a node)
+    assert list(fleet.columns) == [*CONTRACT_COLUMNS, *FACT_COLUMNS]
+    assert (fleet.groupby("node")[list(FACT_COLUMNS)].nunique() == 1).all().all()
     assert str(fleet["timestamp"].dt.tz) == "UTC"
     assert fleet["node"].nunique() == NODES
     ordered = fleet.sort_values(["node", "timestamp"], kind="stable")
@@ -141,7 +143,7 @@ def test_cli_writes_parquet_and_csv(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         table = pd.read_parquet(out) if name.endswith("parquet") else pd.read_csv(out)
-        assert list(table.columns) == list(CONTRACT_COLUMNS)
+        assert list(table.columns) == [*CONTRACT_COLUMNS, *FACT_COLUMNS]
         assert set(table["node"]) == {"node-01", "node-02", "node-03"}
 
 
