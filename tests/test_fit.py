@@ -525,7 +525,7 @@ def test_a_node_split_over_two_cleaned_groups_is_refused(tmp_path) -> None:
 
 
 def test_max_model_bytes_passes_over_a_large_family_for_the_next_one() -> None:
-    fleet = synth_fleet(1, 24, 60, seed=2).dropna(subset=["ambient_temp_c", "cpu1_temp_c"])
+    fleet = synth_fleet(1, 24, 60, seed=9).dropna(subset=["ambient_temp_c", "cpu1_temp_c"])
     rows = next(iter_node_rows(fleet, FEATURE_FILL))
     families = ("sqrt3t2", "sqrt2")
     free = fit_node(rows, FitSettings(min_rows=100, families=families))

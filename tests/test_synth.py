@@ -17,6 +17,7 @@ from training.dataset import (
     stream_metrics,
     write_metrics,
 )
+from training.node_facts import generation
 from training.synth import fleet_spec, load_shapes, node_names, synth_fleet, write_fleet_files
 
 NODES = 50
@@ -239,3 +240,21 @@ def test_an_unknown_sampling_is_refused_naming_the_known_ones(tmp_path: Path) ->
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert pd.read_parquet(tmp_path / "f.parquet")["node"].nunique() == 2
+
+
+def test_the_command_line_draws_from_both_periods_and_code_from_the_ones_it_asks(
+    tmp_path: Path,
+) -> None:
+    both = synth_fleet(40, 1, 300, seed=6, periods=("old", "modern"))
+    told = {generation(m) for m in both.groupby("node")["cpu_model"].first()}
+    assert told == {"old", "modern"}
+    modern = synth_fleet(5, 1, 300, seed=6, periods=("modern",))
+    assert {generation(m) for m in modern["cpu_model"].unique()} == {"modern"}
+    result = subprocess.run(
+        [sys.executable, "-m", "training.synth", "--periods", "old,future", "--out",
+         str(tmp_path / "fleet.csv")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--periods: unknown future; known: old, modern" in result.stderr
+    assert not (tmp_path / "fleet.csv").exists()

@@ -8,7 +8,8 @@ What makes it look real, and why each part is there:
 
 - Power curves are real server curves: every node draws one of the SPECpower_ssj2008 results
   condensed in `training/data/specpower_shapes.csv` (2007-2016) and
-  `specpower_modern_shapes.csv` (2017-2025), then a scale and small perturbations of its idle
+  `specpower_modern_shapes.csv` (2017-2025) (the command line draws from both, code from the
+  periods it asks for, `FLEET_PERIODS` by default), then a scale and small perturbations of its idle
   share and curvature, so the fleet is heterogeneous the way data centres are. Each row also
   carries the node's hardware facts (contract 1's optional columns, `training.node_facts`):
   the processor and core count of the server its curve comes from, its sockets, the highest
@@ -78,10 +79,18 @@ TEMPERATURE_MODES = ("tight", "loose")
 ABSURD_STEP_COUNT = 50_000_000  # refuse sizes that would not fit in memory anyway
 
 
-def load_shapes() -> pd.DataFrame:
-    """The embedded SPECpower curve shapes of both periods (one row per real server: 116 of
-    2007-2016, 126 of 2017-2025)."""
-    return load_shapes_table(tuple(SHAPES_FILES))
+# Which SPECpower samples a fleet draws its servers from (`training.shape_prior.SHAPES_FILES`):
+# in code, by default the 2007-2016 servers, of which the benchmarks measured on a synthetic
+# cluster (`bench.energy_sim`) build theirs, so a seed's cluster stays what they measured; the
+# command line draws from both (`--periods`).
+FLEET_PERIODS: tuple[str, ...] = ("old",)
+ALL_PERIODS: tuple[str, ...] = tuple(SHAPES_FILES)
+
+
+def load_shapes(periods: tuple[str, ...] = FLEET_PERIODS) -> pd.DataFrame:
+    """The embedded SPECpower curve shapes of `periods` (one row per real server: 116 of
+    2007-2016 for `old`, 126 of 2017-2025 for `modern`)."""
+    return load_shapes_table(periods)
 
 
 @dataclass(frozen=True)
@@ -119,11 +128,17 @@ def node_names(n_nodes: int) -> list[str]:
     return [f"node-{i:0{width}d}" for i in range(1, n_nodes + 1)]
 
 
-def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> FleetSpec:
-    """Draw the per-node parameters; the same seed always gives the same fleet."""
+def fleet_spec(
+    n_nodes: int,
+    seed: int,
+    shapes: pd.DataFrame | None = None,
+    periods: tuple[str, ...] = FLEET_PERIODS,
+) -> FleetSpec:
+    """Draw the per-node parameters (curves from `shapes`, else from the servers of
+    `periods`); the same seed always gives the same fleet."""
     if n_nodes < 1:
         raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
-    shapes = load_shapes() if shapes is None else shapes
+    shapes = load_shapes(periods) if shapes is None else shapes
     rng = np.random.default_rng([seed, 0])
     pick = rng.integers(0, len(shapes), n_nodes)
     base = shapes[list(SHARE_COLUMNS)].to_numpy(dtype=float)[pick]
@@ -386,6 +401,7 @@ def synth_fleet(
     *,
     sampling: str = "even",
     temperature: str = "tight",
+    periods: tuple[str, ...] = FLEET_PERIODS,
 ) -> pd.DataFrame:
     """Contract-1 metrics for `n_nodes` heterogeneous nodes over `hours`, one sample per `step_s`.
 
@@ -393,11 +409,17 @@ def synth_fleet(
     cpu2_temp_c, power_w; sorted by node, then timestamp. Missing samples are absent rows;
     sensor dropouts and one-socket nodes leave temperatures NaN. `sampling` is how load
     spreads over time and `temperature` how closely CPU temperatures follow it
-    (`SAMPLINGS`, `TEMPERATURE_MODES`).
+    (`SAMPLINGS`, `TEMPERATURE_MODES`). The curves come from the SPECpower servers of
+    `periods` (`FLEET_PERIODS`); the node facts follow the contract columns.
     """
     _check_size(n_nodes, hours, step_s)
     return fleet_telemetry(
-        fleet_spec(n_nodes, seed), hours, step_s, seed, sampling=sampling, temperature=temperature
+        fleet_spec(n_nodes, seed, periods=periods),
+        hours,
+        step_s,
+        seed,
+        sampling=sampling,
+        temperature=temperature,
     )
 
 
@@ -641,6 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, required=True, help="output file, .parquet or .csv (required)"
     )
+    parser.add_argument(
+        "--periods",
+        default=",".join(ALL_PERIODS),
+        help="which SPECpower servers the nodes' curves come from, comma-separated: old "
+        "(2007-2016), modern (2017-2025) (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="log warnings only")
     return parser
 
@@ -654,6 +682,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.suffix.lower() not in (".parquet", ".csv"):
         print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
         return 2
+    periods = tuple(p.strip() for p in args.periods.split(",") if p.strip())
+    unknown = [p for p in periods if p not in ALL_PERIODS]
+    if unknown or not periods:
+        print(
+            f"error: --periods: unknown {', '.join(unknown) or 'empty'}; known: "
+            f"{', '.join(ALL_PERIODS)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         frame = synth_fleet(
             args.nodes,
@@ -662,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             sampling=args.sampling,
             temperature=args.temperature,
+            periods=periods,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
