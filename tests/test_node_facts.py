@@ -19,7 +19,7 @@ from training.fit.settings import FEATURE_FILL
 from training.monoshape import extrapolation_interval, fit_monotone_curve
 from training.node_facts import NodeFacts, generation, nfd_cpu_model, processor_model
 from training.report import format_table, full_load_band
-from training.shape_prior import GRID_UTIL, default_shape_prior, load_shapes_table
+from training.shape_prior import GRID_UTIL, ShapePrior, default_shape_prior, load_shapes_table
 from training.synth import synth_fleet
 
 
@@ -48,8 +48,18 @@ def test_the_generation_comes_from_the_cpu_model_or_its_cpuid(cpu_model, expecte
 def test_every_shipped_server_is_placed_in_its_own_period() -> None:
     table = load_shapes_table(("old", "modern"))
     told = [generation(p) for p in table["processor"]]
-    assert all(g in (p, None) for g, p in zip(told, table["period"], strict=True))
-    assert sum(g == p for g, p in zip(told, table["period"], strict=True)) >= 0.9 * len(table)
+    assert told == list(table["period"])
+
+
+def test_an_old_node_is_fitted_against_exactly_the_prior_of_the_old_servers() -> None:
+    # old nodes (and the energy bench's synthetic cluster, made of them) see what they saw
+    # before the modern servers joined the prior
+    old = ShapePrior.from_shapes_table(load_shapes_table(("old",)).drop(columns=["period"]))
+    narrowed = default_shape_prior().for_generation("old")
+    np.testing.assert_array_equal(narrowed.bank_watts, old.bank_watts)
+    np.testing.assert_allclose(narrowed.precision, old.precision)
+    assert default_shape_prior().for_generation(None) is default_shape_prior()
+    assert default_shape_prior().n_servers == 242
 
 
 def test_nfd_labels_become_a_cpuid_model_and_processor_names_fold_their_clock() -> None:

@@ -56,7 +56,8 @@ _MODERN_NAMES = re.compile(
     r"xeon\s+(\d{4}[a-z]?\b|max|w-)|\be-2\d{3}|\bd-2\d{3}|\bd-1[5-9]\d{2}"
 )
 _OLD_NAMES = re.compile(
-    r"opteron|\b[ex][357]-\d{4}|\b[elwx]\d{4}\b|\b[xelw]5\d{3}|core\s*2|pentium"
+    r"opteron|\b[ex][357]-\d{4}|\b[elwx]\d{4}\b|\b[xelw]5\d{3}|core\s*2|pentium|"
+    r"xeon\s+processor\s+\d{4}\b"  # the Xeon 3040 and 7020 of 2006
 )
 
 
