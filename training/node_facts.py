@@ -141,7 +141,7 @@ class NodeFacts:
                 values[column] = known.iloc[-1] if len(known) else None
         model = values.get(CPU_MODEL)
         return cls(
-            cpu_model=str(model).strip() or None if model is not None else None,
+            cpu_model=(str(model).strip() or None) if model is not None else None,
             cpu_cores=_number(values.get(CPU_CORES)),
             cpu_sockets=_number(values.get(CPU_SOCKETS)),
             bmc_max_power_w=_number(values.get(BMC_MAX_POWER_W)),

@@ -17,7 +17,12 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   the loads it showed, ridge regressions on its shown shape learned across the servers
   (`_ShownShapeRegression`), mixed with the shapes of the servers that looked like it,
   weighted by how alike they are (`local_mean_increments`' kernel). Above a node's highest
-  load this is the extrapolation;
+  load this is the extrapolation, combined with the straight line through idle and that
+  load by how well each predicted the prior's own servers left out (`_RiseCalibration`),
+  which also gives the band the prior expects the power in there (`rise_interval`);
+- each server's generation (`old`: 2007-2016, `modern`: 2017-2025), so a node whose CPU
+  model tells its generation (`training.node_facts`) is drawn from its own
+  (`for_generation`): curves of 2017 on idle lower and climb steeper at the top;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
@@ -27,8 +32,11 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   written by `python -m training.shape_prior core-scaling`; a test refits and compares).
 
 `default_shape_prior()` learns it from the curves shipped with the package
-(`training/data/specpower_shapes.csv`, 116 servers), once per process. Benchmarks learn one from
-a subset (`from_shapes_table`) to measure on servers the prior never saw.
+(`training/data/specpower_shapes.csv`, 116 servers of 2007-2016, and
+`specpower_modern_shapes.csv`, 126 of 2017-2025), once per process. The core-count exponents
+are fitted on the first table (`load_shapes_table()`'s default), as the shipped
+`core_scaling.json` was. Benchmarks learn a prior from a subset (`from_curves`) to measure on
+servers it never saw.
 """
 
 from __future__ import annotations

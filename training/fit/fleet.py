@@ -640,7 +640,7 @@ def _settings_entry(settings: FitSettings) -> dict:
     entry["families"] = list(settings.families)
     entry["last_resort_families"] = list(settings.last_resort_families)
     entry["shape_prior"] = (
-        "shipped: training/data/specpower_shapes.csv"
+        "shipped: training/data/specpower_shapes.csv, specpower_modern_shapes.csv"
         if prior is None
         else f"given: {prior.n_servers} server curves"
     )
