@@ -96,6 +96,7 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
             by_model[model] = ShapePrior.from_curves(
                 bank_w[keep],
                 generations=[g for g, k in zip(bank_generations, keep, strict=True) if k],
+                groups=list(bank_models[keep]),
             )
         priors = [by_model[m] for m in models[chosen]]
     return Side(

@@ -124,9 +124,10 @@ def shipped_prior(
     sampling: str,
     bank_generations: list[str | None] | None = None,
     generation: str | None = None,
+    bank_models: list[str] | None = None,
 ) -> np.ndarray:
     _, scored = grid_points(sampling)
-    prior = ShapePrior.from_curves(bank_w, generations=bank_generations)
+    prior = ShapePrior.from_curves(bank_w, generations=bank_generations, groups=bank_models)
     return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored], generation)
 
 
@@ -201,6 +202,7 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
                 sampling,
                 bank_generations,
                 sample.told[i] if sample.told is not None else None,
+                list(sample.models[in_bank]),
             )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}

@@ -202,6 +202,7 @@ def load_servers(csv: Path, split_csv: Path) -> Servers:
                 for s, k in zip(sides, keep, strict=True)
                 for g in np.array(s.generations, dtype=object)[k]
             ],
+            groups=[m for s, k in zip(sides, keep, strict=True) for m in s.models[k]],
         ),
         n_prior=int(sum(k.sum() for k in keep)),
     )

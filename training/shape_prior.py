@@ -51,7 +51,7 @@ from io import StringIO
 import numpy as np
 import pandas as pd
 
-from training.node_facts import GENERATIONS
+from training.node_facts import GENERATIONS, processor_model
 
 SHAPES_FILE = "specpower_shapes.csv"
 SHAPES_FILES = {"old": SHAPES_FILE, "modern": "specpower_modern_shapes.csv"}
@@ -124,6 +124,9 @@ class ShapePrior:
     dynamic_from_idle: tuple[float, float]  # (a, b): log D = a + b log idle, least squares
     # each server's generation ("old", "modern" or None: unknown), for `for_generation`
     bank_generations: tuple[str | None, ...] = ()
+    # each server's processor model (`training.node_facts.processor_model`; empty: unknown,
+    # each server then its own): near-twins are left out together when the band is learned
+    bank_groups: tuple[str, ...] = ()
     # `_ShownShapeRegression`s learned so far, per pattern of shown grid points and top
     _regressions: dict = field(default_factory=dict, init=False, repr=False)
     _by_generation: dict = field(default_factory=dict, init=False, repr=False)
@@ -134,9 +137,12 @@ class ShapePrior:
         curves_w: np.ndarray,
         components: int = DEFAULT_COMPONENTS,
         generations: list[str | None] | None = None,
+        groups: list[str] | None = None,
     ) -> ShapePrior:
         """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3), and
-        optionally each server's generation (`for_generation` then knows them)."""
+        optionally each server's generation (`for_generation` then knows them) and processor
+        model (`groups`: left out together when the band above a node's highest load is
+        learned)."""
         curves_w = np.asarray(curves_w, dtype=np.float64)
         if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
             raise ValueError(
@@ -181,6 +187,7 @@ class ShapePrior:
             bank_watts=curves_w,
             dynamic_from_idle=(float(intercept), float(slope)),
             bank_generations=tuple(generations or [None] * len(curves_w)),
+            bank_groups=tuple(str(g) for g in groups) if groups is not None else (),
         )
 
     @classmethod
@@ -195,7 +202,8 @@ class ShapePrior:
             table[list(SHARE_COLUMNS)].to_numpy(np.float64)
             * table["watts_max"].to_numpy(np.float64)[:, None]
         )
-        return cls.from_curves(curves_w, components, table_generations(table))
+        groups = [processor_model(p) for p in table["processor"]] if "processor" in table else None
+        return cls.from_curves(curves_w, components, table_generations(table), groups)
 
     def for_generation(self, generation: str | None) -> ShapePrior:
         """The prior of this generation's servers only (`old` or `modern`), when it has at
@@ -209,7 +217,9 @@ class ShapePrior:
             mine = np.array([g == generation for g in self.bank_generations], dtype=bool)
             self._by_generation[generation] = (
                 ShapePrior.from_curves(
-                    self.bank_watts[mine], generations=[generation] * int(mine.sum())
+                    self.bank_watts[mine],
+                    generations=[generation] * int(mine.sum()),
+                    groups=list(self.groups[mine]),
                 )
                 if mine.sum() >= MIN_GENERATION_SERVERS and mine.sum() < self.n_servers
                 else self
@@ -219,6 +229,13 @@ class ShapePrior:
     @property
     def n_servers(self) -> int:
         return len(self.bank_shapes)
+
+    @property
+    def groups(self) -> np.ndarray:
+        """[m] each server's processor model, or its index where none was given."""
+        if len(self.bank_groups) == self.n_servers:
+            return np.array(self.bank_groups, dtype=object)
+        return np.array([f"#{i}" for i in range(self.n_servers)], dtype=object)
 
     def mean_shape(self) -> np.ndarray:
         """The mean normalised shape at `GRID_UTIL`: 0 at idle, 1 at full load."""
@@ -345,15 +362,17 @@ class ShapePrior:
         self, anchors: tuple[int, ...], top: int, observed: np.ndarray
     ) -> _RiseCalibration:
         """How well the prior and the straight line each predicted the rise above `top` of the
-        prior's own servers, each learned without the server (the regression left one out by
-        its hat matrix, the kernel without the server itself): the line's weight and the band."""
+        prior's own servers, each learned without the server's processor model (`bank_groups`:
+        near-twins never vouch for each other; the regression left out by its hat matrix, the
+        kernel without them): the line's weight and the band."""
         key = ("calibration", anchors, top)
         if key not in self._regressions:
             regression = self._shown_shape_regression(anchors, top)
-            left_out_log_rise = regression.left_out_log_rise()
+            groups = self.groups
+            left_out_log_rise = regression.left_out_log_rise(groups)
             prior_rise = np.empty_like(regression.bank_rise)
             for i in range(self.n_servers):
-                others = np.arange(self.n_servers) != i
+                others = groups != groups[i]
                 weights = self._kernel_weights(self.bank_watts[i], top, observed, others)
                 prior_rise[i] = _prior_rise(
                     np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others]
@@ -400,17 +419,25 @@ class _ShownShapeRegression:
     bank_rise: np.ndarray  # [m, 10 - top]
     bank_x: np.ndarray  # [m, features] standardised, for the left-out predictions
 
-    def left_out_log_rise(self) -> np.ndarray:
+    def left_out_log_rise(self, groups: np.ndarray) -> np.ndarray:
         """[m, 10 - top] each server's log rise as the rise regression predicts it learned
-        without that server (exact for ridge: residual / (1 - leverage), intercept included)."""
+        without the servers of its group (`groups`: one label per server, its processor
+        model, so near-twins leave together). Exact for ridge with the hat matrix H: a group
+        g's left-out residuals are (I - H_gg)^-1 times its residuals (the intercept's share
+        taken as 1/m)."""
         xs = self.bank_x
         m = len(xs)
         lhs = xs.T @ xs + RISE_RIDGE * np.eye(xs.shape[1])
-        leverage = np.einsum("ij,ij->i", xs @ np.linalg.inv(lhs), xs) + 1.0 / m
+        hat = xs @ np.linalg.solve(lhs, xs.T) + 1.0 / m
         fitted = self.rise[0] + xs @ self.rise[1]
         actual = np.log(np.maximum(self.bank_rise, 1e-4))
-        residual = (actual - fitted) / (1.0 - np.minimum(leverage, 0.99))[:, None]
-        return actual - residual
+        residual = actual - fitted
+        left_out = np.empty_like(residual)
+        for group in np.unique(groups):
+            rows = np.flatnonzero(groups == group)
+            block = np.eye(len(rows)) - hat[np.ix_(rows, rows)]
+            left_out[rows] = np.linalg.lstsq(block, residual[rows], rcond=None)[0]
+        return actual - left_out
 
     @staticmethod
     def features(curves_w: np.ndarray, anchors: tuple[int, ...], top: int) -> np.ndarray:
