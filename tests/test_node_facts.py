@@ -216,3 +216,22 @@ def test_a_lowload_fleet_ships_its_bands_to_the_manifest_the_report_and_the_curv
     text = format_table(run.report)
     assert "u=1 band" in text
     assert re.fullmatch(r"-\d+/\+\d+ %", full_load_band(next(iter(entries.values()))))
+
+
+def test_near_twins_never_vouch_for_each_other_in_the_band() -> None:
+    # every server has a twin (the same processor in another chassis): left out one server at
+    # a time, its twin would predict it almost exactly and the band would come out too narrow
+    rng = np.random.default_rng(5)
+    shapes = [GRID_UTIL ** rng.uniform(0.5, 1.6) for _ in range(15)]
+    bank_w = np.array([s for shape in shapes for s in (100 + 200 * shape, 101 + 201 * shape)])
+    models = [f"cpu-{i}" for i in range(15) for _ in range(2)]
+    shown = np.array([True] * 6 + [False] * 5)
+    node_w = 90 + 180 * GRID_UTIL**0.9
+
+    def band_width(prior: ShapePrior) -> float:
+        rise, low, high = prior.rise_interval(node_w[:6], 5, shown)
+        return float(np.mean(np.log(high / low)))
+
+    by_server = ShapePrior.from_curves(bank_w)
+    by_model = ShapePrior.from_curves(bank_w, groups=models)
+    assert band_width(by_model) > 2 * band_width(by_server)
