@@ -229,7 +229,7 @@ def test_near_twins_never_vouch_for_each_other_in_the_band() -> None:
     node_w = 90 + 180 * GRID_UTIL**0.9
 
     def band_width(prior: ShapePrior) -> float:
-        rise, low, high = prior.rise_interval(node_w[:6], 5, shown)
+        _, low, high = prior.rise_interval(node_w[:6], 5, shown)
         return float(np.mean(np.log(high / low)))
 
     by_server = ShapePrior.from_curves(bank_w)
