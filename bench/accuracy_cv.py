@@ -37,10 +37,14 @@ from bench.accuracy_specpower import (
     SHOWN_GRID_POINTS,
     _choices,
     add_sample_arguments,
+    load_servers,
     mape_pct,
+    other_prior_sides,
     prior_from_exact_points,
     read_sample,
+    resolve_sample,
     sample_found,
+    sample_generation,
     shapes_table,
     steady_feature_rows,
     steady_power,
@@ -51,6 +55,7 @@ from training.fit import FitSettings, heldout_start_index
 from training.fit.node import iter_node_rows, unfillable_rows
 from training.fit.settings import FEATURE_FILL
 from training.monoshape import fit_monotone_curve
+from training.node_facts import NodeFacts
 from training.report import IdleToMaxLine
 from training.shape_prior import ShapePrior
 from training.synth import SAMPLINGS, TEMPERATURE_MODES, fleet_telemetry, servers_spec
@@ -63,10 +68,12 @@ class Side:
     table: pd.DataFrame
     models: np.ndarray  # processor model per server
     priors: list[ShapePrior]  # the prior each server is fitted against
+    facts: list[NodeFacts]  # what the cluster would tell about each (its processor, cores)
 
 
 def load_side(csv: Path, split_csv: Path, side: str) -> Side:
     sample, split = read_sample(csv, split_csv)
+    others = other_prior_sides(csv)
     curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
     sides = sample["result"].map(split["split"]).to_numpy()
     models = sample["result"].map(split["processor_model"]).to_numpy()
@@ -74,12 +81,23 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
     chosen = sides == side
     table = shapes_table(sample, curves_w, chosen)
     if side == "eval":
-        full = ShapePrior.from_curves(curves_w[prior_side])
+        full = load_servers(csv, split_csv).prior
         priors = [full] * int(chosen.sum())
     else:
+        # this sample's prior side and the other samples', each server with its generation
+        bank_w = np.vstack([curves_w[prior_side], *(s.curves_w for s in others)])
+        bank_models = np.concatenate([models[prior_side], *(s.models for s in others)])
+        bank_generations = [sample_generation(csv)] * int(prior_side.sum()) + [
+            g for s in others for g in s.generations
+        ]
         by_model: dict[str, ShapePrior] = {}
         for model in np.unique(models[prior_side]):
-            by_model[model] = ShapePrior.from_curves(curves_w[prior_side & (models != model)])
+            keep = bank_models != model
+            by_model[model] = ShapePrior.from_curves(
+                bank_w[keep],
+                generations=[g for g, k in zip(bank_generations, keep, strict=True) if k],
+                groups=list(bank_models[keep]),
+            )
         priors = [by_model[m] for m in models[chosen]]
     return Side(
         names=[f"spec-{i:03d}" for i in np.flatnonzero(chosen)],
@@ -87,6 +105,10 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
         table=table,
         models=models[chosen],
         priors=priors,
+        facts=[
+            NodeFacts(cpu_model=p, cpu_cores=float(c), cpu_sockets=float(k))
+            for p, c, k in zip(table["processor"], table["cores"], table["chips"], strict=True)
+        ],
     )
 
 
@@ -119,7 +141,7 @@ def node_data(side: Side, sampling: str, temperature: str, seed: int, hours: flo
     return spec, data
 
 
-def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
+def score(side: Side, spec, data: dict[str, NodeData], sampling: str, facts: bool = True):
     """Each server's MAPE at the scored loads: ours, the straight line's, and (for the
     samplings scored at loads never shown, else None) the prior's from the exact watts."""
     loads_u = np.array(SCORED_LOADS_PCT[sampling], dtype=float) / 100
@@ -129,14 +151,21 @@ def score(side: Side, spec, data: dict[str, NodeData], sampling: str):
     for i, name in enumerate(side.names):
         truth_w = side.curves_w[i, truth_index]
         node = data[name]
-        curve, _ = fit_monotone_curve(node.features, node.power_w, side.priors[i])
+        node_facts = side.facts[i] if facts else None
+        curve, _ = fit_monotone_curve(node.features, node.power_w, side.priors[i], node_facts)
         ours.append(mape_pct(curve.predict_w(steady_rows[i]), truth_w))
         util = node.features[:, FEATURES.index(CPU_UTIL)]
         line.append(
             mape_pct(IdleToMaxLine.from_train(util, node.power_w).predict_w(loads_u), truth_w)
         )
         if sampling in SHOWN_GRID_POINTS:
-            exact_w = prior_from_exact_points(side.priors[i], side.curves_w[i], sampling, loads_u)
+            exact_w = prior_from_exact_points(
+                side.priors[i],
+                side.curves_w[i],
+                sampling,
+                loads_u,
+                node_facts.generation if node_facts is not None else None,
+            )
             exact.append(mape_pct(exact_w, truth_w))
     return np.array(ours), np.array(line), (np.array(exact) if exact else None)
 
@@ -164,7 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", default="tight,loose")
     parser.add_argument("--hours", type=float, default=168)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--no-facts",
+        dest="facts",
+        action="store_false",
+        help="fit without the servers' processor and cores (the prior cannot tell generations)",
+    )
     args = parser.parse_args(argv)
+    resolve_sample(args)
     logging.getLogger("training").setLevel(logging.ERROR)
     if not sample_found(args.csv):
         return 2
@@ -181,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for sampling in _choices(args.sampling, SAMPLINGS, "--sampling"):
         for temperature in _choices(args.temperature, TEMPERATURE_MODES, "--temperature"):
             spec, data = node_data(side, sampling, temperature, args.seed, args.hours)
-            ours, line, exact = score(side, spec, data, sampling)
+            ours, line, exact = score(side, spec, data, sampling, args.facts)
             print(f"{sampling:12s} {temperature:6s} {summary(ours, line, exact)}")
     return 0
 

@@ -16,7 +16,9 @@ scored; `lowload`: 0-50 % shown, 60-100 % scored):
 - `shipped prior`: `training.shape_prior.ShapePrior.conditional_shape`, as the model's pass 3
   draws it (`bench.accuracy_specpower.prior_from_exact_points`).
 
-Each is judged three ways, over the servers of `../shared/data/specpower/ssj2008-sample.csv`:
+Each is judged three ways, over the servers of `--sample` (old: servers of 2007-2016; modern:
+2017-2025), with the other sample's prior side always in the bank (the shipped prior knows
+every server's generation, and draws on the judged server's own when it has enough):
 
 - `by processor`: every server against a bank of the others *without its processor model*
   (the sample's near-twins, the same processor in another chassis, never judge each other);
@@ -47,18 +49,23 @@ from bench.accuracy_specpower import (
     _choices,
     add_sample_arguments,
     mape_pct,
+    other_prior_sides,
     prior_from_exact_points,
     read_sample,
+    resolve_sample,
     sample_found,
+    sample_generation,
 )
+from training.node_facts import generation as cpu_generation
 from training.shape_prior import GRID_UTIL, ShapePrior
 
 NEAREST_K = (1, 3, 5)
 JUDGINGS = ("by processor", "leave one out", "scored side")
 
 # A prior: (bank curves [m, 11] W, the node's exact curve [11] W, the sampling whose grid
-# points it shows) -> predicted watts at the sampling's scored grid points.
-Prior = Callable[[np.ndarray, np.ndarray, str], np.ndarray]
+# points it shows, the bank's generations, the node's) -> predicted watts at the sampling's
+# scored grid points. Only the shipped prior reads the generations.
+Prior = Callable[..., np.ndarray]
 
 
 def grid_points(sampling: str) -> tuple[tuple[int, ...], np.ndarray]:
@@ -79,7 +86,7 @@ def _scaled(shape: np.ndarray, curve_w: np.ndarray, top: int, scored: np.ndarray
     return curve_w[0] + shape[scored] * (curve_w[top] - curve_w[0])
 
 
-def line_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+def line_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str, *_: object) -> np.ndarray:
     """Straight lines between shown points; above the highest, idle-to-highest extended."""
     shown, scored = grid_points(sampling)
     top = max(shown)
@@ -89,14 +96,16 @@ def line_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.nda
     return np.where(scored > top, above, inside)
 
 
-def mean_shape_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+def mean_shape_prior(
+    bank_w: np.ndarray, curve_w: np.ndarray, sampling: str, *_: object
+) -> np.ndarray:
     shown, scored = grid_points(sampling)
     top = max(shown)
     return _scaled(_rise_shapes(bank_w, top).mean(axis=0), curve_w, top, scored)
 
 
 def nearest_prior(k: int) -> Prior:
-    def predict(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+    def predict(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str, *_: object) -> np.ndarray:
         shown, scored = grid_points(sampling)
         top = max(shown)
         inner = [j for j in shown if 0 < j < top]
@@ -109,10 +118,17 @@ def nearest_prior(k: int) -> Prior:
     return predict
 
 
-def shipped_prior(bank_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+def shipped_prior(
+    bank_w: np.ndarray,
+    curve_w: np.ndarray,
+    sampling: str,
+    bank_generations: list[str | None] | None = None,
+    generation: str | None = None,
+    bank_models: list[str] | None = None,
+) -> np.ndarray:
     _, scored = grid_points(sampling)
-    prior = ShapePrior.from_curves(bank_w)
-    return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored])
+    prior = ShapePrior.from_curves(bank_w, generations=bank_generations, groups=bank_models)
+    return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored], generation)
 
 
 PRIORS: dict[str, Prior] = {
@@ -125,29 +141,50 @@ PRIORS: dict[str, Prior] = {
 
 @dataclass
 class Sample:
+    """The judged sample's servers first, then the other samples' prior sides (bank only)."""
+
     curves_w: np.ndarray  # [n, 11]
     models: np.ndarray  # processor model per server
     scored_side: np.ndarray  # [n] bool: on the committed split's held-out side
+    generations: list[str | None]  # per server: its sample's period (what the bank knows)
+    judged: np.ndarray  # [n] bool: of the judged sample (the others only teach)
+    # per server, the generation its CPU model tells (what a cluster would know of a node)
+    told: list[str | None] | None = None
 
 
 def read(csv: Path, split_csv: Path) -> Sample:
     sample, split = read_sample(csv, split_csv)
+    others = other_prior_sides(csv)
+    n_others = sum(len(o.curves_w) for o in others)
     return Sample(
-        curves_w=sample[LOAD_COLUMNS].to_numpy(np.float64),
-        models=sample["result"].map(split["processor_model"]).to_numpy(),
-        scored_side=(sample["result"].map(split["split"]) == "eval").to_numpy(),
+        curves_w=np.vstack(
+            [sample[LOAD_COLUMNS].to_numpy(np.float64), *(o.curves_w for o in others)]
+        ),
+        models=np.concatenate(
+            [sample["result"].map(split["processor_model"]).to_numpy(), *(o.models for o in others)]
+        ),
+        scored_side=np.concatenate(
+            [(sample["result"].map(split["split"]) == "eval").to_numpy(), np.zeros(n_others, bool)]
+        ),
+        generations=[sample_generation(csv)] * len(sample)
+        + [g for o in others for g in o.generations],
+        judged=np.arange(len(sample) + n_others) < len(sample),
+        told=[cpu_generation(p) for p in sample["processor"]] + [None] * n_others,
     )
 
 
 def banks(sample: Sample, judging: str) -> list[tuple[int, np.ndarray]]:
     """(server, the bank it is judged against) for every server a judging scores."""
     n = len(sample.curves_w)
+    judged = np.flatnonzero(sample.judged)
     if judging == "by processor":
-        return [(i, sample.models != sample.models[i]) for i in range(n)]
+        return [(int(i), sample.models != sample.models[i]) for i in judged]
     if judging == "leave one out":
-        return [(i, np.arange(n) != i) for i in range(n)]
+        return [(int(i), np.arange(n) != i) for i in judged]
     if judging == "scored side":
-        return [(int(i), ~sample.scored_side) for i in np.flatnonzero(sample.scored_side)]
+        scored_models = np.unique(sample.models[sample.scored_side])
+        bank = ~sample.scored_side & ~np.isin(sample.models, scored_models)
+        return [(int(i), bank) for i in np.flatnonzero(sample.scored_side)]
     raise ValueError(f"unknown judging {judging!r}; known: {', '.join(JUDGINGS)}")
 
 
@@ -157,8 +194,16 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
     errors: dict[str, list[float]] = {name: [] for name in PRIORS}
     for i, in_bank in banks(sample, judging):
         curve_w = sample.curves_w[i]
+        bank_generations = [g for g, b in zip(sample.generations, in_bank, strict=True) if b]
         for name, prior in PRIORS.items():
-            predicted_w = prior(sample.curves_w[in_bank], curve_w, sampling)
+            predicted_w = prior(
+                sample.curves_w[in_bank],
+                curve_w,
+                sampling,
+                bank_generations,
+                sample.told[i] if sample.told is not None else None,
+                list(sample.models[in_bank]),
+            )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}
 
@@ -203,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         samplings = _choices(args.sampling, tuple(SHOWN_GRID_POINTS), "--sampling")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    resolve_sample(args)
     if not sample_found(args.csv):
         return 2
     sample = read(args.csv, args.split)
     print(
-        f"{len(sample.curves_w)} servers of {len(set(sample.models))} processor models "
-        f"({args.csv}); MAPE median / p90 at the scored loads"
+        f"{int(sample.judged.sum())} servers of {len(set(sample.models[sample.judged]))} "
+        f"processor models judged ({args.csv}); the banks also hold "
+        f"{int((~sample.judged).sum())} servers of the other sample's prior side; MAPE "
+        "median / p90 at the scored loads"
     )
     for sampling in samplings:
         print_sampling(sample, sampling)

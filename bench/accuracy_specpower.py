@@ -1,13 +1,17 @@
 """Benchmark accuracy on real servers' power curves (SPECpower_ssj2008), sampled as fleets are.
 
-Each held-out server of `../shared/data/specpower/ssj2008-sample.csv` (the committed split,
-`bench.specpower_split`: the shape prior is learned from the other servers, never from these)
+Each held-out server of a SPECpower sample (`--sample old`, servers of 2007-2016, the default;
+`--sample modern`, 2017-2025: the committed splits, `bench.specpower_split`: the shape prior is
+learned from the prior sides of both samples, never from these nor their processor models)
 becomes a node with a week of contract-1 telemetry from `training.synth`: load spread over time
 by `--sampling`, CPU temperatures following it by `--temperature`, fans, ambient swings, BMC
 noise, whole-watt or 5 W readings, missing samples and sensor dropouts. Its power at
 steady-state temperatures is the measured SPECpower curve: for `levels` the straight lines
 between the measured levels it was held at (0, 20, ..., 100 %), so the rows say nothing about
 the loads between; otherwise a smooth monotone interpolation (PCHIP) through all 11 points.
+The telemetry carries the node facts a cluster would report (contract 1's optional columns:
+the server's processor, cores and sockets, the highest power read, a power-supply rating), so
+the prior draws on the node's generation; `--no-facts` leaves them out.
 
 The whole fleet goes through the real pipeline (`training.fit.fit_fleet`: family choice, ONNX,
 parity, bundle), then each node's model in the bundle (its own, or the fleet fallback it was
@@ -49,14 +53,16 @@ import numpy as np
 import pandas as pd
 from scipy.interpolate import PchipInterpolator
 
-from bench.specpower_split import SPLIT_CSV, read_split, result_id
-from livedata.metrics_table import CPU_UTIL, NODE, POWER_W
+from bench.specpower_split import SAMPLES, read_split, result_id
+from livedata.metrics_table import CPU_UTIL, FACT_COLUMNS, NODE, POWER_W
 from predictor.bundle import read_bundle
+from predictor.curves import ExtrapolationBand
 from training.dataset import clean_metrics
 from training.export import onnx_predict_w
 from training.families import DEFAULT_FAMILIES
 from training.fit import FitSettings, fit_fleet, heldout_start_index
 from training.fit.cli import setup_logging
+from training.node_facts import generation as cpu_generation
 from training.report import IdleToMaxLine
 from training.shape_prior import GRID_UTIL, SHARE_COLUMNS, ShapePrior
 from training.synth import (
@@ -98,6 +104,42 @@ class Servers:
     n_prior: int
 
 
+def prior_side(csv: Path, split_csv: Path, generation: str) -> PriorSide:
+    """One sample's prior side: its curves, processor models and generation."""
+    sample, split = read_sample(csv, split_csv)
+    chosen = (sample["result"].map(split["split"]) == "prior").to_numpy()
+    return PriorSide(
+        curves_w=sample[LOAD_COLUMNS].to_numpy(np.float64)[chosen],
+        models=sample["result"].map(split["processor_model"]).to_numpy()[chosen],
+        generations=[generation] * int(chosen.sum()),
+    )
+
+
+@dataclass
+class PriorSide:
+    curves_w: np.ndarray  # [m, 11]
+    models: np.ndarray  # processor model per server
+    generations: list[str]
+
+
+def other_prior_sides(csv: Path) -> list[PriorSide]:
+    """The prior sides of the samples other than `csv` (both priors learn from every sample's
+    prior side), when they are found; the sample at `csv` itself is not among them."""
+    sides = []
+    for generation, (other_csv, other_split) in SAMPLES.items():
+        if other_csv.resolve() != csv.resolve() and other_csv.is_file():
+            sides.append(prior_side(other_csv, other_split, generation))
+    return sides
+
+
+def sample_generation(csv: Path) -> str | None:
+    """`old` or `modern` for one of `SAMPLES`' files, else None."""
+    for generation, (known_csv, _) in SAMPLES.items():
+        if known_csv.resolve() == csv.resolve():
+            return generation
+    return None
+
+
 def read_sample(csv: Path, split_csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The sample and the committed split, row for row (the split indexed by result id);
     exits with a clear error when they do not match."""
@@ -119,7 +161,9 @@ def shapes_table(sample: pd.DataFrame, curves_w: np.ndarray, chosen: np.ndarray)
     return pd.DataFrame(
         {
             "result": sample["result"][chosen].to_numpy(),
+            "processor": sample["processor"][chosen].to_numpy(),
             "chips": sample["chips"][chosen].to_numpy(),
+            "cores": sample["cores"][chosen].to_numpy(),
             "watts_max": curves_w[chosen, -1],
             **{
                 column: curves_w[chosen, i] / curves_w[chosen, -1]
@@ -130,17 +174,37 @@ def shapes_table(sample: pd.DataFrame, curves_w: np.ndarray, chosen: np.ndarray)
 
 
 def load_servers(csv: Path, split_csv: Path) -> Servers:
-    """Read the sample, check it against the committed split, learn the prior on its side."""
+    """Read the sample, check it against the committed split, learn the prior on its prior
+    side and on the prior sides of the other samples (`SAMPLES`), each server marked with its
+    generation: no scored server, nor any of its processor model, is in the prior."""
     sample, split = read_sample(csv, split_csv)
     curves_w = sample[LOAD_COLUMNS].to_numpy(np.float64)
     side = sample["result"].map(split["split"]).to_numpy()
     held_out = side == "eval"
+    sides = [
+        PriorSide(
+            curves_w[side == "prior"],
+            sample["result"].map(split["processor_model"]).to_numpy()[side == "prior"],
+            [sample_generation(csv)] * int(np.sum(side == "prior")),
+        ),
+        *other_prior_sides(csv),
+    ]
+    scored_models = set(sample["result"].map(split["processor_model"])[held_out])
+    keep = [~np.isin(s.models, list(scored_models)) for s in sides]
     return Servers(
         names=[f"spec-{i:03d}" for i in np.flatnonzero(held_out)],
         curves_w=curves_w[held_out],
         table=shapes_table(sample, curves_w, held_out),
-        prior=ShapePrior.from_curves(curves_w[side == "prior"]),
-        n_prior=int(np.sum(side == "prior")),
+        prior=ShapePrior.from_curves(
+            np.vstack([s.curves_w[k] for s, k in zip(sides, keep, strict=True)]),
+            generations=[
+                g
+                for s, k in zip(sides, keep, strict=True)
+                for g in np.array(s.generations, dtype=object)[k]
+            ],
+            groups=[m for s, k in zip(sides, keep, strict=True) for m in s.models[k]],
+        ),
+        n_prior=int(sum(k.sum() for k in keep)),
     )
 
 
@@ -180,7 +244,11 @@ def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
 
 
 def prior_from_exact_points(
-    prior: ShapePrior, curve_w: np.ndarray, sampling: str, loads_u: np.ndarray
+    prior: ShapePrior,
+    curve_w: np.ndarray,
+    sampling: str,
+    loads_u: np.ndarray,
+    generation: str | None = None,
 ) -> np.ndarray:
     """The prior's prediction at `loads_u` (grid points) from a server's exact watts at the
     grid points `sampling` shows (`SHOWN_GRID_POINTS`), as `training.monoshape`'s pass 3 draws
@@ -190,6 +258,7 @@ def prior_from_exact_points(
     top = max(shown)
     observed = np.zeros(len(GRID_UTIL), dtype=bool)
     observed[list(shown)] = True
+    prior = prior.for_generation(generation)
     # Between shown points the node's data say nothing: straight lines, as a fit would leave.
     seen_w = np.interp(GRID_UTIL[: top + 1], GRID_UTIL[list(shown)], curve_w[list(shown)])
     shape = np.concatenate([[0.0], np.cumsum(prior.conditional_shape(seen_w, top, observed))])
@@ -205,6 +274,10 @@ class CaseResult:
     line_pct: np.ndarray
     interp_pct: np.ndarray | None
     exact_prior_pct: np.ndarray | None
+    # scored points above a node's highest trained load, and how many of them the measured
+    # watts fell inside its model's band at (`extrapolation_interval`)
+    band_points: int
+    band_inside: int
     families: dict[str, int]
     fallback: list[dict]
     names: list[str]
@@ -228,6 +301,8 @@ def run_case(
         temperature=temperature,
         steady_power_w=steady_power(servers.curves_w, sampling),
     )
+    if not args.facts:
+        telemetry = telemetry.drop(columns=[c for c in FACT_COLUMNS if c in telemetry.columns])
     cleaned = clean_metrics(telemetry, source=f"SPECpower held-out servers, {sampling} load")
     settings = FitSettings(
         families=tuple(args.families.split(",")), seed=args.seed, shape_prior=servers.prior
@@ -246,11 +321,14 @@ def run_case(
         frame = cleaned.frame
         steady_rows = steady_feature_rows(spec, loads_u)
         ours, line, interp, exact_prior = [], [], [], []
+        band_points = band_inside = 0
         for i, name in enumerate(servers.names):
             truth_w = servers.curves_w[i, truth_index]
             entry = bundle.entry_for(name)
             predicted_w = onnx_predict_w(bundle.model_path(entry).read_bytes(), steady_rows[i])
             ours.append(mape_pct(predicted_w, truth_w))
+            points, inside = band_coverage(entry.info, loads_u, predicted_w, truth_w)
+            band_points, band_inside = band_points + points, band_inside + inside
             node_rows = frame[frame[NODE] == name]
             train = node_rows.iloc[: heldout_start_index(len(node_rows), settings.test_fraction)]
             util, power_w = train[CPU_UTIL].to_numpy(), train[POWER_W].to_numpy()
@@ -260,7 +338,11 @@ def run_case(
                 interp.append(mape_pct(_level_interpolation(util, power_w, loads_u), truth_w))
             if sampling in SHOWN_GRID_POINTS:
                 exact_w = prior_from_exact_points(
-                    servers.prior, servers.curves_w[i], sampling, loads_u
+                    servers.prior,
+                    servers.curves_w[i],
+                    sampling,
+                    loads_u,
+                    cpu_generation(servers.table["processor"].iloc[i]) if args.facts else None,
                 )
                 exact_prior.append(mape_pct(exact_w, truth_w))
     summary = run.report["summary"]
@@ -271,12 +353,35 @@ def run_case(
         line_pct=np.array(line),
         interp_pct=np.array(interp) if interp else None,
         exact_prior_pct=np.array(exact_prior) if exact_prior else None,
+        band_points=band_points,
+        band_inside=band_inside,
         families=summary["families_chosen"],
         fallback=summary["nodes_fallback"],
         names=servers.names,
         fit_s=fit_s,
         rows_per_node=len(frame) / len(servers.names),
     )
+
+
+def band_coverage(
+    info: dict, loads_u: np.ndarray, predicted_w: np.ndarray, truth_w: np.ndarray
+) -> tuple[int, int]:
+    """(scored loads above the node's highest trained load, how many of them the measured watts
+    lie inside its model's band at): the band of the bundle's `extrapolation_interval`, applied
+    to the model's prediction as the extender's /explain applies it."""
+    band = info.get("extrapolation_interval")
+    measured = info.get("max_util_measured")
+    if not band or measured is None:
+        return 0, 0
+    ratios = ExtrapolationBand(measured, band["util"], band["low"], band["high"])
+    above = loads_u > measured
+    inside = 0
+    for load, predicted, truth in zip(
+        loads_u[above], predicted_w[above], truth_w[above], strict=True
+    ):
+        low, high = ratios.ratios(float(load))
+        inside += int(low * predicted <= truth <= high * predicted)
+    return int(above.sum()), inside
 
 
 def mape_pct(predicted_w: np.ndarray, truth_w: np.ndarray) -> float:
@@ -330,6 +435,13 @@ def print_case(result: CaseResult) -> None:
             f"  {'the prior from the exact watts shown:':<40} {_stats(result.exact_prior_pct)} "
             "(no telemetry, no fit: the prior's own limit)"
         )
+    if result.band_points:
+        share = result.band_inside / result.band_points * 100
+        print(
+            f"  measured watts inside the model's band (extrapolation_interval) at "
+            f"{result.band_inside} of {result.band_points} scored loads above the highest "
+            f"trained ({share:.0f} %)"
+        )
     better = int(np.sum(result.ours_pct < result.line_pct))
     print(
         f"  ours better than the {line_name} on {better} of {len(result.names)} servers "
@@ -370,20 +482,34 @@ def _choices(value: str, known: tuple[str, ...], flag: str) -> list[str]:
 
 
 def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--csv` and `--split`, as every bench on the SPECpower sample reads them."""
+    """`--sample`, `--csv` and `--split`, as every bench on the SPECpower samples reads them
+    (`resolve_sample` fills `--csv` and `--split` from `--sample`)."""
+    parser.add_argument(
+        "--sample",
+        choices=tuple(SAMPLES),
+        default="old",
+        help="which sample is scored: old (servers of 2007-2016) or modern (2017-2025); the "
+        "prior learns from the prior sides of both (default old)",
+    )
     parser.add_argument(
         "--csv",
         type=Path,
-        default=DEFAULT_CSV,
-        help=f"SPECpower CSV, relative to the repo root (default {DEFAULT_CSV})",
+        help=f"SPECpower CSV, relative to the repo root (default: --sample's, {DEFAULT_CSV} "
+        "for old)",
     )
     parser.add_argument(
         "--split",
         type=Path,
-        default=SPLIT_CSV,
-        help="which servers the prior learns from and which are scored (default the committed "
-        "bench/data/specpower_split.csv)",
+        help="which servers the prior learns from and which are scored (default: --sample's "
+        "committed split in bench/data/)",
     )
+
+
+def resolve_sample(args: argparse.Namespace) -> None:
+    """Fill `--csv` and `--split` from `--sample` where they were not given."""
+    csv, split = SAMPLES[args.sample]
+    args.csv = args.csv or csv
+    args.split = args.split or split
 
 
 def sample_found(csv: Path) -> bool:
@@ -422,12 +548,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=0, help="worker processes (0 = all cores)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or logs")
+    parser.add_argument(
+        "--no-facts",
+        dest="facts",
+        action="store_false",
+        help="leave out the nodes' hardware facts (cpu_model, cores, ...): the prior then "
+        "cannot tell their generation",
+    )
     args = parser.parse_args(argv)
     try:
         samplings = _choices(args.sampling, SAMPLINGS, "--sampling")
         temperatures = _choices(args.temperature, TEMPERATURE_MODES, "--temperature")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    resolve_sample(args)
     setup_logging(args.quiet)
     logging.getLogger("training.report").setLevel(logging.WARNING)
     logging.getLogger("training.synth").setLevel(logging.WARNING)
@@ -437,7 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     servers = load_servers(args.csv, args.split)
     print(
         f"servers: {len(servers.names)} scored, held out of {args.csv}; the shape prior is "
-        f"learned from the other {servers.n_prior} ({args.split.name}, split by processor model)"
+        f"learned from {servers.n_prior} servers of every sample's prior side "
+        f"({args.split.name} and the other sample's split, by processor model; no scored "
+        "processor model among them)"
     )
     results = []
     for sampling in samplings:

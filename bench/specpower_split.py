@@ -6,44 +6,44 @@ prior learned from real servers' curves (`training.shape_prior`). Measured on se
 has seen, the prior would look better than it is, so the bench learns its prior from one part
 of the sample and scores on the other. Many results in the sample are near-twins (the same
 processor in another chassis or memory size: 62 processor models for 116 servers), so the split
-is by processor model: a processor's servers are all on one side.
+is by processor model: a processor's servers are all on one side. Each sample (`SAMPLES`:
+`old`, servers of 2007-2016; `modern`, 2017-2025) has its own split, drawn the same way.
 
 How it is drawn, so it can be checked: processor models are normalised (`processor_model`),
 ordered by the sha256 of their name, and taken into the evaluation side in that order until it
 holds a third of the servers. The result is committed (`bench/data/specpower_split.csv`) and the
 bench refuses a sample that does not match it.
 
-    python3 -m bench.specpower_split [--csv ../shared/data/specpower/ssj2008-sample.csv]
+    python3 -m bench.specpower_split [--sample old|modern]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from training.node_facts import processor_model
+
 DEFAULT_CSV = Path("../shared/data/specpower/ssj2008-sample.csv")
 SPLIT_CSV = Path(__file__).resolve().parent / "data" / "specpower_split.csv"
+# The two samples (`old`: servers of 2007-2016, `modern`: 2017-2025), each with its own split.
+SAMPLES: dict[str, tuple[Path, Path]] = {
+    "old": (DEFAULT_CSV, SPLIT_CSV),
+    "modern": (
+        Path("../shared/data/specpower/ssj2008-modern-sample.csv"),
+        SPLIT_CSV.with_name("specpower_modern_split.csv"),
+    ),
+}
 EVAL_SHARE = 1 / 3
 
 
 def result_id(disclosure_url: str) -> str:
     """`.../power_ssj2008-20121224-00594.html` -> `power_ssj2008-20121224-00594`."""
     return Path(disclosure_url).stem
-
-
-def processor_model(processor: str) -> str:
-    """`Intel(R) Xeon(R) CPU E5472`, `Intel Xeon E5472 3.0 GHz (Turbo ...)` -> `intel e5472`;
-    `2.6 GHz AMD Opteron 2435` -> `amd opteron 2435`."""
-    name = processor.lower().replace("(r)", "").replace("(tm)", "")
-    name = name.split("(")[0]
-    name = re.sub(r"[\d.]+\s*ghz", "", name)
-    words = [w for w in name.split() if w not in ("xeon", "cpu", "processor")]
-    return " ".join(words)
 
 
 def draw_split(servers: pd.DataFrame) -> pd.DataFrame:
@@ -75,9 +75,12 @@ def read_split(path: Path = SPLIT_CSV) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.specpower_split", description=__doc__)
-    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="the SPECpower sample")
-    parser.add_argument("--out", type=Path, default=SPLIT_CSV, help=f"default {SPLIT_CSV}")
+    parser.add_argument("--sample", choices=tuple(SAMPLES), default="old")
+    parser.add_argument("--csv", type=Path, help="the SPECpower sample (default: --sample's)")
+    parser.add_argument("--out", type=Path, help="default: the sample's split in bench/data/")
     args = parser.parse_args(argv)
+    args.csv = args.csv or SAMPLES[args.sample][0]
+    args.out = args.out or SAMPLES[args.sample][1]
     if not args.csv.is_file():
         print(f"error: {args.csv}: no such file (run from the repo root)", file=sys.stderr)
         return 2

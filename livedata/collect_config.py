@@ -102,6 +102,16 @@ class CollectConfig:
     nodename_label: str = "nodename"
     uname_lookback_s: float = 3600.0  # how far back a node_uname_info sample still counts
     instance_nodes: Mapping[str, str] = field(default_factory=dict)  # host or instance -> node
+    # Node facts (contract 1's optional columns), read once per collection by training.collect:
+    # node_exporter's CPU info (model name, package and core per logical CPU), kube-state-
+    # metrics' node labels (Node Feature Discovery's cpu-model labels, when allow-listed), and
+    # a PromQL giving each node's power-supply or nameplate rating in watts ("" : not asked).
+    cpu_info_metric: str = "node_cpu_info"
+    node_labels_metric: str = "kube_node_labels"
+    psu_rating_query: str = ""
+    # How far back from the end of a collection the facts are looked for: the highest power
+    # the BMC reported in this window says more than the training range alone.
+    facts_lookback: str = "30d"
     max_points_per_series: int = PROMETHEUS_MAX_POINTS
     # Memory holds one time chunk's answers (about 110 bytes per sample): a larger fleet gets
     # chunks of fewer steps, so 1,000 nodes collect in about the memory of 100 (measured 1.14x).
@@ -136,6 +146,7 @@ class CollectConfig:
                 f"known: {list(TEMPERATURE_COLUMNS)}"
             )
         parse_duration_s(self.cpu_rate_window)  # fails early with a clear message
+        parse_duration_s(self.facts_lookback)
         compile_sensor_rules(self)
 
 

@@ -17,7 +17,9 @@ Everything stays float64: rounding is what tied small pods at 0 W in earlier sys
 Each row also carries the highest load its node's model was trained on (the manifest's
 `max_util_measured`, NaN when unknown or for the fleet fallback), read once when the row is
 built, so `/explain` can name the predictions above it as extrapolated without touching the
-bundle on the request path.
+bundle on the request path. Where the manifest gives it, a row also carries how sure its model
+is above that load (`ExtrapolationBand`: the band training's shape prior expects the power in,
+as ratios to the prediction), which `/explain` shows beside `extrapolated`.
 
 A node served by the fleet fallback (no data of its own at all) gets the fleet's curve scaled
 by its allocatable CPU against the own-model nodes' median (`predictor.core_scaling`), when
@@ -56,6 +58,46 @@ MAX_BATCH_ROWS = 65536  # bounds the memory of one onnxruntime call on the share
 
 
 @dataclass(frozen=True)
+class ExtrapolationBand:
+    """How sure a node's model is above the highest load it was trained on: at loads `util`,
+    the power it expects between `low` and `high` times its prediction (from the bundle's
+    manifest, `extrapolation_interval`; between `max_util` and the first load the band widens
+    from nothing)."""
+
+    max_util: float
+    util: tuple[float, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+
+    def ratios(self, util: float) -> tuple[float, float]:
+        """(low, high) ratios to the prediction at load `util` (1, 1 at or below `max_util`)."""
+        at = [self.max_util, *self.util]
+        return (
+            float(np.interp(util, at, [1.0, *self.low])),
+            float(np.interp(util, at, [1.0, *self.high])),
+        )
+
+
+def extrapolation_band(predictor: Predictor, node: str) -> ExtrapolationBand | None:
+    """A node's own model's band above its highest trained load, or None (no band recorded,
+    the fallback, or a malformed entry, which is logged and ignored: it only explains)."""
+    entry = predictor.entry(node) if predictor.model_kind(node) == "own" else None
+    info = None if entry is None else entry.info.get("extrapolation_interval")
+    measured = max_util_measured(predictor, node)
+    if not isinstance(info, Mapping) or not math.isfinite(measured):
+        return None
+    try:
+        util, low, high = (tuple(float(v) for v in info[k]) for k in ("util", "low", "high"))
+    except (KeyError, TypeError, ValueError):
+        log.warning("node %s: extrapolation_interval in the manifest is malformed", node)
+        return None
+    if not (len(util) == len(low) == len(high)) or not util:
+        log.warning("node %s: extrapolation_interval lists of different lengths", node)
+        return None
+    return ExtrapolationBand(measured, util, low, high)
+
+
+@dataclass(frozen=True)
 class CurveTable:
     """Immutable snapshot of every predictable node's P(u); safe to read from any thread."""
 
@@ -76,6 +118,9 @@ class CurveTable:
     # How each fallback row was scaled by its node's CPU count, or why not; None: not asked
     # (every fallback row then says "off").
     fallback_scaling: FallbackScaling | None = None
+    # Per row, the band its model expects above `max_util_measured` (the manifest's
+    # `extrapolation_interval`: ratios to the prediction at grid loads), or None; None: all none.
+    extrapolation: tuple[ExtrapolationBand | None, ...] | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _slope_beyond_w: np.ndarray = field(init=False, repr=False, compare=False)
     _fallback_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
@@ -94,6 +139,10 @@ class CurveTable:
             object.__setattr__(self, "max_util_measured", np.full(rows, np.nan))
         elif self.max_util_measured.shape != (rows,):
             raise ValueError(f"curve table of {rows} nodes: max_util_measured length differs")
+        if self.extrapolation is None:
+            object.__setattr__(self, "extrapolation", (None,) * rows)
+        elif len(self.extrapolation) != rows:
+            raise ValueError(f"curve table of {rows} nodes: extrapolation length differs")
         if self.fallback_scaling is None:
             object.__setattr__(
                 self, "fallback_scaling", FallbackScaling.unscaled(self.model_kind, FALLBACK)
@@ -252,6 +301,7 @@ class CurveBuilder:
         keys: list[str] = []
         mape_pct: list[float] = []
         measured: list[float] = []
+        bands: list[ExtrapolationBand | None] = []
         rows: list[np.ndarray] = []
         reuse_from: list[int] = []  # previous row per node, -1 = compute
 
@@ -272,6 +322,7 @@ class CurveBuilder:
             keys.append(key)
             mape_pct.append(heldout_mape_pct(predictor.entry(node)))
             measured.append(max_util_measured(predictor, node))
+            bands.append(extrapolation_band(predictor, node))
             rows.append(row)
             reuse_from.append(old)
 
@@ -319,6 +370,7 @@ class CurveBuilder:
             model_kind=tuple(k for k, ok in zip(kinds, keep, strict=True) if ok),
             feature_rows=feature_rows[keep],
             max_util_measured=np.array(measured, dtype=np.float64).reshape(len(names))[keep],
+            extrapolation=tuple(b for b, ok in zip(bands, keep, strict=True) if ok),
             skipped=skipped,
             reused_rows=len(names) - computed,
             computed_rows=computed,

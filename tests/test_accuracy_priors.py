@@ -9,6 +9,7 @@ import pytest
 
 from bench import accuracy_priors, accuracy_specpower
 from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV
+from training.node_facts import generation
 from training.shape_prior import GRID_UTIL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +47,8 @@ def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> Non
         curves_w=np.stack([concave_curve_w(50 + i, 150, 0.7) for i in range(5)]),
         models=np.array(["a", "a", "b", "c", "c"]),
         scored_side=np.array([False, False, True, False, True]),
+        generations=[None] * 5,
+        judged=np.ones(5, dtype=bool),
     )
     by_processor = dict(accuracy_priors.banks(sample, "by processor"))
     assert by_processor[0].tolist() == [False, False, True, True, True]
@@ -54,7 +57,9 @@ def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> Non
     assert leave_one_out[0].tolist() == [False, True, True, True, True]
     scored = dict(accuracy_priors.banks(sample, "scored side"))
     assert sorted(scored) == [2, 4]
-    assert scored[2].tolist() == [True, True, False, True, False]
+    # the scored side is judged against the prior side without any scored processor model
+    # (server 3 shares model c with scored server 4)
+    assert scored[2].tolist() == [True, True, False, False, False]
     with pytest.raises(ValueError, match="unknown judging"):
         accuracy_priors.banks(sample, "by vendor")
 
@@ -80,9 +85,11 @@ def test_the_shipped_prior_on_the_scored_side_is_what_the_scored_bench_prints(mo
     loads_u = GRID_UTIL[ABOVE_HALF]
     direct = [
         accuracy_specpower.mape_pct(
-            accuracy_specpower.prior_from_exact_points(servers.prior, curve_w, "lowload", loads_u),
+            accuracy_specpower.prior_from_exact_points(
+                servers.prior, curve_w, "lowload", loads_u, generation(processor)
+            ),
             curve_w[ABOVE_HALF],
         )
-        for curve_w in servers.curves_w
+        for curve_w, processor in zip(servers.curves_w, servers.table["processor"], strict=True)
     ]
     np.testing.assert_allclose(judged, direct)

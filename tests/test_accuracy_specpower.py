@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from bench import accuracy_cv, accuracy_specpower
-from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV, draw_split, read_split
+from bench.specpower_split import DEFAULT_CSV, SAMPLES, SPLIT_CSV, draw_split, read_split
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / DEFAULT_CSV
+MODERN_SAMPLE, MODERN_SPLIT = (REPO / SAMPLES["modern"][0]), SAMPLES["modern"][1]
 
 
 def test_no_processor_model_is_on_both_sides_of_the_split() -> None:
@@ -37,7 +38,7 @@ def test_the_bench_scores_every_held_out_server(monkeypatch, capsys) -> None:
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "39 scored" in out and "learned from the other 77" in out
+    assert "39 scored" in out and "learned from 154 servers of every sample's prior side" in out
     assert "scored at 10, 30, 50, 70, 90 %" in out and "scored at 60, 70, 80, 90, 100 %" in out
     assert "line through idle and 50 %, extended" in out
     assert out.count("on the fleet fallback: 0") == 2
@@ -54,9 +55,15 @@ def test_cross_validation_never_judges_a_server_by_a_prior_that_saw_its_processo
     split = read_split(SPLIT_CSV)
     assert len(side.names) == (split["split"] == "prior").sum()
     curves = {tuple(np.round(c, 6)): m for c, m in zip(side.curves_w, side.models, strict=True)}
+    modern = accuracy_specpower.prior_side(*SAMPLES["modern"], "modern")
+    curves |= {
+        tuple(np.round(c, 6)): m for c, m in zip(modern.curves_w, modern.models, strict=True)
+    }
     for model, prior in zip(side.models, side.priors, strict=True):
         seen = {curves.get(tuple(np.round(c, 6))) for c in prior.bank_watts}
-        assert model not in seen and None not in seen  # prior side only, never its own model
+        # both samples' prior sides only, never its own processor model
+        assert model not in seen and None not in seen
+        assert len(prior.bank_watts) == len(curves) - sum(m == model for m in side.models)
     assert (
         accuracy_cv.main(["--sampling", "levels", "--temperature", "tight", "--hours", "24"]) == 0
     )
@@ -88,3 +95,23 @@ def test_the_prior_from_exact_watts_passes_through_them_and_recovers_a_shape_it_
     other_w = 150 * (0.35 + 0.65 * GRID_UTIL**1.4)
     other_pred_w = accuracy_specpower.prior_from_exact_points(prior, other_w, sampling, GRID_UTIL)
     np.testing.assert_allclose(other_pred_w[shown], other_w[shown], rtol=1e-9)
+
+
+def test_the_modern_split_keeps_processor_models_apart_too() -> None:
+    split = read_split(MODERN_SPLIT)
+    assert (split.groupby("processor_model")["split"].nunique() == 1).all()
+    assert len(split) == 126 and (split["split"] == "eval").sum() == 49
+
+
+@pytest.mark.skipif(
+    not MODERN_SAMPLE.is_file(), reason=f"{MODERN_SAMPLE} (beside the repository) is missing"
+)
+def test_the_committed_modern_split_is_what_the_rule_draws(monkeypatch) -> None:
+    drawn = draw_split(pd.read_csv(MODERN_SAMPLE))
+    pd.testing.assert_frame_equal(drawn.reset_index(drop=True), read_split(MODERN_SPLIT))
+    monkeypatch.chdir(REPO)
+    servers = accuracy_specpower.load_servers(*SAMPLES["modern"])
+    assert len(servers.names) == 49
+    # the prior knows the generation of every server it learned from: both are there
+    assert set(servers.prior.bank_generations) == {"old", "modern"}
+    assert servers.prior.for_generation("modern").n_servers == 77

@@ -47,7 +47,9 @@ from training.collect import (
     collect_metrics,
     collect_to_directory,
 )
-from training.dataset import stream_metrics
+from training.dataset import clean_metrics, stream_metrics
+from training.fit.node import iter_node_rows
+from training.fit.settings import FEATURE_FILL
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_S = 1_767_571_200  # 2026-01-05T00:00:00Z
@@ -206,8 +208,11 @@ def _utc(seconds: float) -> datetime:
 
 def _assert_matches_truth(frame: pd.DataFrame, truth: dict, start_s: int, end_s: int) -> None:
     """Every node has every step; gauges equal the loaded samples at sample times; cpu_util
-    equals the known utilisation away from segment edges (where rate windows mix segments)."""
-    assert list(frame.columns) == list(CONTRACT_COLUMNS)
+    equals the known utilisation away from segment edges (where rate windows mix segments).
+    The node facts Prometheus has follow the contract columns: here the highest power read."""
+    assert list(frame.columns) == [*CONTRACT_COLUMNS, "bmc_max_power_w"]
+    assert (frame.groupby("node")["bmc_max_power_w"].nunique() == 1).all()
+    assert (frame["bmc_max_power_w"] >= frame.groupby("node")["power_w"].transform("max")).all()
     assert pd.api.types.is_string_dtype(frame["node"])
     assert isinstance(frame["timestamp"].dtype, pd.DatetimeTZDtype)
     assert str(frame["timestamp"].dt.tz) == "UTC"
@@ -353,7 +358,7 @@ def test_collect_instant_gives_one_row_per_node_like_the_range(fleet_prometheus)
     at_s = T0_S + 5 * SEGMENT_S + 900 + 30  # mid-segment, 30 s after a scrape
     stats = CollectStats()
     frame = collect_instant(_config(prom.url), at=_utc(at_s), stats=stats)
-    assert list(frame.columns) == list(CONTRACT_COLUMNS)
+    assert list(frame.columns) == [*CONTRACT_COLUMNS, "bmc_max_power_w"]
     assert sorted(frame["node"]) == sorted(HOSTS)
     assert (frame["timestamp"] == pd.Timestamp(at_s, unit="s", tz="UTC")).all()
     last_sample = (at_s - T0_S) // SCRAPE_S
@@ -796,3 +801,70 @@ def test_cli_nodes_per_file_writes_a_directory_that_fit_streams(
         expected,
         check_dtype=False,
     )
+
+
+@pytest.mark.prometheus
+def test_node_facts_come_from_cpu_info_nfd_labels_and_the_highest_power_read(
+    tmp_path: Path,
+) -> None:
+    samples = []
+    nfd = "label_feature_node_kubernetes_io_cpu_model_"
+    for i in range(40):
+        at_s = T0_S + i * SCRAPE_S
+        for host, node, watts in (("10.0.0.1", "node-a", 300.0), ("10.0.0.2", "node-b", 150.0)):
+            exporter = {"instance": f"{host}:9100", "job": "node"}
+            idle = {**exporter, "cpu": "0", "mode": "idle"}
+            samples += [
+                ("node_cpu_seconds_total", idle, at_s, 5000.0 + 0.5 * i * SCRAPE_S),
+                ("node_uname_info", {**exporter, "nodename": node}, at_s, 1.0),
+                (
+                    "ipmi_dcmi_power_consumption_watts",
+                    {"instance": f"{host}:9290"},
+                    at_s,
+                    watts + (200.0 if i == 3 else 0.0),  # one early peak, before the range
+                ),
+            ]
+        for package in ("0", "1"):
+            for core in ("0", "1"):
+                for thread in ("0", "1"):
+                    cpu = str(int(package) * 4 + int(core) * 2 + int(thread))
+                    labels = {
+                        "instance": "10.0.0.1:9100",
+                        "job": "node",
+                        "cpu": cpu,
+                        "package": package,
+                        "core": core,
+                        "model_name": "AMD EPYC 9654 96-Core Processor",
+                    }
+                    samples.append(("node_cpu_info", labels, at_s, 1.0))
+        samples.append(
+            (
+                "kube_node_labels",
+                {
+                    "node": "node-b",
+                    nfd + "vendor_id": "Intel",
+                    nfd + "family": "6",
+                    nfd + "id": "79",
+                },
+                at_s,
+                1.0,
+            )
+        )
+    with start_prometheus(tmp_path, openmetrics_text=write_openmetrics(samples)) as prom:
+        frame = collect_metrics(
+            CollectConfig(url=prom.url, step_s=SCRAPE_S), _utc(T0_S + 10 * SCRAPE_S),
+            _utc(T0_S + 39 * SCRAPE_S), progress=False,
+        )  # fmt: skip
+    assert list(frame.columns[: len(CONTRACT_COLUMNS)]) == list(CONTRACT_COLUMNS)
+    facts = frame.groupby("node").last()
+    assert facts.loc["node-a", "cpu_model"] == "AMD EPYC 9654 96-Core Processor"
+    assert facts.loc["node-a", "cpu_sockets"] == 2 and facts.loc["node-a", "cpu_cores"] == 4
+    assert facts.loc["node-b", "cpu_model"] == "GenuineIntel family 6 model 79"
+    assert pd.isna(facts.loc["node-b", "cpu_cores"])
+    # the peak before the collected range is the BMC's highest reading all the same
+    assert facts.loc["node-a", "bmc_max_power_w"] == 500.0
+    assert frame.loc[frame["node"] == "node-a", "power_w"].max() == 300.0
+    # no temperatures were loaded here: the facts, not the features, are what is checked
+    cleaned = clean_metrics(frame.assign(ambient_temp_c=22.0, cpu1_temp_c=40.0), source="collected")
+    by_node = {rows.node: rows.facts for rows in iter_node_rows(cleaned.frame, FEATURE_FILL)}
+    assert by_node["node-a"].generation == "modern" and by_node["node-b"].generation == "old"

@@ -21,6 +21,7 @@ from training.dataset import clean_metrics
 from training.export import check_parity, model_to_onnx, onnx_predict_w
 from training.fit import FitSettings, NodeRows, fit_fleet, fit_node
 from training.monoshape import MonoShapeRegressor, MonotoneCurve, fit_monotone_curve
+from training.node_facts import NodeFacts
 from training.shape_prior import (
     GRID_UTIL,
     SHARE_COLUMNS,
@@ -232,8 +233,13 @@ def test_the_conditional_shape_keeps_the_node_where_it_has_data_and_regresses_th
     shown[6:] = False
     increments = prior.conditional_shape(server_curve_w(3)[:6], 5, shown)
     assert increments.sum() == pytest.approx(1.0) and np.all(increments[5:] > 0)
-    # one regression per pattern of shown points, learned once
-    assert set(prior._regressions) == {((0, 2, 4, 6, 8, 10), 10), ((0, 1, 2, 3, 4, 5), 5)}
+    # one regression per pattern of shown points, learned once, and above the highest one
+    # point shown how well it and the straight line did on the prior's own servers
+    assert set(prior._regressions) == {
+        ((0, 2, 4, 6, 8, 10), 10),
+        ((0, 1, 2, 3, 4, 5), 5),
+        ("calibration", (0, 1, 2, 3, 4, 5), 5),
+    }
 
 
 def test_a_node_held_at_levels_interpolates_the_deciles_it_never_showed() -> None:
@@ -246,8 +252,12 @@ def test_a_node_held_at_levels_interpolates_the_deciles_it_never_showed() -> Non
         held[::2] = True
         # the truth between levels is the measured curve; the rows only show the levels
         rows = node_rows(f"node-{index}", curve_w, util, rng)
-        curve, details = fit_monotone_curve(rows.features, rows.power_w, default_shape_prior())
-        assert details.observed_grid == tuple(held)
+        # what the cluster tells about the node: its CPU, so the prior draws on its generation
+        facts = NodeFacts(cpu_model=SHAPES["processor"].iloc[index])
+        curve, details = fit_monotone_curve(
+            rows.features, rows.power_w, default_shape_prior(), facts
+        )
+        assert details.observed_grid == tuple(held) and details.generation == "old"
         odd = GRID_UTIL[1::2]
         predicted = curve.predict_w(grid_features(odd, 35.0 + 35.0 * odd))
         errors.append(np.mean(np.abs(predicted - curve_w[1::2]) / curve_w[1::2]))

@@ -483,6 +483,32 @@ def test_explain_names_predictions_above_the_highest_measured_load(tmp_path: Pat
     assert flags(2.0)["all-seen"] == (0.98, False)
 
 
+def test_explain_gives_the_band_of_a_prediction_above_the_highest_measured_load(
+    tmp_path: Path,
+) -> None:
+    band = {"util": [0.6, 0.8, 1.0], "low": [0.95, 0.9, 0.85], "high": [1.05, 1.2, 1.3]}
+    curves = {
+        "half-seen": PowerCurveSpec(
+            100.0, 300.0, info={"max_util_measured": 0.5, "extrapolation_interval": band}
+        ),
+        "no-band": PowerCurveSpec(100.0, 300.0, info={"max_util_measured": 0.5}),
+    }
+    make_bundle(tmp_path / "bundle", curves, fallback=PowerCurveSpec(90.0, 250.0))
+    predictor = Predictor.load(tmp_path / "bundle")
+    state = make_state({name: {} for name in curves}, util=0.3)
+
+    def intervals(demand_cores: float) -> dict[str, object]:
+        records = run(predictor, state, list(curves), demand_cores=demand_cores).explain()
+        return {r["node"]: (r["power_after_w"], r["extrapolation_interval_w"]) for r in records}
+
+    # 1 core of 8 at u = 0.3: 0.425, inside what the node has shown: no band
+    assert intervals(1.0)["half-seen"][1] is None
+    # 4 cores: 0.8, where the band is 0.9-1.2 times the prediction
+    after_w, (low_w, high_w) = intervals(4.0)["half-seen"]
+    assert (low_w, high_w) == pytest.approx((0.9 * after_w, 1.2 * after_w), abs=1e-3)
+    assert intervals(4.0)["no-band"][1] is None
+
+
 def test_a_bundle_with_an_impossible_highest_load_is_refused(tmp_path: Path) -> None:
     # write_bundle reads what it wrote back through read_bundle, as the extender would
     with pytest.raises(BundleError, match="'max_util_measured' must be a utilisation"):

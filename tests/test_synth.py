@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from livedata.metrics_table import CONTRACT_COLUMNS
+from livedata.metrics_table import CONTRACT_COLUMNS, FACT_COLUMNS
 from training.dataset import (
     clean_metrics,
     load_metrics,
     stream_metrics,
     write_metrics,
 )
+from training.node_facts import generation
 from training.synth import fleet_spec, load_shapes, node_names, synth_fleet, write_fleet_files
 
 NODES = 50
@@ -41,7 +42,9 @@ def test_same_seed_same_fleet_other_seed_other_fleet() -> None:
 
 
 def test_contract_columns_types_and_order(fleet: pd.DataFrame) -> None:
-    assert list(fleet.columns) == list(CONTRACT_COLUMNS)
+    # the contract's columns, then the node facts a cluster would report (one value a node)
+    assert list(fleet.columns) == [*CONTRACT_COLUMNS, *FACT_COLUMNS]
+    assert (fleet.groupby("node")[list(FACT_COLUMNS)].nunique() == 1).all().all()
     assert str(fleet["timestamp"].dt.tz) == "UTC"
     assert fleet["node"].nunique() == NODES
     ordered = fleet.sort_values(["node", "timestamp"], kind="stable")
@@ -141,7 +144,7 @@ def test_cli_writes_parquet_and_csv(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         table = pd.read_parquet(out) if name.endswith("parquet") else pd.read_csv(out)
-        assert list(table.columns) == list(CONTRACT_COLUMNS)
+        assert list(table.columns) == [*CONTRACT_COLUMNS, *FACT_COLUMNS]
         assert set(table["node"]) == {"node-01", "node-02", "node-03"}
 
 
@@ -237,3 +240,21 @@ def test_an_unknown_sampling_is_refused_naming_the_known_ones(tmp_path: Path) ->
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert pd.read_parquet(tmp_path / "f.parquet")["node"].nunique() == 2
+
+
+def test_the_command_line_draws_from_both_periods_and_code_from_the_ones_it_asks(
+    tmp_path: Path,
+) -> None:
+    both = synth_fleet(40, 1, 300, seed=6, periods=("old", "modern"))
+    told = {generation(m) for m in both.groupby("node")["cpu_model"].first()}
+    assert told == {"old", "modern"}
+    modern = synth_fleet(5, 1, 300, seed=6, periods=("modern",))
+    assert {generation(m) for m in modern["cpu_model"].unique()} == {"modern"}
+    result = subprocess.run(
+        [sys.executable, "-m", "training.synth", "--periods", "old,future", "--out",
+         str(tmp_path / "fleet.csv")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--periods: unknown future; known: old, modern" in result.stderr
+    assert not (tmp_path / "fleet.csv").exists()

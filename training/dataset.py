@@ -36,7 +36,9 @@ from livedata.metrics_table import (
     CONTRACT_COLUMNS,
     CPU2_TEMP_C,
     CPU_UTIL,
+    FACT_COLUMNS,
     NODE,
+    NUMERIC_FACT_COLUMNS,
     OPTIONAL_COLUMNS,
     POWER_W,
     TEMPERATURE_COLUMNS,
@@ -515,6 +517,7 @@ def clean_metrics(
             drops.drop(f"{column}_out_of_range", outside, column, "-40..150 C")
 
     frame = pd.DataFrame({NODE: node, TIMESTAMP: stamps, **values})[list(CONTRACT_COLUMNS)]
+    frame = frame.assign(**_fact_columns(raw, source_of_row))
     alive_index = np.flatnonzero(drops.alive)
     duplicate = np.zeros(len(raw), dtype=bool)
     repeated = frame.iloc[alive_index].duplicated([NODE, TIMESTAMP], keep="first").to_numpy()
@@ -544,6 +547,38 @@ def clean_metrics(
             len(raw) - len(kept),
         )
     return cleaned
+
+
+def _fact_columns(raw: pd.DataFrame, source_of_row: np.ndarray) -> dict[str, pd.Series]:
+    """The optional node-fact columns the input has (`FACT_COLUMNS`), parsed: `cpu_model` as
+    text, the others as positive numbers. An empty cell is unknown; a fact never drops a row,
+    but a numeric fact column that is mostly not numbers is the wrong column and is refused."""
+    facts: dict[str, pd.Series] = {}
+    for column in FACT_COLUMNS:
+        if column not in raw.columns:
+            continue
+        if column not in NUMERIC_FACT_COLUMNS:
+            empty = _empty_mask(raw[column])
+            facts[column] = pd.Series(
+                [
+                    None if gap else str(v).strip()
+                    for v, gap in zip(raw[column], empty, strict=True)
+                ],
+                index=raw.index,
+                dtype=object,
+            )
+            continue
+        numbers, empty, non_numeric = _parse_numeric(raw[column])
+        filled = int((~empty).sum())
+        if filled and non_numeric.sum() > MOSTLY_BAD_COLUMN_SHARE * filled:
+            first = int(np.argmax(non_numeric))
+            raise MetricsInputError(
+                f"{source_of_row[first]}: {column} {raw[column].iloc[first]!r} (row "
+                f"{first + 1}) is not a number; so are {int(non_numeric.sum())} of its "
+                f"{filled} non-empty values: {RIGHT_COLUMN}"
+            )
+        facts[column] = pd.Series(np.where(numbers > 0, numbers, np.nan), index=raw.index)
+    return facts
 
 
 def nothing_left_error(tally: CleaningTally) -> MetricsInputError:

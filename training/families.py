@@ -45,6 +45,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 from training.monoshape import MonoShapeRegressor
+from training.node_facts import NodeFacts
 from training.shape_prior import ShapePrior
 
 UTIL_COLUMN = 0  # utilisation is the first feature in every manifest this project writes
@@ -291,15 +292,19 @@ def fit_family(
     power_w: np.ndarray,
     seed: int,
     shape_prior: ShapePrior | None = None,
+    facts: NodeFacts | None = None,
 ):
     """Fit a fresh model of `family` on float32 features (what ONNX will see) and watts.
 
     `shape_prior` goes to families that use one (`monoshape`); None means the prior shipped
-    with the package.
+    with the package. `facts` (the node's hardware, `training.node_facts`) likewise.
     """
     model = family.make(seed)
-    if shape_prior is not None and "prior" in model.get_params(deep=False):
+    params = model.get_params(deep=False) if hasattr(model, "get_params") else {}
+    if shape_prior is not None and "prior" in params:
         model.set_params(prior=shape_prior)
+    if facts is not None and "facts" in params:
+        model.set_params(facts=facts)
     model.fit(np.asarray(features, dtype=np.float32), np.asarray(power_w, dtype=np.float64))
     return model
 

@@ -51,7 +51,14 @@ from skl2onnx.common.data_types import FloatTensorType
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from livedata.metrics_table import AMBIENT_TEMP_C, CPU1_TEMP_C, CPU2_TEMP_C, CPU_UTIL, FEATURES
-from training.shape_prior import GRID_UTIL, N_DECILES, ShapePrior, default_shape_prior
+from training.node_facts import NodeFacts
+from training.shape_prior import (
+    GRID_UTIL,
+    INTERVAL_QUANTILES,
+    N_DECILES,
+    ShapePrior,
+    default_shape_prior,
+)
 
 UTIL_COLUMN = FEATURES.index(CPU_UTIL)
 AMBIENT_COLUMN = FEATURES.index(AMBIENT_TEMP_C)
@@ -115,6 +122,69 @@ class FitDetails:
     thermal_slope_c_per_util: float  # mean CPU temperature's rise over 0..1 load at fixed ambient
     observed_grid: tuple[bool, ...]  # per grid point u = 0, 0.1, ..., 1: did the node show it?
     top_grid_point: int  # highest load (in tenths) the node's data reach: above, the prior
+    # Above `top_grid_point`: how sure the prior is (`extrapolation_interval`); None when the
+    # node showed every load.
+    extrapolation: ExtrapolationInterval | None = None
+    generation: str | None = None  # the generation whose servers the prior drew on (None: all)
+
+
+@dataclass(frozen=True)
+class ExtrapolationInterval:
+    """Above the highest load a node showed: at each grid point, the band the prior expects its
+    power in, as ratios to the fitted curve there (steady-state temperatures). Ratios, not
+    watts, so the predictor can apply them to the curve it tabulates at any temperature."""
+
+    util: tuple[float, ...]  # grid loads above the highest shown
+    low: tuple[float, ...]  # lower bound / predicted power
+    high: tuple[float, ...]  # upper bound / predicted power
+    quantiles: tuple[float, float]  # which quantiles of the prior's own errors the band spans
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "util": list(self.util),
+            "low": list(self.low),
+            "high": list(self.high),
+            "quantiles": list(self.quantiles),
+        }
+
+
+def extrapolation_interval(
+    prior: ShapePrior,
+    steady_w: np.ndarray,
+    top: int,
+    observed: np.ndarray,
+    facts: NodeFacts | None = None,
+) -> ExtrapolationInterval | None:
+    """The band above grid point `top` for a node whose fitted steady curve at the 11 grid
+    points is `steady_w`: the prior's rise quantiles (`ShapePrior.rise_interval`) from the
+    curve's own idle and `top` watts, widened to hold the prediction. Facts move it: full load
+    draws at least the highest power the BMC has reported, and no load more than the
+    power-supply rating (either may put the band off the prediction: the band then says the
+    prediction is surely too low, or too high)."""
+    if top >= N_DECILES:
+        return None
+    _, low_rise, high_rise = prior.rise_interval(steady_w[: top + 1], top, observed)
+    top_w, rise_w = steady_w[top], max(steady_w[top] - steady_w[0], 1e-6)
+    predicted_w = np.maximum(steady_w[top + 1 :], 1e-6)
+    # the prior's band, around the prediction (the fit may sit a little off the prior's rise)
+    low_w = np.minimum(top_w + low_rise * rise_w, predicted_w)
+    high_w = np.maximum(top_w + high_rise * rise_w, predicted_w)
+    # what the hardware says is firmer than the prior: a BMC that read more than the band
+    # allows at full load moves the band up (even above the prediction), a power supply
+    # rated below it moves the band down
+    if facts is not None and facts.bmc_max_power_w is not None:
+        low_w[-1] = max(low_w[-1], facts.bmc_max_power_w)
+        high_w[-1] = max(high_w[-1], low_w[-1])
+    if facts is not None and facts.psu_rating_w is not None:
+        high_w = np.minimum(high_w, facts.psu_rating_w)
+        low_w = np.minimum(low_w, high_w)
+    low, high = low_w / predicted_w, high_w / predicted_w
+    return ExtrapolationInterval(
+        util=tuple(round(float(u), 2) for u in GRID_UTIL[top + 1 :]),
+        low=tuple(round(float(r), 4) for r in low),
+        high=tuple(round(float(r), 4) for r in high),
+        quantiles=INTERVAL_QUANTILES,
+    )
 
 
 def _nnls_quadratic(hessian: np.ndarray, linear: np.ndarray) -> np.ndarray:
@@ -189,9 +259,17 @@ def _load_bins(util: np.ndarray) -> LoadBins:
 
 
 def fit_monotone_curve(
-    features: np.ndarray, power_w: np.ndarray, prior: ShapePrior
+    features: np.ndarray,
+    power_w: np.ndarray,
+    prior: ShapePrior,
+    facts: NodeFacts | None = None,
 ) -> tuple[MonotoneCurve, FitDetails]:
-    """Fit one node's curve from its rows (features in manifest order) against `prior`."""
+    """Fit one node's curve from its rows (features in manifest order) against `prior`, or
+    against its generation's servers when `facts` tell the generation
+    (`ShapePrior.for_generation`)."""
+    generation = facts.generation if facts is not None else None
+    population = prior
+    prior = prior.for_generation(generation)
     features = np.asarray(features, dtype=np.float64)
     power_w = np.asarray(power_w, dtype=np.float64)
     util = features[:, UTIL_COLUMN]
@@ -299,11 +377,14 @@ def fit_monotone_curve(
         cpu_temp_w=cpu_temp_w,
         ambient_w_per_c=ambient_w_per_c,
     )
+    fitted_steady_w = curve[0] + np.concatenate([[0.0], np.cumsum(curve[1:] + temp_part)])
     details = FitDetails(
         noise_w=round(noise_w, 3),
         thermal_slope_c_per_util=round(slope_c, 3),
         observed_grid=tuple(bool(b) for b in observed),
         top_grid_point=top,
+        extrapolation=extrapolation_interval(prior, fitted_steady_w, top, observed, facts),
+        generation=generation if prior is not population else None,
     )
     return fitted, details
 
@@ -327,16 +408,24 @@ class MonoShapeRegressor(RegressorMixin, BaseEstimator):
     skips fitting: `fit` keeps the given curve (for the fallbacks, built from a shape).
     """
 
-    def __init__(self, prior: ShapePrior | None = None, curve: MonotoneCurve | None = None):
+    def __init__(
+        self,
+        prior: ShapePrior | None = None,
+        curve: MonotoneCurve | None = None,
+        facts: NodeFacts | None = None,
+    ):
         self.prior = prior
         self.curve = curve
+        self.facts = facts
 
     def fit(self, X, y=None) -> MonoShapeRegressor:
         if self.curve is not None:
             self.curve_, self.details_ = self.curve, None
             return self
         prior = self.prior if self.prior is not None else default_shape_prior()
-        self.curve_, self.details_ = fit_monotone_curve(np.asarray(X), np.asarray(y), prior)
+        self.curve_, self.details_ = fit_monotone_curve(
+            np.asarray(X), np.asarray(y), prior, self.facts
+        )
         return self
 
     def predict(self, X) -> np.ndarray:

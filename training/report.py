@@ -236,6 +236,16 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def full_load_band(entry: Mapping) -> str:
+    """A node's band at full load, when its model extrapolates there: `-6/+14 %` (the bounds
+    against the prediction, `extrapolation_interval`); `-` otherwise."""
+    band = entry.get("extrapolation_interval")
+    if not band or not band.get("util") or band["util"][-1] < 1.0:
+        return "-"
+    low, high = band["low"][-1], band["high"][-1]
+    return f"-{(1 - low) * 100:.0f}/+{(high - 1) * 100:.0f} %"
+
+
 def format_table(report: Mapping) -> str:
     """The report as fixed-width text: a summary, then one line per node."""
     summary = report["summary"]
@@ -269,11 +279,14 @@ def format_table(report: Mapping) -> str:
         f"{summary['nodes_own_model']} chosen models pass",
         f"ONNX parity (<= {report['parity_tolerance_w']} W): {summary['parity_pass']} of "
         f"{summary['parity_checked']} models pass",
+        "above its highest load a model extrapolates: `u=1 band` is the range its power at full "
+        "load is expected in, against the prediction (10-90 % of the shape prior's own errors)",
         "",
     ]
     header = (
         f"{'node':<24} {'model':<13} {'train':>6} {'test':>5} {'MAE W':>7} {'MAPE %':>7} "
-        f"{'p95 W':>7} {'line MAPE %':>11} {'max u':>5} {'monotonic':<10} note"
+        f"{'p95 W':>7} {'line MAPE %':>11} {'max u':>5} {'u=1 band':>11} {'monotonic':<10} "
+        "note"
     )
     lines += [header, "-" * len(header)]
     for entry in report["nodes"]:
@@ -284,7 +297,7 @@ def format_table(report: Mapping) -> str:
             f"{entry['node'][:24]:<24} {model[:13]:<13} {entry['rows_train']:>6} "
             f"{entry['rows_test']:>5} {_fmt(metrics['mae_w']):>7} {_fmt(metrics['mape_pct']):>7} "
             f"{_fmt(metrics['p95_abs_err_w']):>7} {_fmt(baseline.get('mape_pct')):>11} "
-            f"{_fmt(entry.get('max_util_measured')):>5} "
+            f"{_fmt(entry.get('max_util_measured')):>5} {full_load_band(entry):>11} "
             f"{entry['monotonic']['verdict']:<10} {entry.get('note', '')}"
         )
     fallback = report["fallback"]

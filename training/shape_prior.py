@@ -17,7 +17,12 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   the loads it showed, ridge regressions on its shown shape learned across the servers
   (`_ShownShapeRegression`), mixed with the shapes of the servers that looked like it,
   weighted by how alike they are (`local_mean_increments`' kernel). Above a node's highest
-  load this is the extrapolation;
+  load this is the extrapolation, combined with the straight line through idle and that
+  load by how well each predicted the prior's own servers left out (`_RiseCalibration`),
+  which also gives the band the prior expects the power in there (`rise_interval`);
+- each server's generation (`old`: 2007-2016, `modern`: 2017-2025), so a node whose CPU
+  model tells its generation (`training.node_facts`) is drawn from its own
+  (`for_generation`): curves of 2017 on idle lower and climb steeper at the top;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
@@ -27,8 +32,11 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   written by `python -m training.shape_prior core-scaling`; a test refits and compares).
 
 `default_shape_prior()` learns it from the curves shipped with the package
-(`training/data/specpower_shapes.csv`, 116 servers), once per process. Benchmarks learn one from
-a subset (`from_shapes_table`) to measure on servers the prior never saw.
+(`training/data/specpower_shapes.csv`, 116 servers of 2007-2016, and
+`specpower_modern_shapes.csv`, 126 of 2017-2025), once per process. The core-count exponents
+are fitted on the first table (`load_shapes_table()`'s default), as the shipped
+`core_scaling.json` was. Benchmarks learn a prior from a subset (`from_curves`) to measure on
+servers it never saw.
 """
 
 from __future__ import annotations
@@ -43,7 +51,10 @@ from io import StringIO
 import numpy as np
 import pandas as pd
 
+from training.node_facts import GENERATIONS, processor_model
+
 SHAPES_FILE = "specpower_shapes.csv"
+SHAPES_FILES = {"old": SHAPES_FILE, "modern": "specpower_modern_shapes.csv"}
 SHARE_COLUMNS = tuple(f"share_{pct:03d}" for pct in range(0, 101, 10))
 GRID_UTIL = np.linspace(0.0, 1.0, 11)
 GRID_UTIL.flags.writeable = False
@@ -63,16 +74,36 @@ LOCAL_LOG_WATTS_WEIGHT = 0.002
 # their share against the kernel mean of similar servers. Chosen by cross-validation on the
 # prior's servers, leaving out each processor model in turn (`bench.accuracy_cv`: at curve
 # level, then on a week of telemetry); never on the scored servers.
+# A measured curve may dip this share of its range between two loads and still teach a shape.
+MAX_DIP_SHARE = 0.05
 GAP_RIDGE = 3.0
 RISE_RIDGE = 10.0
 GAP_RIDGE_SHARE = 0.75
 RISE_RIDGE_SHARE = 0.5
+# The interval given above the highest load: these quantiles of how the prior's servers' own
+# rises came out against what the prior (learned without each of them) predicted for them.
+INTERVAL_QUANTILES = (0.1, 0.9)
+# A generation's own prior needs this many servers; below, the prior of every server is used.
+MIN_GENERATION_SERVERS = 20
 
 
-def load_shapes_table() -> pd.DataFrame:
-    """The SPECpower curve shapes shipped with the package (one row per real server)."""
-    text = resources.files("training").joinpath("data", SHAPES_FILE).read_text()
-    return pd.read_csv(StringIO(text), comment="#")
+def load_shapes_table(periods: tuple[str, ...] = ("old",)) -> pd.DataFrame:
+    """The SPECpower curve shapes shipped with the package (one row per real server), of the
+    given periods (`SHAPES_FILES`: `old`, servers of 2007-2016; `modern`, 2017-2025)."""
+    tables = []
+    for period in periods:
+        if period not in SHAPES_FILES:
+            raise ValueError(f"unknown period {period!r}; known: {', '.join(SHAPES_FILES)}")
+        text = resources.files("training").joinpath("data", SHAPES_FILES[period]).read_text()
+        tables.append(pd.read_csv(StringIO(text), comment="#"))
+    return pd.concat(tables, ignore_index=True)
+
+
+def table_generations(table: pd.DataFrame) -> list[str | None]:
+    """Each row's generation: its `period` column (the shipped tables have one), else None."""
+    if "period" not in table.columns:
+        return [None] * len(table)
+    return [p if p in GENERATIONS else None for p in table["period"]]
 
 
 def normalised_shapes(curves_w: np.ndarray) -> np.ndarray:
@@ -91,20 +122,47 @@ class ShapePrior:
     bank_shapes: np.ndarray  # [m, 11] each server's normalised shape
     bank_watts: np.ndarray  # [m, 11] each server's curve in watts
     dynamic_from_idle: tuple[float, float]  # (a, b): log D = a + b log idle, least squares
+    # each server's generation ("old", "modern" or None: unknown), for `for_generation`
+    bank_generations: tuple[str | None, ...] = ()
+    # each server's processor model (`training.node_facts.processor_model`; empty: unknown,
+    # each server then its own): near-twins are left out together when the band is learned
+    bank_groups: tuple[str, ...] = ()
     # `_ShownShapeRegression`s learned so far, per pattern of shown grid points and top
     _regressions: dict = field(default_factory=dict, init=False, repr=False)
+    _by_generation: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_curves(cls, curves_w: np.ndarray, components: int = DEFAULT_COMPONENTS) -> ShapePrior:
-        """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3)."""
+    def from_curves(
+        cls,
+        curves_w: np.ndarray,
+        components: int = DEFAULT_COMPONENTS,
+        generations: list[str | None] | None = None,
+        groups: list[str] | None = None,
+    ) -> ShapePrior:
+        """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3), and
+        optionally each server's generation (`for_generation` then knows them) and processor
+        model (`groups`: left out together when the band above a node's highest load is
+        learned)."""
         curves_w = np.asarray(curves_w, dtype=np.float64)
         if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
             raise ValueError(
                 f"a shape prior needs at least 3 curves of {len(GRID_UTIL)} points, "
                 f"got an array of shape {curves_w.shape}"
             )
-        if not (np.diff(curves_w, axis=1) >= 0).all() or not (curves_w[:, 0] > 0).all():
-            raise ValueError("every curve of a shape prior must be positive and non-decreasing")
+        dynamic_w = curves_w[:, -1] - curves_w[:, 0]
+        dips_w = np.maximum.accumulate(curves_w, axis=1) - curves_w
+        if (
+            not (curves_w[:, 0] > 0).all()
+            or not (dynamic_w > 0).all()
+            or (dips_w.max(axis=1) > MAX_DIP_SHARE * dynamic_w).any()
+        ):
+            raise ValueError(
+                "every curve of a shape prior must be positive and non-decreasing (dips of "
+                f"up to {MAX_DIP_SHARE:.0%} of its range are evened out)"
+            )
+        # A measured curve may dip a watt between two loads (one Arm server of the modern
+        # sample does): a shape is non-decreasing, so the dip is evened out.
+        curves_w = np.maximum.accumulate(curves_w, axis=1)
         shapes = normalised_shapes(curves_w)
         increments = np.diff(shapes, axis=1)
         mean = increments.mean(axis=0)
@@ -128,6 +186,8 @@ class ShapePrior:
             bank_shapes=shapes,
             bank_watts=curves_w,
             dynamic_from_idle=(float(intercept), float(slope)),
+            bank_generations=tuple(generations or [None] * len(curves_w)),
+            bank_groups=tuple(str(g) for g in groups) if groups is not None else (),
         )
 
     @classmethod
@@ -142,11 +202,40 @@ class ShapePrior:
             table[list(SHARE_COLUMNS)].to_numpy(np.float64)
             * table["watts_max"].to_numpy(np.float64)[:, None]
         )
-        return cls.from_curves(curves_w, components)
+        groups = [processor_model(p) for p in table["processor"]] if "processor" in table else None
+        return cls.from_curves(curves_w, components, table_generations(table), groups)
+
+    def for_generation(self, generation: str | None) -> ShapePrior:
+        """The prior of this generation's servers only (`old` or `modern`), when it has at
+        least `MIN_GENERATION_SERVERS` of them; otherwise (or for None) this prior itself.
+
+        Curves of 2017 on idle lower and climb steeper at the top than those of 2007-2016, so
+        a node known to be of one generation is best drawn from its own."""
+        if generation is None:
+            return self
+        if generation not in self._by_generation:
+            mine = np.array([g == generation for g in self.bank_generations], dtype=bool)
+            self._by_generation[generation] = (
+                ShapePrior.from_curves(
+                    self.bank_watts[mine],
+                    generations=[generation] * int(mine.sum()),
+                    groups=list(self.groups[mine]),
+                )
+                if mine.sum() >= MIN_GENERATION_SERVERS and mine.sum() < self.n_servers
+                else self
+            )
+        return self._by_generation[generation]
 
     @property
     def n_servers(self) -> int:
         return len(self.bank_shapes)
+
+    @property
+    def groups(self) -> np.ndarray:
+        """[m] each server's processor model, or its index where none was given."""
+        if len(self.bank_groups) == self.n_servers:
+            return np.array(self.bank_groups, dtype=object)
+        return np.array([f"#{i}" for i in range(self.n_servers)], dtype=object)
 
     def mean_shape(self) -> np.ndarray:
         """The mean normalised shape at `GRID_UTIL`: 0 at idle, 1 at full load."""
@@ -182,10 +271,18 @@ class ShapePrior:
         )
         return increments / increments.sum()
 
-    def _kernel_weights(self, curve_w: np.ndarray, top: int, observed: np.ndarray) -> np.ndarray:
-        """[m] how much each server looks like the node up to `top` (see local_mean_increments)."""
+    def _kernel_weights(
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        among: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """[m] how much each server looks like the node up to `top` (see local_mean_increments);
+        `among` ([m] bool): only those servers (the result then has one weight per one of them)."""
         node = (curve_w[: top + 1] - curve_w[0]) / max(curve_w[top] - curve_w[0], 1e-6)
-        bank = self.bank_shapes[:, : top + 1]
+        bank_watts = self.bank_watts if among is None else self.bank_watts[among]
+        bank = (self.bank_shapes if among is None else self.bank_shapes[among])[:, : top + 1]
         bank = (bank - bank[:, :1]) / (bank[:, top : top + 1] - bank[:, :1])
         inner = [j for j in range(1, top) if observed[j]] or list(range(1, top))
         # mean squared distance scaled to ~4 compared points, so the bandwidth means the same
@@ -193,7 +290,7 @@ class ShapePrior:
         distance2 = ((bank[:, inner] - node[inner]) ** 2).sum(axis=1) / len(inner) * 4
         distance2 += (
             LOCAL_LOG_WATTS_WEIGHT
-            * (np.log(self.bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
+            * (np.log(bank_watts[:, top]) - np.log(max(curve_w[top], 1e-3))) ** 2
         )
         weights = np.exp(-0.5 * (distance2 - distance2.min()) / LOCAL_BANDWIDTH**2)
         return weights / weights.sum()
@@ -231,12 +328,59 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            rise = RISE_RIDGE_SHARE * rise + (1 - RISE_RIDGE_SHARE) * (
-                weights @ regression.bank_rise
-            )
-            shape[top + 1 :] = shape[top] + np.maximum.accumulate(np.maximum(rise, 0.0))
+            calibration = self._rise_calibration(anchors, top, observed)
+            rise = calibration.rise(rise, weights @ regression.bank_rise, top)
+            shape[top + 1 :] = shape[top] + rise
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
+
+    def rise_interval(
+        self, curve_w: np.ndarray, top: int, observed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """How sure the prior is above grid point `top`: ([10 - top] the rise it predicts at
+        each grid point above, and the `INTERVAL_QUANTILES` band around it), each per unit of
+        the node's rise from idle to `top` (so watts = P(top) + r * (P(top) - P(0))).
+
+        The band is how the prior's own servers came out against what it predicted for each
+        of them from their points up to `top`, learned without it (`_RiseCalibration`): their
+        ratios of actual to predicted rise, quantiles taken, applied to this node's
+        prediction."""
+        curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
+        if top >= N_DECILES or top < 2:
+            empty = np.zeros(0)
+            return empty, empty, empty
+        anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
+        regression = self._shown_shape_regression(anchors, top)
+        _, regressed = regression.predict(curve_w)
+        calibration = self._rise_calibration(anchors, top, observed)
+        rise = calibration.rise(
+            regressed, self._kernel_weights(curve_w, top, observed) @ regression.bank_rise, top
+        )
+        return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
+
+    def _rise_calibration(
+        self, anchors: tuple[int, ...], top: int, observed: np.ndarray
+    ) -> _RiseCalibration:
+        """How well the prior and the straight line each predicted the rise above `top` of the
+        prior's own servers, each learned without the server's processor model (`bank_groups`:
+        near-twins never vouch for each other; the regression left out by its hat matrix, the
+        kernel without them): the line's weight and the band."""
+        key = ("calibration", anchors, top)
+        if key not in self._regressions:
+            regression = self._shown_shape_regression(anchors, top)
+            groups = self.groups
+            left_out_log_rise = regression.left_out_log_rise(groups)
+            prior_rise = np.empty_like(regression.bank_rise)
+            for i in range(self.n_servers):
+                others = groups != groups[i]
+                weights = self._kernel_weights(self.bank_watts[i], top, observed, others)
+                prior_rise[i] = _prior_rise(
+                    np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others]
+                )
+            self._regressions[key] = _RiseCalibration.learn(
+                prior_rise, np.maximum(regression.bank_rise, 1e-4), top
+            )
+        return self._regressions[key]
 
     def _shown_shape_regression(self, anchors: tuple[int, ...], top: int) -> _ShownShapeRegression:
         key = (anchors, top)
@@ -273,6 +417,27 @@ class _ShownShapeRegression:
     rise: tuple[np.ndarray, np.ndarray]
     bank_gap_shares: np.ndarray  # [m, gaps] each server's shares, for the kernel mean
     bank_rise: np.ndarray  # [m, 10 - top]
+    bank_x: np.ndarray  # [m, features] standardised, for the left-out predictions
+
+    def left_out_log_rise(self, groups: np.ndarray) -> np.ndarray:
+        """[m, 10 - top] each server's log rise as the rise regression predicts it learned
+        without the servers of its group (`groups`: one label per server, its processor
+        model, so near-twins leave together). Exact for ridge with the hat matrix H: a group
+        g's left-out residuals are (I - H_gg)^-1 times its residuals (the intercept's share
+        taken as 1/m)."""
+        xs = self.bank_x
+        m = len(xs)
+        lhs = xs.T @ xs + RISE_RIDGE * np.eye(xs.shape[1])
+        hat = xs @ np.linalg.solve(lhs, xs.T) + 1.0 / m
+        fitted = self.rise[0] + xs @ self.rise[1]
+        actual = np.log(np.maximum(self.bank_rise, 1e-4))
+        residual = actual - fitted
+        left_out = np.empty_like(residual)
+        for group in np.unique(groups):
+            rows = np.flatnonzero(groups == group)
+            block = np.eye(len(rows)) - hat[np.ix_(rows, rows)]
+            left_out[rows] = np.linalg.lstsq(block, residual[rows], rcond=None)[0]
+        return actual - left_out
 
     @staticmethod
     def features(curves_w: np.ndarray, anchors: tuple[int, ...], top: int) -> np.ndarray:
@@ -319,6 +484,7 @@ class _ShownShapeRegression:
             rise=ridge(np.log(np.maximum(rise, 1e-4)), RISE_RIDGE),
             bank_gap_shares=shares,
             bank_rise=rise,
+            bank_x=xs,
         )
 
     def predict(self, curve_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -329,10 +495,60 @@ class _ShownShapeRegression:
         return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
+def _line_rise(top: int) -> np.ndarray:
+    """The straight line through idle and grid point `top`, extended: its rise above `top` at
+    each grid point, per unit of the rise from idle to `top`."""
+    return (np.arange(top + 1, N_DECILES + 1) - top) / top
+
+
+def _prior_rise(regressed: np.ndarray, kernel_mean: np.ndarray) -> np.ndarray:
+    """The prior's own rise above `top`: the regression mixed with the kernel mean of similar
+    servers (`RISE_RIDGE_SHARE`)."""
+    return np.maximum(RISE_RIDGE_SHARE * regressed + (1 - RISE_RIDGE_SHARE) * kernel_mean, 1e-4)
+
+
+@dataclass(frozen=True)
+class _RiseCalibration:
+    """Above grid point `top`: how much of the straight line to take and how wide the band is.
+
+    The rise is the prior's and the line's combined in log by inverse mean squared error, each
+    measured on the prior's own servers left out one at a time: where the prior tells the rise
+    well the line counts for little, where it cannot tell (its error as large as the line's)
+    the two count alike, so the result is rarely worse than the line. The band holds the
+    `INTERVAL_QUANTILES` of the combined prediction's ratios, actual to predicted.
+    """
+
+    line_weight: np.ndarray  # [10 - top] share of the line's log rise
+    low_ratio: np.ndarray  # [10 - top] actual / predicted, lower quantile (<= 1)
+    high_ratio: np.ndarray  # upper quantile (>= 1)
+
+    @classmethod
+    def learn(cls, prior_rise: np.ndarray, actual_rise: np.ndarray, top: int) -> _RiseCalibration:
+        line = _line_rise(top)
+        prior_error2 = np.mean(np.log(actual_rise / prior_rise) ** 2, axis=0)
+        line_error2 = np.mean(np.log(actual_rise / line) ** 2, axis=0)
+        line_weight = prior_error2 / np.maximum(prior_error2 + line_error2, 1e-12)
+        combined = np.maximum.accumulate(
+            np.exp((1 - line_weight) * np.log(prior_rise) + line_weight * np.log(line)), axis=1
+        )
+        low, high = np.quantile(actual_rise / combined, INTERVAL_QUANTILES, axis=0)
+        return cls(line_weight, np.minimum(low, 1.0), np.maximum(high, 1.0))
+
+    def rise(self, regressed: np.ndarray, kernel_mean: np.ndarray, top: int) -> np.ndarray:
+        """One node's rise above `top` (non-decreasing), from its regressed rise and the
+        kernel mean of the servers like it."""
+        prior_rise = _prior_rise(regressed, kernel_mean)
+        log_rise = (1 - self.line_weight) * np.log(prior_rise) + self.line_weight * np.log(
+            _line_rise(top)
+        )
+        return np.maximum.accumulate(np.exp(log_rise))
+
+
 @functools.cache
 def default_shape_prior() -> ShapePrior:
-    """The prior learned from every server shipped in `training/data/specpower_shapes.csv`."""
-    return ShapePrior.from_shapes_table(load_shapes_table())
+    """The prior learned from every server shipped in `training/data/` (both periods: 242
+    servers); `for_generation` narrows it to a node's generation when its facts tell it."""
+    return ShapePrior.from_shapes_table(load_shapes_table(tuple(SHAPES_FILES)))
 
 
 DERIVE_CORE_SCALING = (

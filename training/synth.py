@@ -7,8 +7,13 @@ a table with the contract-1 columns (see `livedata.metrics_table.CONTRACT_COLUMN
 What makes it look real, and why each part is there:
 
 - Power curves are real server curves: every node draws one of the SPECpower_ssj2008 results
-  condensed in `training/data/specpower_shapes.csv`, then a scale and small perturbations of
-  its idle share and curvature, so the fleet is heterogeneous the way data centres are.
+  condensed in `training/data/specpower_shapes.csv` (2007-2016) and
+  `specpower_modern_shapes.csv` (2017-2025) (the command line draws from both, code from the
+  periods it asks for, `FLEET_PERIODS` by default), then a scale and small perturbations of its idle
+  share and curvature, so the fleet is heterogeneous the way data centres are. Each row also
+  carries the node's hardware facts (contract 1's optional columns, `training.node_facts`):
+  the processor and core count of the server its curve comes from, its sockets, the highest
+  power its BMC reported in the period, and a power-supply rating sized above its peak.
 - Utilisation, by default (`--sampling even`), has a daily pattern, slow drift, bursts and idle
   periods, so the whole 0..1 range is visited. Real fleets are often less kind, and models must
   cope: `levels` holds load at 0, 20, ..., 100 % for hours with nothing between, `mostly-idle`
@@ -38,16 +43,22 @@ import pandas as pd
 
 from livedata.metrics_table import (
     AMBIENT_TEMP_C,
+    BMC_MAX_POWER_W,
     CONTRACT_COLUMNS,
     CPU1_TEMP_C,
     CPU2_TEMP_C,
+    CPU_CORES,
+    CPU_MODEL,
+    CPU_SOCKETS,
     CPU_UTIL,
+    FACT_COLUMNS,
     NODE,
     POWER_W,
+    PSU_RATING_W,
     TIMESTAMP,
 )
 from training.dataset import write_metrics
-from training.shape_prior import SHARE_COLUMNS, load_shapes_table
+from training.shape_prior import SHAPES_FILES, SHARE_COLUMNS, load_shapes_table
 
 log = logging.getLogger("training.synth")
 
@@ -68,9 +79,18 @@ TEMPERATURE_MODES = ("tight", "loose")
 ABSURD_STEP_COUNT = 50_000_000  # refuse sizes that would not fit in memory anyway
 
 
-def load_shapes() -> pd.DataFrame:
-    """The embedded SPECpower curve shapes (one row per real server)."""
-    return load_shapes_table()
+# Which SPECpower samples a fleet draws its servers from (`training.shape_prior.SHAPES_FILES`):
+# in code, by default the 2007-2016 servers, of which the benchmarks measured on a synthetic
+# cluster (`bench.energy_sim`) build theirs, so a seed's cluster stays what they measured; the
+# command line draws from both (`--periods`).
+FLEET_PERIODS: tuple[str, ...] = ("old",)
+ALL_PERIODS: tuple[str, ...] = tuple(SHAPES_FILES)
+
+
+def load_shapes(periods: tuple[str, ...] = FLEET_PERIODS) -> pd.DataFrame:
+    """The embedded SPECpower curve shapes of `periods` (one row per real server: 116 of
+    2007-2016 for `old`, 126 of 2017-2025 for `modern`)."""
+    return load_shapes_table(periods)
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,10 @@ class FleetSpec:
     noise_w: np.ndarray
     quantum_w: np.ndarray  # BMC reading step: 1 W or 5 W
     missing_share: np.ndarray  # share of samples never delivered
+    # Hardware facts the fleet reports (contract 1's optional columns); None: not reported
+    cpu_model: np.ndarray | None = None  # the processor as SPEC names it
+    cores: np.ndarray | None = None
+    psu_rating_w: np.ndarray | None = None
 
     @property
     def idle_share(self) -> np.ndarray:
@@ -104,11 +128,17 @@ def node_names(n_nodes: int) -> list[str]:
     return [f"node-{i:0{width}d}" for i in range(1, n_nodes + 1)]
 
 
-def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> FleetSpec:
-    """Draw the per-node parameters; the same seed always gives the same fleet."""
+def fleet_spec(
+    n_nodes: int,
+    seed: int,
+    shapes: pd.DataFrame | None = None,
+    periods: tuple[str, ...] = FLEET_PERIODS,
+) -> FleetSpec:
+    """Draw the per-node parameters (curves from `shapes`, else from the servers of
+    `periods`); the same seed always gives the same fleet."""
     if n_nodes < 1:
         raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
-    shapes = load_shapes() if shapes is None else shapes
+    shapes = load_shapes(periods) if shapes is None else shapes
     rng = np.random.default_rng([seed, 0])
     pick = rng.integers(0, len(shapes), n_nodes)
     base = shapes[list(SHARE_COLUMNS)].to_numpy(dtype=float)[pick]
@@ -132,6 +162,7 @@ def fleet_spec(n_nodes: int, seed: int, shapes: pd.DataFrame | None = None) -> F
         max_power_w=max_power_w,
         sockets=shapes["chips"].to_numpy(dtype=int)[pick],
         **_node_physics(rng, n_nodes, five_watt_steps),
+        **_hardware_facts(shapes, pick, max_power_w, np.random.default_rng([seed, 4])),
     )
 
 
@@ -152,7 +183,32 @@ def servers_spec(shapes: pd.DataFrame, seed: int, names: list[str] | None = None
         max_power_w=max_power_w,
         sockets=shapes["chips"].to_numpy(dtype=int),
         **_node_physics(rng, n_nodes, _five_watt_steps(rng, max_power_w)),
+        **_hardware_facts(
+            shapes, np.arange(n_nodes), max_power_w, np.random.default_rng([seed, 4])
+        ),
     )
+
+
+# Power-supply ratings servers ship with (watts); a node's is the smallest of these at least
+# 1.2-2.5 times its full-load power (vendors size for redundancy and options).
+PSU_RATINGS_W = (300, 450, 550, 750, 800, 1100, 1400, 1600, 2000, 2400, 2700, 3200)
+
+
+def _hardware_facts(
+    shapes: pd.DataFrame, pick: np.ndarray, max_power_w: np.ndarray, rng: np.random.Generator
+) -> dict[str, np.ndarray | None]:
+    """What the fleet reports about each node's hardware: the processor and core count of the
+    server its curve comes from (when the table names them), and a power-supply rating."""
+    headroom_w = max_power_w * rng.uniform(1.2, 2.5, len(max_power_w))
+    ratings = np.array(PSU_RATINGS_W, dtype=float)
+    at = np.minimum(np.searchsorted(ratings, headroom_w), len(ratings) - 1)
+    return {
+        "cpu_model": shapes["processor"].to_numpy(dtype=object)[pick]
+        if "processor" in shapes.columns
+        else None,
+        "cores": shapes["cores"].to_numpy(dtype=float)[pick] if "cores" in shapes.columns else None,
+        "psu_rating_w": np.maximum(ratings[at], np.ceil(max_power_w)),
+    }
 
 
 def _five_watt_steps(rng: np.random.Generator, max_power_w: np.ndarray) -> np.ndarray:
@@ -345,6 +401,7 @@ def synth_fleet(
     *,
     sampling: str = "even",
     temperature: str = "tight",
+    periods: tuple[str, ...] = FLEET_PERIODS,
 ) -> pd.DataFrame:
     """Contract-1 metrics for `n_nodes` heterogeneous nodes over `hours`, one sample per `step_s`.
 
@@ -352,11 +409,17 @@ def synth_fleet(
     cpu2_temp_c, power_w; sorted by node, then timestamp. Missing samples are absent rows;
     sensor dropouts and one-socket nodes leave temperatures NaN. `sampling` is how load
     spreads over time and `temperature` how closely CPU temperatures follow it
-    (`SAMPLINGS`, `TEMPERATURE_MODES`).
+    (`SAMPLINGS`, `TEMPERATURE_MODES`). The curves come from the SPECpower servers of
+    `periods` (`FLEET_PERIODS`); the node facts follow the contract columns.
     """
     _check_size(n_nodes, hours, step_s)
     return fleet_telemetry(
-        fleet_spec(n_nodes, seed), hours, step_s, seed, sampling=sampling, temperature=temperature
+        fleet_spec(n_nodes, seed, periods=periods),
+        hours,
+        step_s,
+        seed,
+        sampling=sampling,
+        temperature=temperature,
     )
 
 
@@ -474,6 +537,7 @@ def fleet_telemetry(
         },
         columns=list(CONTRACT_COLUMNS),
     )
+    frame = frame.assign(**_fact_cells(spec, node_index, power_w))
     log.info(
         "synthesised %d nodes x %d samples (%d rows after %.1f %% missing; %s load, %s "
         "temperatures)",
@@ -485,6 +549,25 @@ def fleet_telemetry(
         temperature,
     )
     return frame
+
+
+def _fact_cells(
+    spec: FleetSpec, node_index: np.ndarray, power_w: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The optional fact columns, one value per row (constant per node): what a cluster's
+    exporters would report. `bmc_max_power_w` is the highest reading the BMC gave in the
+    period, so it says only what the telemetry itself saw."""
+    facts: dict[str, np.ndarray] = {
+        CPU_SOCKETS: spec.sockets.astype(float)[node_index],
+        BMC_MAX_POWER_W: np.nanmax(power_w, axis=1)[node_index],
+    }
+    if spec.cpu_model is not None:
+        facts[CPU_MODEL] = spec.cpu_model[node_index]
+    if spec.cores is not None:
+        facts[CPU_CORES] = spec.cores[node_index]
+    if spec.psu_rating_w is not None:
+        facts[PSU_RATING_W] = spec.psu_rating_w[node_index]
+    return {column: facts[column] for column in FACT_COLUMNS if column in facts}
 
 
 def steady_state_cpu_temps_c(
@@ -580,6 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, required=True, help="output file, .parquet or .csv (required)"
     )
+    parser.add_argument(
+        "--periods",
+        default=",".join(ALL_PERIODS),
+        help="which SPECpower servers the nodes' curves come from, comma-separated: old "
+        "(2007-2016), modern (2017-2025) (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="log warnings only")
     return parser
 
@@ -593,6 +682,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.suffix.lower() not in (".parquet", ".csv"):
         print(f"error: --out must end in .parquet or .csv, got {args.out.name!r}", file=sys.stderr)
         return 2
+    periods = tuple(p.strip() for p in args.periods.split(",") if p.strip())
+    unknown = [p for p in periods if p not in ALL_PERIODS]
+    if unknown or not periods:
+        print(
+            f"error: --periods: unknown {', '.join(unknown) or 'empty'}; known: "
+            f"{', '.join(ALL_PERIODS)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         frame = synth_fleet(
             args.nodes,
@@ -601,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             sampling=args.sampling,
             temperature=args.temperature,
+            periods=periods,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

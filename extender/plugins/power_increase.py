@@ -23,7 +23,10 @@ its fallback curve was scaled by its CPU count (`fallback_scale`), or why it was
 It also gives, per node, the highest load its model was trained on
 (`max_util_measured`, from the bundle, read when curves are built) and whether the prediction
 after placement lies above it (`extrapolated`: the model's shape there comes from the
-population prior, not from the node's own data; None when unknown, e.g. the fleet fallback).
+population prior, not from the node's own data; None when unknown, e.g. the fleet fallback),
+and there how sure the model is: `extrapolation_interval_w`, the band [low_w, high_w] its power
+after placement is expected in (the bundle's `extrapolation_interval`, from training's shape
+prior; None when not extrapolated or the model recorded none).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class PowerIncrease(Plugin):
             bool(above) if ok else None
             for above, ok in zip(util_after > measured, known, strict=True)
         ]
+        interval = extrapolation_interval_w(cycle, extrapolated, util_after)
         return {
             "u": finite_or_none(nodes.u),
             "a": finite_or_none(nodes.a),
@@ -87,8 +91,28 @@ class PowerIncrease(Plugin):
             "increase_w": finite_or_none(cycle.increase_w),
             "max_util_measured": finite_or_none(measured),
             "extrapolated": extrapolated,
+            "extrapolation_interval_w": interval,
             **model_columns(cycle),
         }
+
+
+def extrapolation_interval_w(
+    cycle: Cycle, extrapolated: Sequence[bool | None], util_after: np.ndarray
+) -> list[list[float] | None]:
+    """Per candidate placed above its model's highest trained load, the band its power after
+    placement is expected in, [low_w, high_w] (the bundle's `extrapolation_interval` applied to
+    the prediction); None where it is not extrapolated or its model gave no band."""
+    curves, rows = cycle.curves, cycle.nodes.curve_idx
+    power_after = cycle.power_after_w
+    interval: list[list[float] | None] = []
+    for k, above in enumerate(extrapolated):
+        band = curves.extrapolation[rows[k]] if above and curves is not None else None
+        if band is None or not np.isfinite(power_after[k]):
+            interval.append(None)
+            continue
+        low, high = band.ratios(float(util_after[k]))
+        interval.append([round(power_after[k] * low, 3), round(power_after[k] * high, 3)])
+    return interval
 
 
 def model_columns(cycle: Cycle) -> dict[str, list[object]]:

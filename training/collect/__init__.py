@@ -2,6 +2,8 @@
 
 - `tables`: range collection in time chunks -> pandas tables, in memory or spilled to
   node-group Parquet files; the same read at one instant as a table.
+- `facts`: the node facts (CPU model, cores, sockets, highest BMC power, PSU rating), read
+  once per collection and joined to every row of their node.
 - `cli`: `python -m training.collect` (flags, logging, exit statuses).
 
 The settings, the Prometheus reader and the instance-to-node and sensor mapping are shared with

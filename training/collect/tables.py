@@ -3,7 +3,9 @@
 This is the first step of the pipeline: node_exporter gives each node's CPU busy share,
 ipmi_exporter its BMC temperatures and DCMI input power. We read them over a time range and
 build one row per node per step:
-`node, timestamp, cpu_util, ambient_temp_c, cpu1_temp_c, cpu2_temp_c, power_w`.
+`node, timestamp, cpu_util, ambient_temp_c, cpu1_temp_c, cpu2_temp_c, power_w`, followed by
+the node facts Prometheus has (`cpu_model`, `cpu_cores`, `cpu_sockets`, `bmc_max_power_w`,
+`psu_rating_w`: `training.collect.facts`), the same on every row of a node.
 
 What to ask and how answers map to nodes and columns is the shared live-data layer's
 (`livedata.collect_config`, `livedata.node_mapping`), and so is talking to Prometheus
@@ -55,6 +57,7 @@ from livedata.metrics_table import (
 )
 from livedata.node_mapping import CollectStats, host_nodes_from_uname, node_samples
 from livedata.prometheus import PrometheusReader, Series
+from training.collect.facts import join_facts, read_node_facts
 
 # The package's name, not this module's: log lines read `training.collect: ...` (the training
 # scale bench times the collection by its "collected" line).
@@ -179,6 +182,7 @@ def iter_collected(
     rules = compile_sensor_rules(config)
     show = progress and sys.stderr.isatty()
     queries = collect_queries(config, match)
+    facts: pd.DataFrame | None = None  # read once the first chunk has answered
     series_per_step = 0
     chunk_start_s = start_s
     with (
@@ -213,13 +217,21 @@ def iter_collected(
                     uname_reader.instant(uname_query(config, window_s, match), chunk_end_s), config
                 )
             answers = {key: answer.result() for key, answer in pending.items()}
+            if facts is None:
+                facts = read_node_facts(config, start_s, end_s, match)
+                if len(facts):
+                    log.info(
+                        "node facts for %d node(s): %s",
+                        len(facts),
+                        ", ".join(c for c in facts.columns if c != NODE),
+                    )
             series_per_step = max(series_per_step, sum(map(len, answers.values())))
             stats.chunks += 1
             stats.largest_chunk_samples = max(
                 stats.largest_chunk_samples,
                 sum(len(one.values) for found in answers.values() for one in found),
             )
-            yield build_table(answers, config, host_nodes, stats, rules)
+            yield join_facts(build_table(answers, config, host_nodes, stats, rules), facts)
             bar.update((chunk_end_s - chunk_start_s) // step_s + 1)
             chunk_start_s = chunk_end_s + step_s
 
@@ -309,12 +321,14 @@ def collect_instant(
 
     `livedata.instant.read_instant` as a table: one instant query per metric for all nodes;
     `timestamp` is the evaluation time. A node without a power reading has `power_w` NaN;
-    without a sensor, that temperature is NaN.
+    without a sensor, that temperature is NaN. The node facts follow, as for a range.
     """
     readings = read_instant(config, at_s=at.timestamp() if at is not None else None, stats=stats)
     if not readings:
         return empty_table()
-    return _contract_frame(
+    at_s = max(reading.observed_at_s for reading in readings)
+    facts = read_node_facts(config, at_s, at_s)
+    table = _contract_frame(
         np.array([reading.node for reading in readings]),
         np.array([reading.observed_at_s for reading in readings]),
         {
@@ -322,3 +336,4 @@ def collect_instant(
             for column in VALUE_COLUMNS
         },
     )
+    return join_facts(table, facts)

@@ -529,6 +529,9 @@ def _manifest_entry(outcome: FitOutcome) -> dict:
         # above this load the model extrapolates (the extender's /explain says so)
         "max_util_measured": outcome.max_util_measured,
     }
+    if outcome.extrapolation_interval is not None:
+        # how sure the model is above it: ratios to its prediction (predictor.curves)
+        entry["extrapolation_interval"] = outcome.extrapolation_interval
     if outcome.thermal:
         entry["thermal"] = outcome.thermal
     if outcome.scaled is not None:
@@ -570,6 +573,8 @@ def _report_entry(outcome: FitOutcome, fallback_answer: dict | None) -> dict:
         "power_range_w": outcome.power_range_w,
         "max_util_measured": outcome.max_util_measured,
         "loads_shown_pct": outcome.loads_shown_pct,
+        "extrapolation_interval": outcome.extrapolation_interval,
+        "facts": outcome.facts,
         "steady_curve_w": outcome.steady_curve_w,
         "note": "",
     }
@@ -635,7 +640,7 @@ def _settings_entry(settings: FitSettings) -> dict:
     entry["families"] = list(settings.families)
     entry["last_resort_families"] = list(settings.last_resort_families)
     entry["shape_prior"] = (
-        "shipped: training/data/specpower_shapes.csv"
+        "shipped: training/data/specpower_shapes.csv, specpower_modern_shapes.csv"
         if prior is None
         else f"given: {prior.n_servers} server curves"
     )

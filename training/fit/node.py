@@ -27,6 +27,7 @@ from livedata.metrics_table import (
     AMBIENT_TEMP_C,
     CPU_TEMPERATURE_COLUMNS,
     CPU_UTIL,
+    FACT_COLUMNS,
     FEATURES,
     NODE,
     POWER_W,
@@ -44,6 +45,7 @@ from training.families import (
 )
 from training.fit.settings import FLEXIBLE_MARGIN, FitSettings
 from training.monoshape import CurveNotIdentifiable, MonoShapeRegressor
+from training.node_facts import NodeFacts
 from training.report import IdleToMaxLine, error_metrics
 from training.shape_prior import GRID_UTIL
 
@@ -62,12 +64,15 @@ class NodeRows:
     time_s: np.ndarray
     features: np.ndarray
     power_w: np.ndarray
+    facts: NodeFacts | None = None  # the node's hardware, when the table's fact columns tell
 
     def __len__(self) -> int:
         return len(self.power_w)
 
     def take(self, index: np.ndarray | slice) -> NodeRows:
-        return NodeRows(self.node, self.time_s[index], self.features[index], self.power_w[index])
+        return NodeRows(
+            self.node, self.time_s[index], self.features[index], self.power_w[index], self.facts
+        )
 
 
 @dataclass
@@ -101,6 +106,10 @@ class FitOutcome:
     # node's typical temperatures (what the predictor tabulates): the fleet fallback's material.
     steady_curve_w: list[float] = field(default_factory=list)
     loads_shown_pct: list[int] | None = None  # monoshape: grid loads the data showed
+    # monoshape: above `max_util_measured`, the band the prior expects power in, as ratios to
+    # the model's prediction (`training.monoshape.ExtrapolationInterval.as_dict`)
+    extrapolation_interval: dict | None = None
+    facts: dict = field(default_factory=dict)  # the node's hardware facts, for the report
     scaled: dict | None = None  # a scaled fallback's idle and range (training.fit.fallback)
 
 
@@ -147,13 +156,16 @@ def iter_node_rows(frame: pd.DataFrame, fill: Mapping[str, str]) -> Iterator[Nod
     features = frame[list(FEATURES)].to_numpy(np.float32)
     power_w = frame[POWER_W].to_numpy(np.float64)
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else []
+    fact_columns = [c for c in FACT_COLUMNS if c in frame.columns]
     for start, end in zip(starts, [*starts[1:], len(names)], strict=True):
         order = np.argsort(time_s[start:end], kind="stable") + start
+        facts = NodeFacts.from_rows(frame.iloc[start:end][fact_columns]) if fact_columns else None
         yield NodeRows(
             node=str(names[start]),
             time_s=time_s[order],
             features=fill_features(features[order], fill),
             power_w=power_w[order],
+            facts=facts if facts is not None and facts.known else None,
         )
 
 
@@ -313,7 +325,12 @@ def choose_model(
             fit_rows = train.take(np.sort(pick))
         try:
             model = fit_family(
-                family, fit_rows.features, fit_rows.power_w, settings.seed, settings.shape_prior
+                family,
+                fit_rows.features,
+                fit_rows.power_w,
+                settings.seed,
+                settings.shape_prior,
+                train.facts,
             )
         except (CurveNotIdentifiable, np.linalg.LinAlgError) as exc:
             skipped.append({"family": family.name, "skipped": str(exc)})
@@ -449,6 +466,7 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
     train, test = rows.take(slice(0, start)), rows.take(slice(start, None))
     outcome = FitOutcome(
         node=rows.node,
+        facts=rows.facts.as_dict() if rows.facts is not None else {},
         rows_train=len(train),
         rows_test=len(test),
         thermal=node_thermal(train),
@@ -490,4 +508,6 @@ def fit_node(rows: NodeRows, settings: FitSettings) -> FitOutcome:
     if isinstance(model, MonoShapeRegressor) and model.details_ is not None:
         shown = model.details_.observed_grid
         outcome.loads_shown_pct = [10 * i for i, seen in enumerate(shown) if seen]
+        if model.details_.extrapolation is not None:
+            outcome.extrapolation_interval = model.details_.extrapolation.as_dict()
     return outcome

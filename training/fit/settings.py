@@ -57,7 +57,7 @@ class FitSettings:
     flexible_max_util_gap: float = FLEXIBLE_MAX_UTIL_GAP
     min_util_span: float = MIN_UTIL_SPAN
     # The population shape prior of `monoshape` (None: the one shipped with the package,
-    # learned from every server in training/data/specpower_shapes.csv). Benchmarks pass one
+    # learned from every server in training/data/specpower_*shapes.csv). Benchmarks pass one
     # learned from part of the sample, to score on servers it has not seen.
     shape_prior: ShapePrior | None = None
 
