@@ -15,8 +15,10 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    The extender predicts from these learned models, never from the simulator's curves.
 3. Workload: a generated trace (daily pattern plus bursts, mean requested CPU = --load of the
    cluster) or a CSV trace (--trace; columns in `bench.sim.workload`'s docstring and --help).
-4. Every policy places the same trace on the same cluster: `default` (kube-scheduler's
-   NodeResourcesFit + LeastAllocated + BalancedAllocation, `bench.sim.kube_default`),
+4. Every policy places the same trace on the same cluster: `default` (kube-scheduler v1.36's
+   default plugins, NodeResourcesFit + LeastAllocated + BalancedAllocation + PodTopologySpread,
+   `bench.sim.kube_default`; `--kube-version 1.28` for v1.28's, in every policy that runs
+   them; the tables and the JSON settings name the version),
    `random`, `power-aware` (our extender over HTTP: a real uvicorn server on 127.0.0.1 running
    `extender.app.create_app` on a `Runtime` whose clock is the simulated clock),
    `power-aware+battery` (the same, while battery nodes' `energy-status` labels change), and
