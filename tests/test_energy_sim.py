@@ -127,7 +127,7 @@ def test_kube_scheduler_v1_28_scores_the_balance_after_placement() -> None:
     pod3 = PodRequest(2000, 4 * GIB)
     totals = default_plugin_scores(ledger, pod3, all_nodes) - SAME_EVERYWHERE
     assert totals.tolist() == [150, 125, 99]
-    with pytest.raises(ValueError, match="1.29"):
+    with pytest.raises(ValueError, match=r"1\.29"):
         NodeLedger(np.array([1000]), np.array([GIB]), kube_version="1.29")
 
 
@@ -530,7 +530,9 @@ CONTRACT_KEYS = {
 }
 
 
-def test_summary_reports_contract_5_for_every_policy_and_the_waits(tmp_path: Path) -> None:
+def test_summary_reports_contract_5_for_every_policy_and_the_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace_csv = tmp_path / "trace.csv"
     # Two 3-node cluster's worth of 20-core pods at once: the second wave waits for the first.
     trace_csv.write_text(
@@ -541,6 +543,14 @@ def test_summary_reports_contract_5_for_every_policy_and_the_waits(tmp_path: Pat
     assert main([*args, "--policies", "default,cheapest", "--json", str(summary_json)]) == 0
     report = json.loads(summary_json.read_text())
     assert report["settings"]["preset"] == "default" and report["settings"]["seed"] == 7
+    # The default scheduler is kube-scheduler v1.36's unless --kube-version says otherwise.
+    assert report["settings"]["kube_version"] == "1.36"
+    assert "default (kube-scheduler v1.36) " in capsys.readouterr().out
+    older_json = tmp_path / "v1.28.json"
+    older = [*args, "--policies", "default", "--kube-version", "1.28", "--json", str(older_json)]
+    assert main(older) == 0
+    assert json.loads(older_json.read_text())["settings"]["kube_version"] == "1.28"
+    assert "default (kube-scheduler v1.28) " in capsys.readouterr().out
     for entry in report["policies"].values():
         assert set(entry) >= CONTRACT_KEYS
         assert set(entry["pod_wait_s"]) == {"p50", "p99", "max"}
