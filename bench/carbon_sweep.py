@@ -32,6 +32,7 @@ from pathlib import Path
 from bench.sim import presets as _presets  # noqa: F401  (registers the multizone preset)
 from bench.sim.carbon import CarbonMeter, carbon_world, co2_ceiling
 from bench.sim.engine import SimSettings
+from bench.sim.kube_default import DEFAULT_KUBE_VERSION, KUBE_VERSIONS
 from bench.sim.runner import run_policy, setup_logging
 from bench.sim.scenario import (
     PRESETS,
@@ -92,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="WATTS",
         help="nodes running nothing sleep at this power (instant wake-up, optimistic)",
+    )
+    parser.add_argument(
+        "--kube-version",
+        choices=KUBE_VERSIONS,
+        default=DEFAULT_KUBE_VERSION,
+        help="whose default plugins and scores the simulated kube-scheduler gives "
+        f"({DEFAULT_KUBE_VERSION})",
     )
     parser.add_argument("--out-dir", type=Path, default=Path("out/energy_sim"))
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -171,7 +179,8 @@ def sweep(
     return rows
 
 
-def print_rows(rows: Sequence[dict]) -> None:
+def print_rows(rows: Sequence[dict], kube_version: str = DEFAULT_KUBE_VERSION) -> None:
+    print(f"default: kube-scheduler v{kube_version}'s default plugins")
     print(
         f"{'zones g/kWh':<30} {'CO2 kg default':>14} {'power-aware':>11} {'+carbon':>8} "
         f"{'vs default':>10} {'vs power-aware':>14} {'above idle vs default':>21} "
@@ -208,9 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = replace(
         settings, hours=args.hours, seed=args.seed, deferrable_share=args.deferrable_share
     )
-    sim_settings = replace(sim_settings, empty_node_power_w=args.empty_node_power)
+    sim_settings = replace(
+        sim_settings, empty_node_power_w=args.empty_node_power, kube_version=args.kube_version
+    )
     rows = sweep(args.spreads, settings, sim_settings, args.out_dir, progress=not args.quiet)
-    print_rows(rows)
+    print_rows(rows, args.kube_version)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -15,8 +15,10 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
    The extender predicts from these learned models, never from the simulator's curves.
 3. Workload: a generated trace (daily pattern plus bursts, mean requested CPU = --load of the
    cluster) or a CSV trace (--trace; columns in `bench.sim.workload`'s docstring and --help).
-4. Every policy places the same trace on the same cluster: `default` (kube-scheduler's
-   NodeResourcesFit + LeastAllocated + BalancedAllocation, `bench.sim.kube_default`),
+4. Every policy places the same trace on the same cluster: `default` (kube-scheduler v1.36's
+   default plugins, NodeResourcesFit + LeastAllocated + BalancedAllocation + PodTopologySpread,
+   `bench.sim.kube_default`; `--kube-version 1.28` for v1.28's, in every policy that runs
+   them; the tables and the JSON settings name the version),
    `random`, `power-aware` (our extender over HTTP: a real uvicorn server on 127.0.0.1 running
    `extender.app.create_app` on a `Runtime` whose clock is the simulated clock),
    `power-aware+battery` (the same, while battery nodes' `energy-status` labels change), and
@@ -79,6 +81,7 @@ from bench.sim import presets as _presets  # noqa: F401  (registers every preset
 from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
+from bench.sim.kube_default import DEFAULT_KUBE_VERSION, KUBE_VERSIONS
 from bench.sim.runner import (
     POLICIES,
     PolicyNotApplicable,
@@ -240,8 +243,16 @@ COLUMNS: tuple[tuple[str, int, str], ...] = (
 )
 
 
+def policy_label(policy: str, report: dict) -> str:
+    """A policy's name in the tables; the default scheduler's names its kube-scheduler."""
+    if policy.startswith("default"):
+        version = report.get("settings", {}).get("kube_version", DEFAULT_KUBE_VERSION)
+        return f"{policy} (kube-scheduler v{version})"
+    return policy
+
+
 def print_table(results: Sequence[PolicyResult], report: dict) -> None:
-    width = max(20, *(len(r.policy) for r in results))
+    width = max(20, *(len(policy_label(r.policy, report)) for r in results))
     print(f"{'policy':<{width}} " + " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS))
     for result in results:
         entry = report["policies"][result.policy]
@@ -263,7 +274,7 @@ def print_table(results: Sequence[PolicyResult], report: dict) -> None:
             f"{result.power_cycles_per_node_day:.2f}",
         )
         print(
-            f"{result.policy:<{width}} "
+            f"{policy_label(result.policy, report):<{width}} "
             + " ".join(f"{v:>{w}}" for v, (_, w, _) in zip(values, COLUMNS, strict=True))
         )
     print("columns:")
@@ -283,7 +294,7 @@ def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
     if not headers + keys:
         return
     baseline = report["policies"].get("default")
-    width = max(20, *(len(r.policy) for r in results))
+    width = max(20, *(len(policy_label(r.policy, report)) for r in results))
     widths = [max(10, len(h)) for h in headers + keys]
     print("preset figures:")
     print(
@@ -303,7 +314,7 @@ def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
             values.append(f"{result.failed_pod_starts:d}")
         values += [f"{result.kpis[key]:g}" if key in result.kpis else "-" for key in keys]
         print(
-            f"{result.policy:<{width}} "
+            f"{policy_label(result.policy, report):<{width}} "
             + " ".join(f"{v:>{w}}" for v, w in zip(values, widths, strict=True))
         )
 
@@ -423,6 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
         + f" (default {d.cloud_weight:g})",
     )
     sim = parser.add_argument_group("simulation")
+    sim.add_argument(
+        "--kube-version",
+        choices=KUBE_VERSIONS,
+        default=None,
+        help="whose default plugins and scores the simulated kube-scheduler gives, in every "
+        "policy that runs them (default "
+        f"{s.kube_version}; 1.28 scores BalancedAllocation on the balance after placement)",
+    )
     sim.add_argument(
         "--tick",
         metavar="SECONDS",
@@ -690,6 +709,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "min_headroom_cores": ("min_headroom_cores", 1),
     "headroom_factor": ("headroom_factor", 1),
     "arrival_windows": ("arrival_windows_s", 1),
+    "kube_version": ("kube_version", 1),
 }
 
 

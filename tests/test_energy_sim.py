@@ -24,6 +24,7 @@ from bench.sim.kube_default import (
     extender_contribution,
     fits,
     least_allocated_scores,
+    plugin_scores,
 )
 from bench.sim.policies import CheapestPolicy, Decision, DefaultPolicy, ReschedulingPolicy
 from bench.sim.workload import Trace, TraceError, generate_trace, load_trace_csv
@@ -34,9 +35,18 @@ GIB = 1024**3
 A, B, C = 0, 1, 2
 
 
-def tiny_ledger() -> NodeLedger:
+def tiny_ledger(kube_version: str = "1.36") -> NodeLedger:
     # node a: 4 CPU, 8 GiB; node b: 8 CPU, 8 GiB; node c: 2 CPU, 16 GiB
-    return NodeLedger(np.array([4000, 8000, 2000]), np.array([8 * GIB, 8 * GIB, 16 * GIB]))
+    return NodeLedger(
+        np.array([4000, 8000, 2000]),
+        np.array([8 * GIB, 8 * GIB, 16 * GIB]),
+        kube_version=kube_version,
+    )
+
+
+# Every node's total also holds TaintToleration's 100 x weight 3 (no PreferNoSchedule taint
+# anywhere) and ImageLocality's and DynamicResources' 0: the same on every node.
+SAME_EVERYWHERE = 300
 
 
 def test_default_scheduler_matches_hand_computed_placements() -> None:
@@ -49,32 +59,39 @@ def test_default_scheduler_matches_hand_computed_placements() -> None:
     #     a: cpu 3000*100//4000 = 75, mem 7*100//8 = 87 -> 81
     #     b: cpu 7000*100//8000 = 87, mem 87           -> 87
     #     c: cpu 1000*100//2000 = 50, mem 15*100//16 = 93 -> 71
-    #   BalancedAllocation = int((1 - |f_cpu - f_mem| / 2) * 100):
-    #     a: |0.25 - 0.125|/2 = 0.0625 -> 93;  b: 0 -> 100;  c: |0.5 - 0.0625|/2 -> 78
-    #   totals a 174, b 187, c 149 -> b
+    #   BalancedAllocation (v1.36) = 50 + (50 + after - before) // 2, each balance
+    #   int((1 - |f_cpu - f_mem| / 2) * 100); empty nodes are balanced (before 100):
+    #     a: after |0.25 - 0.125|/2 = 0.0625 -> 93 -> 50 + 43 // 2 = 71
+    #     b: after 0 -> 100 -> 75;  c: after |0.5 - 0.0625|/2 -> 78 -> 50 + 28 // 2 = 64
+    #   totals a 152, b 162, c 135 -> b
     pod1 = PodRequest(1000, 1 * GIB)
     assert least_allocated_scores(ledger, pod1, all_nodes).tolist() == [81, 87, 71]
-    assert balanced_allocation_scores(ledger, pod1, all_nodes).tolist() == [93, 100, 78]
-    assert default_plugin_scores(ledger, pod1, all_nodes).tolist() == [174, 187, 149]
+    assert balanced_allocation_scores(ledger, pod1, all_nodes).tolist() == [71, 75, 64]
+    totals = default_plugin_scores(ledger, pod1, all_nodes) - SAME_EVERYWHERE
+    assert totals.tolist() == [152, 162, 135]
     assert default_schedule(ledger, pod1, rng) == B
     ledger.add(B, pod1)
 
     # Pod 2: 3 CPU, 1 GiB. The filter rejects c (3 CPU > 2 allocatable).
-    #   a: LA (25 + 87) // 2 = 56, BA |0.75 - 0.125|/2 = 0.3125 -> 68; total 124
-    #   b: LA cpu 4000*100//8000 = 50, mem 6*100//8 = 75 -> 62, BA |0.5 - 0.25|/2 -> 87; 149
+    #   a: LA (25 + 87) // 2 = 56, BA after |0.75 - 0.125|/2 -> 68, before 100 -> 59; 115
+    #   b: LA cpu 4000*100//8000 = 50, mem 6*100//8 = 75 -> 62,
+    #      BA after |0.5 - 0.25|/2 -> 87, before |0.125 - 0.125| -> 100 -> 68; 130
     pod2 = PodRequest(3000, 1 * GIB)
     assert fits(ledger, pod2).tolist() == [True, True, False]
-    assert default_plugin_scores(ledger, pod2, np.array([A, B])).tolist() == [124, 149]
+    totals = default_plugin_scores(ledger, pod2, np.array([A, B])) - SAME_EVERYWHERE
+    assert totals.tolist() == [115, 130]
     assert default_schedule(ledger, pod2, rng) == B
     ledger.add(B, pod2)
 
-    # Pod 3: 2 CPU, 4 GiB; b has 4 CPU and 6 GiB requested.
-    #   a: LA (50 + 50) // 2 = 50, BA 100 -> 150
-    #   b: LA (2000*100//8000 = 25, 2*100//8 = 25) -> 25, BA |0.75 - 0.75| -> 100 -> 125
-    #   c: LA (0, 12*100//16 = 75) -> 37, BA |1.0 - 0.25|/2 = 0.375 -> 62 -> 99
-    #   -> a: spreading wins over b, which already runs pods.
+    # Pod 3: 2 CPU, 4 GiB; b has 4 CPU and 2 GiB requested.
+    #   a: LA (50 + 50) // 2 = 50, BA after 100, before 100 -> 75; 125
+    #   b: LA (2000*100//8000 = 25, 2*100//8 = 25) -> 25,
+    #      BA after |0.75 - 0.75| -> 100, before |0.5 - 0.25|/2 -> 87 -> 81; 106
+    #   c: LA (0, 12*100//16 = 75) -> 37, BA after |1.0 - 0.25|/2 -> 62, before 100 -> 56; 93
+    #   -> a: spreading wins over b, though the pod would even out b's balance.
     pod3 = PodRequest(2000, 4 * GIB)
-    assert default_plugin_scores(ledger, pod3, all_nodes).tolist() == [150, 125, 99]
+    totals = default_plugin_scores(ledger, pod3, all_nodes) - SAME_EVERYWHERE
+    assert totals.tolist() == [125, 106, 93]
     assert default_schedule(ledger, pod3, rng) == A
     ledger.add(A, pod3)
 
@@ -88,15 +105,47 @@ def test_default_scheduler_matches_hand_computed_placements() -> None:
     assert default_schedule(ledger, PodRequest(3000, 0), rng) is None
 
 
+def test_kube_scheduler_v1_28_scores_the_balance_after_placement() -> None:
+    ledger = tiny_ledger("1.28")
+    rng = np.random.default_rng(0)
+    all_nodes = np.arange(3)
+    # v1.28's BalancedAllocation is the balance with the pod placed, int((1 - std) * 100):
+    #   pod 1 (1 CPU, 1 GiB): a 93, b 100, c 78; with LeastAllocated 81, 87, 71 -> b
+    pod1 = PodRequest(1000, 1 * GIB)
+    assert balanced_allocation_scores(ledger, pod1, all_nodes).tolist() == [93, 100, 78]
+    totals = default_plugin_scores(ledger, pod1, all_nodes) - SAME_EVERYWHERE
+    assert totals.tolist() == [174, 187, 149]
+    assert default_schedule(ledger, pod1, rng) == B
+    ledger.add(B, pod1)
+    #   pod 2 (3 CPU, 1 GiB): a LA 56 + BA 68 = 124, b LA 62 + BA 87 = 149 (c does not fit)
+    pod2 = PodRequest(3000, 1 * GIB)
+    totals = default_plugin_scores(ledger, pod2, np.array([A, B])) - SAME_EVERYWHERE
+    assert totals.tolist() == [124, 149]
+    ledger.add(B, pod2)
+    #   pod 3 (2 CPU, 4 GiB): a 50 + 100, b 25 + 100, c 37 + 62: where v1.36 gives b 81 for
+    #   evening out its balance, v1.28 gives it the full 100 for the balance it ends at.
+    pod3 = PodRequest(2000, 4 * GIB)
+    totals = default_plugin_scores(ledger, pod3, all_nodes) - SAME_EVERYWHERE
+    assert totals.tolist() == [150, 125, 99]
+    with pytest.raises(ValueError, match=r"1\.29"):
+        NodeLedger(np.array([1000]), np.array([GIB]), kube_version="1.29")
+
+
 def test_zero_requests_score_as_defaults_but_fit_anywhere() -> None:
-    ledger = tiny_ledger()
     empty = PodRequest(0, 0)
-    # The filter ignores unrequested resources; LeastAllocated counts 100m and 200 MiB:
-    #   a: cpu 3900*100//4000 = 97, mem (8192-200)*100//8192 = 97 -> 97
-    assert fits(ledger, empty).all()
-    assert least_allocated_scores(ledger, empty, np.array([A])).tolist() == [97]
-    # BalancedAllocation uses the actual (zero) requests: fractions 0 and 0 -> 100.
-    assert balanced_allocation_scores(ledger, empty, np.array([A])).tolist() == [100]
+    for kube_version in ("1.36", "1.28"):
+        ledger = tiny_ledger(kube_version)
+        # The filter ignores unrequested resources; LeastAllocated counts 100m and 200 MiB:
+        #   a: cpu 3900*100//4000 = 97, mem (8192-200)*100//8192 = 97 -> 97
+        assert fits(ledger, empty).all()
+        assert least_allocated_scores(ledger, empty, np.array([A])).tolist() == [97]
+    # BalancedAllocation uses the actual (zero) requests. v1.28: fractions 0 and 0 -> 100.
+    # v1.36 skips best-effort pods: the plugin adds nothing, to no node.
+    v1_28, v1_36 = tiny_ledger("1.28"), tiny_ledger("1.36")
+    assert balanced_allocation_scores(v1_28, empty, np.array([A])).tolist() == [100]
+    assert "NodeResourcesBalancedAllocation" in plugin_scores(v1_28, empty, np.array([A]))
+    assert "NodeResourcesBalancedAllocation" not in plugin_scores(v1_36, empty, np.array([A]))
+    assert default_plugin_scores(v1_36, empty, np.array([A])).tolist() == [97 + SAME_EVERYWHERE]
 
 
 def test_extender_scores_count_weight_times_ten() -> None:
@@ -481,7 +530,9 @@ CONTRACT_KEYS = {
 }
 
 
-def test_summary_reports_contract_5_for_every_policy_and_the_waits(tmp_path: Path) -> None:
+def test_summary_reports_contract_5_for_every_policy_and_the_waits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace_csv = tmp_path / "trace.csv"
     # Two 3-node cluster's worth of 20-core pods at once: the second wave waits for the first.
     trace_csv.write_text(
@@ -492,6 +543,14 @@ def test_summary_reports_contract_5_for_every_policy_and_the_waits(tmp_path: Pat
     assert main([*args, "--policies", "default,cheapest", "--json", str(summary_json)]) == 0
     report = json.loads(summary_json.read_text())
     assert report["settings"]["preset"] == "default" and report["settings"]["seed"] == 7
+    # The default scheduler is kube-scheduler v1.36's unless --kube-version says otherwise.
+    assert report["settings"]["kube_version"] == "1.36"
+    assert "default (kube-scheduler v1.36) " in capsys.readouterr().out
+    older_json = tmp_path / "v1.28.json"
+    older = [*args, "--policies", "default", "--kube-version", "1.28", "--json", str(older_json)]
+    assert main(older) == 0
+    assert json.loads(older_json.read_text())["settings"]["kube_version"] == "1.28"
+    assert "default (kube-scheduler v1.28) " in capsys.readouterr().out
     for entry in report["policies"].values():
         assert set(entry) >= CONTRACT_KEYS
         assert set(entry["pod_wait_s"]) == {"p50", "p99", "max"}

@@ -59,7 +59,7 @@ from bench.sim.cluster import (
     fan_power_w,
     solar_w,
 )
-from bench.sim.kube_default import NodeLedger, PodRequest
+from bench.sim.kube_default import DEFAULT_KUBE_VERSION, NodeLedger, PodRequest
 from bench.sim.pod_faults import PodFaults
 from bench.sim.policies import Decision, Policy
 from bench.sim.workload import Trace
@@ -92,6 +92,8 @@ class SimSettings:
     boot_power_share: float = 0.5
     shutdown_s: float = 60.0
     power_interval_s: float = 10.0
+    # Whose default scores the simulated kube-scheduler gives (`bench.sim.kube_default`).
+    kube_version: str = DEFAULT_KUBE_VERSION
 
 
 class Meter(Protocol):
@@ -291,7 +293,10 @@ class Simulation:
         # Pods: the scheduler's view of each node (requests), what runs, what waits to retry.
         # Every node runs its DaemonSet pods, whose requests count as any pod's.
         self.ledger = NodeLedger(
-            np.round(cluster.cores * 1000.0), cluster.memory_bytes, cluster.zone_labels
+            np.round(cluster.cores * 1000.0),
+            cluster.memory_bytes,
+            cluster.zone_labels,
+            kube_version=settings.kube_version,
         )
         for daemon_pod in cluster.daemon_pods:
             for node in range(len(cluster)):

@@ -1,9 +1,11 @@
 """kube-scheduler's default placement for CPU/memory-only pods, reimplemented from upstream.
 
 The energy bench compares the extender against what kube-scheduler does without it, so this
-must be the real default, not a straw man. For pods without affinities, tolerations, their
-own topology spread constraints or images, the only default plugins whose verdicts differ
-between nodes are:
+must be the real default, not a straw man. Two versions are kept: v1.36 (the default, what
+`tests/test_kube_default_fidelity.py` checks score by score against a real v1.36.2
+kube-scheduler) and v1.28 (`NodeLedger(kube_version="1.28")`, the bench's `--kube-version`).
+For pods without affinities, tolerations, their own topology spread constraints, images or
+resource claims, the default plugins that run are:
 
 - Filter ``NodeUnschedulable`` (and ``TaintToleration`` for the taints of a NotReady node): a
   cordoned node, or one that is off or booting, takes no pod (``NodeLedger.schedulable``).
@@ -20,11 +22,16 @@ between nodes are:
   (``resource_allocation.go``: ``calculateResourceAllocatableRequest`` reads
   ``NonZeroRequested`` unless ``useRequested``; ``calculatePodResourceRequest`` uses
   ``schedutil.GetNonzeroRequestForResource``: a container without a CPU request counts 100m,
-  without a memory request 200 MiB).
+  without a memory request 200 MiB). The same in both versions.
 - Score ``NodeResourcesBalancedAllocation`` (``balanced_allocation.go``:
-  ``balancedResourceScorer``, built with ``useRequested: true``, so the *actual* requests
-  plus the pod's): fractions ``requested / allocatable`` capped at 1, for two resources
-  ``std = |f_cpu - f_mem| / 2``, score ``int64((1 - std) * 100)``.
+  ``balancedResourceScorer``, built with ``useRequested: true``, so the *actual* requests):
+  fractions ``requested / allocatable`` capped at 1, for two resources
+  ``std = |f_cpu - f_mem| / 2``, balance ``int64((1 - std) * 100)`` (50..100).
+  v1.28 scores the balance with the pod placed. v1.36 scores the change the pod makes
+  (kubernetes PR 135573): ``50 + (50 + after - before) / 2`` in int64, where ``before`` is the
+  node's balance without the pod and ``after`` with it, so a pod that changes nothing scores 75
+  and the range stays 50..100; and it skips best-effort pods (no CPU and no memory request:
+  PreScore returns Skip, the plugin adds nothing).
 
 - Score ``PodTopologySpread`` with the system default constraints
   (``pkg/scheduler/framework/plugins/podtopologyspread/scoring.go``; the constraints are
@@ -35,13 +42,21 @@ between nodes are:
   ``round(n_host * ln(F + 2) + 2 + n_zone * ln(Z + 2) + 4)``, where ``n_host`` counts the
   owner's pods on the node, ``n_zone`` on every node of its zone, ``F`` is the number of
   feasible nodes and ``Z`` of their zones; normalised as ``100 * (max + min - s) // max``
-  over the feasible nodes (fewest matching pods best). Weight 2. Pods with no owner (Jobs,
-  bare pods) get no default constraint: the plugin skips them.
+  over the feasible nodes (fewest matching pods best). Pods with no owner (Jobs, bare pods)
+  get no default constraint: the plugin is skipped. The same in both versions.
 
-NodeResourcesFit and BalancedAllocation have weight 1 in the default profile
-(``pkg/scheduler/apis/config/v1/default_plugins.go``) and do not normalise. The framework
-multiplies each plugin's score by its weight and sums per node; an extender's 0..10 score is
-added as ``score * weight * (MaxNodeScore / MaxExtenderPriority)`` = ``score * weight * 10``
+- Score plugins that run but score every node alike here: ``TaintToleration`` (no node has a
+  PreferNoSchedule taint: 0 intolerable taints, normalised in reverse to 100), ``ImageLocality``
+  (no image is on any node: 0) and, in v1.36, ``DynamicResources`` (no claims: 0). They change
+  no decision; they are counted so that a node's total is the scheduler's final score.
+  ``NodeAffinity``, ``InterPodAffinity`` and ``VolumeBinding`` skip these pods.
+
+Weights in the default profile (``pkg/scheduler/apis/config/v1/default_plugins.go``, read from a
+v1.36.2 scheduler's log): TaintToleration 3, NodeAffinity 2, NodeResourcesFit 1,
+VolumeBinding 1, PodTopologySpread 2, InterPodAffinity 2, DynamicResources 2 (v1.36),
+NodeResourcesBalancedAllocation 1, ImageLocality 1. The framework multiplies each plugin's
+score by its weight and sums per node; an extender's 0..10 score is added as
+``score * weight * (MaxNodeScore / MaxExtenderPriority)`` = ``score * weight * 10``
 (``pkg/scheduler/schedule_one.go``: ``prioritizeNodes``). ``selectHost`` takes the highest
 total and breaks ties uniformly at random (reservoir sampling). When only one node is feasible
 ``schedulePod`` returns it without scoring (and so never calls the extender's prioritize).
@@ -63,9 +78,16 @@ DEFAULT_MILLI_CPU_REQUEST = 100  # schedutil.DefaultMilliCPURequest
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024  # schedutil.DefaultMemoryRequest, bytes
 DEFAULT_MAX_PODS = 110  # kubelet maxPods default -> node allocatable "pods"
 LEAST_ALLOCATED_WEIGHTS = (1, 1)  # scoringStrategy.resources: cpu 1, memory 1
-FIT_PLUGIN_WEIGHT = 1  # NodeResourcesFit in the default profile
-BALANCED_PLUGIN_WEIGHT = 1  # NodeResourcesBalancedAllocation in the default profile
-SPREAD_PLUGIN_WEIGHT = 2  # PodTopologySpread in the default profile
+# The kube-scheduler versions reproduced; the first is the default.
+KUBE_VERSIONS = ("1.36", "1.28")
+DEFAULT_KUBE_VERSION = KUBE_VERSIONS[0]
+# Weights of the score plugins in the default profile (the same in both versions).
+TAINT_PLUGIN_WEIGHT = 3  # TaintToleration
+FIT_PLUGIN_WEIGHT = 1  # NodeResourcesFit
+BALANCED_PLUGIN_WEIGHT = 1  # NodeResourcesBalancedAllocation
+SPREAD_PLUGIN_WEIGHT = 2  # PodTopologySpread
+IMAGE_PLUGIN_WEIGHT = 1  # ImageLocality
+DRA_PLUGIN_WEIGHT = 2  # DynamicResources (v1.36; no Score in v1.28)
 # PodTopologySpread's system default constraints: (topology key, maxSkew), ScheduleAnyway.
 DEFAULT_HOSTNAME_MAX_SKEW = 3
 DEFAULT_ZONE_MAX_SKEW = 5
@@ -98,7 +120,8 @@ class NodeLedger:
 
     `zones` are the nodes' `topology.kubernetes.io/zone` labels (None: no node has one);
     `schedulable` is False for nodes that take no pod (cordoned, off, booting); the pods of
-    each owner are counted per node for the default topology spreading.
+    each owner are counted per node for the default topology spreading. `kube_version` is
+    the kube-scheduler whose scores this cluster's scheduler gives (`KUBE_VERSIONS`).
     """
 
     def __init__(
@@ -106,7 +129,14 @@ class NodeLedger:
         allocatable_cpu_m: np.ndarray,
         allocatable_memory_bytes: np.ndarray,
         zones: Sequence[str] | None = None,
+        kube_version: str = DEFAULT_KUBE_VERSION,
     ):
+        if kube_version not in KUBE_VERSIONS:
+            raise ValueError(
+                f"kube-scheduler version {kube_version!r}: expected one of "
+                f"{', '.join(KUBE_VERSIONS)}"
+            )
+        self.kube_version = kube_version
         self.allocatable_cpu_m = np.asarray(allocatable_cpu_m, dtype=np.int64)
         self.allocatable_memory_bytes = np.asarray(allocatable_memory_bytes, dtype=np.int64)
         n_nodes = self.allocatable_cpu_m.size
@@ -178,21 +208,51 @@ def least_allocated_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarra
     return (cpu * cpu_weight + memory * memory_weight) // (cpu_weight + memory_weight)
 
 
+def balance_scores(
+    requested_cpu_m: np.ndarray,
+    requested_memory_bytes: np.ndarray,
+    allocatable_cpu_m: np.ndarray,
+    allocatable_memory_bytes: np.ndarray,
+) -> np.ndarray:
+    """balancedResourceScorer for cpu and memory: int64((1 - |f_cpu - f_mem| / 2) * 100)."""
+    cpu_fraction = np.minimum(requested_cpu_m / allocatable_cpu_m, 1.0)
+    memory_fraction = np.minimum(requested_memory_bytes / allocatable_memory_bytes, 1.0)
+    std = np.abs((cpu_fraction - memory_fraction) / 2.0)
+    # Go's conversion truncates toward zero; the value is >= 0.
+    return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+
+
+def is_best_effort(pod: PodRequest) -> bool:
+    """No CPU and no memory request: v1.36's BalancedAllocation skips the pod."""
+    return pod.cpu_m == 0 and pod.memory_bytes == 0
+
+
 def balanced_allocation_scores(
     ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray
 ) -> np.ndarray:
-    """NodeResourcesBalancedAllocation score of `nodes`, 0..100 (useRequested: true)."""
-    cpu_fraction = np.minimum(
-        (ledger.requested_cpu_m[nodes] + pod.cpu_m) / ledger.allocatable_cpu_m[nodes], 1.0
+    """NodeResourcesBalancedAllocation score of `nodes`, 0..100 (useRequested: true).
+
+    v1.28: the balance with the pod placed. v1.36: `50 + (50 + after - before) // 2` (the
+    change the pod makes; every term is int64 and the sum is >= 0), and 0 everywhere for a
+    best-effort pod, which the plugin skips (`plugin_scores` leaves it out).
+    """
+    allocatable_cpu = ledger.allocatable_cpu_m[nodes]
+    allocatable_memory = ledger.allocatable_memory_bytes[nodes]
+    cpu_before = ledger.requested_cpu_m[nodes]
+    memory_before = ledger.requested_memory_bytes[nodes]
+    after = balance_scores(
+        cpu_before + pod.cpu_m,
+        memory_before + pod.memory_bytes,
+        allocatable_cpu,
+        allocatable_memory,
     )
-    memory_fraction = np.minimum(
-        (ledger.requested_memory_bytes[nodes] + pod.memory_bytes)
-        / ledger.allocatable_memory_bytes[nodes],
-        1.0,
-    )
-    std = np.abs((cpu_fraction - memory_fraction) / 2.0)
-    # int64((1 - std) * 100): Go's conversion truncates toward zero; the value is >= 0.
-    return np.trunc((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+    if ledger.kube_version == "1.28":
+        return after
+    if is_best_effort(pod):
+        return np.zeros(nodes.size, dtype=np.int64)
+    before = balance_scores(cpu_before, memory_before, allocatable_cpu, allocatable_memory)
+    half = MAX_NODE_SCORE // 2
+    return half + (half + after - before) // 2
 
 
 def topology_spread_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
@@ -223,13 +283,31 @@ def topology_spread_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarra
     return MAX_NODE_SCORE * (high + low - score) // high
 
 
+def plugin_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    """Each default score plugin that runs for `pod`, its weighted score per node in `nodes`
+    (what kube-scheduler logs at -v=10 as "Plugin scored node for pod"), by plugin name."""
+    same = np.ones(nodes.size, dtype=np.int64)
+    scores = {
+        "TaintToleration": TAINT_PLUGIN_WEIGHT * MAX_NODE_SCORE * same,
+        "NodeResourcesFit": FIT_PLUGIN_WEIGHT * least_allocated_scores(ledger, pod, nodes),
+    }
+    if ledger.kube_version != "1.28":
+        scores["DynamicResources"] = DRA_PLUGIN_WEIGHT * 0 * same
+    if ledger.kube_version == "1.28" or not is_best_effort(pod):
+        scores["NodeResourcesBalancedAllocation"] = BALANCED_PLUGIN_WEIGHT * (
+            balanced_allocation_scores(ledger, pod, nodes)
+        )
+    scores["ImageLocality"] = IMAGE_PLUGIN_WEIGHT * 0 * same
+    if pod.owner != NO_OWNER:
+        scores["PodTopologySpread"] = SPREAD_PLUGIN_WEIGHT * topology_spread_scores(
+            ledger, pod, nodes
+        )
+    return scores
+
+
 def default_plugin_scores(ledger: NodeLedger, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
-    """Weighted sum of the default score plugins that differ between nodes, per node."""
-    return (
-        FIT_PLUGIN_WEIGHT * least_allocated_scores(ledger, pod, nodes)
-        + BALANCED_PLUGIN_WEIGHT * balanced_allocation_scores(ledger, pod, nodes)
-        + SPREAD_PLUGIN_WEIGHT * topology_spread_scores(ledger, pod, nodes)
-    )
+    """Weighted sum of the default score plugins per node: the scheduler's final score."""
+    return np.sum(list(plugin_scores(ledger, pod, nodes).values()), axis=0, dtype=np.int64)
 
 
 def extender_contribution(extender_scores: np.ndarray, weight: int) -> np.ndarray:

@@ -220,7 +220,8 @@ def _register_extender(name: str, description: str, *, hears_labels: bool) -> No
 register_policy(
     PolicySpec(
         "default",
-        "kube-scheduler's default plugins: NodeResourcesFit + LeastAllocated + BalancedAllocation",
+        "kube-scheduler's default plugins (v1.36, or --kube-version): NodeResourcesFit + "
+        "LeastAllocated + BalancedAllocation + PodTopologySpread's system defaults",
         lambda scenario, rng: _simple(DefaultPolicy(rng)),
     )
 )
