@@ -142,6 +142,14 @@ def _https_ok(url: str, context: ssl.SSLContext, timeout_s: float = 2.0) -> bool
         return False
 
 
+def _self_signed_tls() -> ssl.SSLContext:
+    """For a component's own port: each serves a self-signed certificate it made at start."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
@@ -440,9 +448,7 @@ class ControlPlane:
     def _controller_manager(self) -> Component:
         assert self.pki is not None
         port = free_port()
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; /healthz only
+        insecure = _self_signed_tls()
         return Component(
             "kube-controller-manager",
             [
@@ -487,9 +493,7 @@ class ControlPlane:
         config_path = self.run_dir / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
+        insecure = _self_signed_tls()
         component = Component(
             name,
             [
@@ -512,9 +516,7 @@ class ControlPlane:
     def admin_tls(self) -> ssl.SSLContext:
         """A TLS context presenting the admin client certificate (a component's /metrics)."""
         assert self.pki is not None
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # components serve self-signed certificates
+        context = _self_signed_tls()
         context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
         return context
 
