@@ -30,7 +30,11 @@ from pathlib import Path
 import pytest
 
 from envtest import ControlPlane
-from livedata.labels import SAFE_TO_EVICT_ANNOTATION
+from livedata.labels import (
+    POWER_MANAGEMENT_ENABLED,
+    POWER_MANAGEMENT_LABEL,
+    SAFE_TO_EVICT_ANNOTATION,
+)
 from tests.support.bmc import IpmiBmc, RedfishEmulator
 from tests.support.power_cluster import SCHEDULER, PowerCluster
 from tests.support.power_e2e import (
@@ -211,7 +215,15 @@ def test_budgets_and_safe_to_evict_keep_their_nodes_on_and_the_floor_holds_throu
             for short in shorts
         }
         for short in shorts:
-            cluster.add_node(short, cores=8, driver="ipmi", power=bmcs[short].power_state)
+            # spare opts in only once app is off: an empty node and a drainable one may go in
+            # either order, and this test follows a drain through IPMI before the floor binds.
+            cluster.add_node(
+                short,
+                cores=8,
+                driver="ipmi",
+                power=bmcs[short].power_state,
+                managed=short != "spare",
+            )
         cluster.wait_ready(*shorts)
         # db: a budget that allows no disruption. cache: safe-to-evict "false". app: movable.
         cluster.deployment("db", "1", on="db", scheduler="default-scheduler")
@@ -224,8 +236,8 @@ def test_budgets_and_safe_to_evict_keep_their_nodes_on_and_the_floor_holds_throu
         (app_pod,) = cluster.pods("app")
         assert len(kept) == 2
         secret = secret_dir(tmp_path, {cluster.name(s): bmcs[s].address for s in shorts})
-        # The floor binds: app (drained) and spare (empty) could both go, but 3 must stay on.
-        # At equal (unknown) idle watts the policy takes nodes in name order: app goes first.
+        # The floor binds: app (drained), then spare (empty, opted in) could go, but 3 must
+        # stay on.
         flags = ("--min-on-nodes=3", "--max-off-fraction=1")
         with (
             Limits(cluster, shorts) as limits,
@@ -240,6 +252,11 @@ def test_budgets_and_safe_to_evict_keep_their_nodes_on_and_the_floor_holds_throu
             assert app_pod["metadata"]["uid"] not in cluster.uids()
             assert cluster.nodes_of("app")[0] in ("db", "cache", "spare")
             cluster.wait_not_ready("app")  # a node's kubelet dies with its power
+            cluster.core.patch_node(
+                cluster.name("spare"),
+                {"metadata": {"labels": {POWER_MANAGEMENT_LABEL: POWER_MANAGEMENT_ENABLED}}},
+            )
+            time.sleep(6)  # rounds every second: spare, empty and opted in, stays on
             controller.check_alive()
             assert cluster.state_of("spare")[:2] in ((None, False), ("on", False))
             assert bmcs["spare"].requests == []
