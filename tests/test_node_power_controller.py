@@ -119,12 +119,24 @@ def set_emulator_power(bmc: RedfishEmulator, name: str, power: str) -> None:
     wait_until(lambda: bmc.power_state(name) == power)
 
 
-def versions(cluster: PowerCluster) -> dict[str, str]:
-    """resourceVersion of every node and pod of the test: any write changes one."""
-    nodes = {n: cluster.node(cluster.short(n))["metadata"] for n in cluster.agent.node_names}
-    found = {f"node {n}": m["resourceVersion"] for n, m in nodes.items()}
+def writable_state(cluster: PowerCluster) -> dict[str, object]:
+    """All the controller may change on the test's nodes and pods: its labels and annotations,
+    cordons and taints, and each pod's node and deletion. (Not resourceVersions: the control
+    plane's own controllers and the kubelets write nodes too.)"""
+    found: dict[str, object] = {}
+    for name in cluster.agent.node_names:
+        node = cluster.node(cluster.short(name))
+        meta, spec = node["metadata"], node.get("spec") or {}
+        ours = {
+            k: v
+            for k, v in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items()
+            if k.startswith("power-aware-scheduler/")
+        }
+        taints = sorted(t["key"] for t in spec.get("taints") or [])
+        found[f"node {name}"] = (ours, bool(spec.get("unschedulable")), taints)
     for pod in cluster.pods():
-        found[f"pod {pod['metadata']['name']}"] = pod["metadata"]["resourceVersion"]
+        meta = pod["metadata"]
+        found[f"pod {meta['uid']}"] = (pod["spec"].get("nodeName"), meta.get("deletionTimestamp"))
     return found
 
 
@@ -147,7 +159,7 @@ def test_without_apply_nothing_is_written_and_each_decision_is_logged_once(
     busy, idle = cluster.add_node("busy"), cluster.add_node("idle")
     cluster.wait_ready("busy", "idle")
     cluster.deployment("web", "8", on="busy")
-    before = versions(cluster)
+    before = writable_state(cluster)
     controller = started_controller(api, settings(apply=False))
     cleanup.append(controller)
     cluster.caught_up(controller)
@@ -157,7 +169,7 @@ def test_without_apply_nothing_is_written_and_each_decision_is_logged_once(
             result = controller.run_round(now + 10 * i)
             assert result.error is None
             assert [a.node for a in result.decisions.power_off] == [idle]
-    assert versions(cluster) == before  # no node and no pod written
+    assert writable_state(cluster) == before  # no node and no pod changed
     assert cluster.state_of("idle") == (None, False, "")
     announced = [
         r.getMessage() for r in caplog.records if f"would power off node {idle}" in r.getMessage()
