@@ -23,10 +23,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from envtest import ControlPlane
+from tests.support.fault_proxy import kubeconfig_through
 
 COMPONENT_NAMESPACE = "power-aware-scheduler"  # where the manifests put every ServiceAccount
 
@@ -45,18 +45,16 @@ def component_client(
 
 
 def kubeconfig_via(kubeconfig: Path, server: str) -> Path:
-    """A copy of `kubeconfig` whose cluster is at `server` (same CA, same credentials).
+    """A copy of `kubeconfig` whose cluster is at `server`, a `FaultProxy`'s URL (same CA, same
+    credentials), written beside it.
 
     Setting `configuration.host` would not last: the client reloads a token kubeconfig, server
     included, before each request.
     """
-    config = yaml.safe_load(kubeconfig.read_text())
-    for cluster in config["clusters"]:
-        cluster["cluster"]["server"] = server
-    path = kubeconfig.with_name(f"{kubeconfig.stem}-via-{urlsplit(server).port}.kubeconfig")
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    port = urlsplit(server).port
+    assert port is not None and server.startswith("https://127.0.0.1:"), server
+    path = kubeconfig.with_name(f"{kubeconfig.stem}-via-{port}.kubeconfig")
+    return kubeconfig_through(kubeconfig, port, path)
 
 
 def force_delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
