@@ -8,7 +8,10 @@ kube-scheduler's scheduler_perf measures it. Then, several rounds alternating:
 - `extender`: the same scheduler with the extender entry the manifests ship (verbs, weight,
   `nodeCacheCapable`, `httpTimeout`, `ignorable`), calling the real extender (`python -m
   extender`, uvicorn) serving the shipped bundle on a snapshot of the same N nodes;
-- `prioritize only`: that entry without its `filterVerb`, one round trip per pod instead of two.
+- `prioritize only`: that entry without its `filterVerb`, one round trip per pod instead of two;
+- `protocol floor`: the prioritize-only entry calling `bench.support.floor_extender`, which
+  parses the request and answers every candidate with score 0: what one Python HTTP round trip
+  costs here with no scoring at all, so its throughput bounds any such extender's.
 
 Throughput is pods/s from the first binding to the last, as seen by a watch on the pods. Both
 schedulers get scheduler_perf's client rate limits (QPS and burst 5000): with kube-scheduler's
@@ -45,6 +48,7 @@ from typing import Any
 import kubernetes.client
 import numpy as np
 
+from bench.support.floor_extender import run_floor_extender
 from bench.support.server import run_extender, write_snapshot
 from envtest import ControlPlane
 
@@ -56,7 +60,8 @@ CLIENT_QPS = 5000  # scheduler_perf's (kube-scheduler's own default is 50): modu
 # The shipped entry (filter + prioritize: two round trips per pod), and the same without its
 # filter verb (one): what a profile whose filters only depend on the node costs, since the
 # controllers' cordons and taints then filter for free in kube-scheduler (docs/operations.md).
-MODES = ("no extender", "extender", "prioritize only")
+# And the same single round trip to an extender that scores nothing: the protocol's floor.
+MODES = ("no extender", "extender", "prioritize only", "protocol floor")
 
 
 @dataclass
@@ -267,7 +272,7 @@ def one_run(
     plane: ControlPlane,
     core: kubernetes.client.CoreV1Api,
     mode: str,
-    extender_url: str,
+    urls: dict[str, str],
     nodes: int,
     pods: int,
     round_index: int,
@@ -276,11 +281,13 @@ def one_run(
 ) -> Run:
     seed = round_index * 10 + MODES.index(mode)
     create_pods(core, pods, seed)
+    extender_url = urls["floor" if mode == "protocol floor" else "extender"]
     extender = None if mode == "no extender" else shipped_extender(plane, extender_url)
-    if mode == "prioritize only":
+    if mode in ("prioritize only", "protocol floor"):
         assert extender is not None
         extender.pop("filterVerb", None)
-    before = extender_totals(extender_url) if extender else {}
+    measured = extender is not None and mode != "protocol floor"  # the floor has no /metrics
+    before = extender_totals(extender_url) if measured else {}
     component = plane.start_scheduler(
         "bench-scheduler", scheduler_config(extender, client_qps), verbosity=2
     )
@@ -298,7 +305,7 @@ def one_run(
         seconds=round(seconds, 2),
         scheduler_ms={k: round(v, 3) for k, v in scheduler_ms.items()},
     )
-    if extender:
+    if measured:
         this_run = means_ms(extender_totals(extender_url), before)
         run.extender_ms = {verb: round(ms, 3) for verb, ms in this_run.items()}
     plane.stop_component("bench-scheduler")
@@ -307,7 +314,7 @@ def one_run(
 
 
 @contextmanager
-def cluster(nodes: int, work_dir: Path) -> Iterator[tuple[ControlPlane, str]]:
+def cluster(nodes: int, work_dir: Path) -> Iterator[tuple[ControlPlane, dict[str, str]]]:
     with ExitStack() as stack:
         plane = stack.enter_context(
             ControlPlane(
@@ -337,21 +344,22 @@ def cluster(nodes: int, work_dir: Path) -> Iterator[tuple[ControlPlane, str]]:
             ],
         )
         served = stack.enter_context(run_extender(["--cluster", str(snapshot)]))
-        yield plane, served.url
+        floor_url = stack.enter_context(run_floor_extender())
+        yield plane, {"extender": served.url, "floor": floor_url}
 
 
 def measure(
     nodes: int, pods: int, rounds: int, timeout_s: float, client_qps: int = CLIENT_QPS
 ) -> list[Run]:
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory() as tmp, cluster(nodes, Path(tmp)) as (plane, url):
+    with tempfile.TemporaryDirectory() as tmp, cluster(nodes, Path(tmp)) as (plane, urls):
         core = kubernetes.client.CoreV1Api(plane.api_client())
         for round_index in range(rounds):
             # Alternate which mode goes first, so that a machine warming up favours neither.
             order = MODES if round_index % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
                 run = one_run(
-                    plane, core, mode, url, nodes, pods, round_index, timeout_s, client_qps
+                    plane, core, mode, urls, nodes, pods, round_index, timeout_s, client_qps
                 )
                 print(
                     f"  {nodes} nodes, round {round_index + 1}, {mode}: "
@@ -372,6 +380,7 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
             "pods_per_s": medians,
             "ratio": round(medians["extender"] / medians["no extender"], 3),
             "ratio_prioritize_only": round(medians["prioritize only"] / medians["no extender"], 3),
+            "ratio_floor": round(medians["protocol floor"] / medians["no extender"], 3),
             "scheduler_ms": {m: last[m].scheduler_ms for m in MODES},
             "extender_ms": last["extender"].extender_ms,
         }
@@ -385,14 +394,15 @@ def print_summary(summary: dict[str, Any], client_qps: int) -> None:
     )
     print(
         f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6} "
-        f"{'prioritize only':>16} {'ratio':>6}"
+        f"{'prioritize only':>16} {'ratio':>6} {'protocol floor':>15} {'ratio':>6}"
     )
     for nodes, row in summary.items():
         rates = row["pods_per_s"]
         print(
             f"{nodes:>6} {rates['no extender']:>12.0f} {rates['extender']:>10.0f} "
             f"{row['ratio']:>6.2f}x {rates['prioritize only']:>16.0f} "
-            f"{row['ratio_prioritize_only']:>6.2f}x"
+            f"{row['ratio_prioritize_only']:>6.2f}x {rates['protocol floor']:>15.0f} "
+            f"{row['ratio_floor']:>6.2f}x"
         )
     print("\nwhere the time goes (mean ms per pod; scheduler side, then extender server side)")
     for nodes, row in summary.items():
