@@ -2,10 +2,11 @@
 
 `bench.scheduler_throughput` runs kube-scheduler against it to measure what the protocol itself
 costs on this machine: the scheduler encoding the pod and the candidates' names, one HTTP
-round trip, the Python server reading the body with orjson and writing `{"Host", "Score": 0}`
-per candidate back. No model, no cluster view, no plugin: whatever an extender served by
-Python over HTTP does on top, it cannot be cheaper than this, so the throughput measured
-against it bounds every such extender's.
+round trip, the Python server reading the body with the extender's own parser
+(`extender.protocol.parse_extender_args`) and writing `{"Host", "Score": 0}` per candidate
+back. No model, no cluster view, no plugin: whatever an extender served by Python over HTTP
+does on top, it cannot be cheaper than this, so the throughput measured against it bounds
+every such extender's.
 
 It is served as the extender is: uvicorn (httptools, uvloop when installed) in its own process,
 on a socket bound before it starts.
@@ -22,18 +23,11 @@ import orjson
 import uvicorn
 
 from bench.support.server import bind_free_socket
+from extender.protocol import ProtocolError, parse_extender_args
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-def candidate_names(args: dict[str, Any]) -> list[str]:
-    """The names kube-scheduler sent: `NodeNames` (nodeCacheCapable) or the full `Nodes`."""
-    if args.get("NodeNames") is not None:
-        return list(args["NodeNames"])
-    items = (args.get("Nodes") or {}).get("items") or []
-    return [item["metadata"]["name"] for item in items]
 
 
 async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -50,8 +44,12 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body += message.get("body", b"")
         more = message.get("more_body", False)
     if scope["path"].endswith("/prioritize"):
-        names = candidate_names(orjson.loads(body))
-        status, answer = 200, orjson.dumps([{"Host": name, "Score": 0} for name in names])
+        try:
+            names = parse_extender_args(body).candidate_names
+        except ProtocolError as error:
+            status, answer = 400, orjson.dumps({"error": str(error)})
+        else:
+            status, answer = 200, orjson.dumps([{"Host": name, "Score": 0} for name in names])
     else:
         status, answer = 404, b'{"error": "only /prioritize"}'
     await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
