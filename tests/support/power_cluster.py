@@ -473,8 +473,9 @@ class PowerCluster:
                 self.core.delete_namespaced_pod(
                     pod["metadata"]["name"], self.namespace, grace_period_seconds=0
                 )
+            gone = _uids(misplaced)
             wait_until(
-                lambda: not any(p["metadata"]["uid"] in _uids(misplaced) for p in self.pods(app)),
+                lambda gone=gone: not gone & _uids(self.pods(app)),
                 30,
                 f"misplaced pods of {app} gone",
             )
