@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,16 @@ def test_status_metrics_and_logs_show_each_nodes_outlook_that_chose_it(
     finally:
         server.shutdown()
         controller.stop()
+
+
+def test_the_policy_and_the_carbon_source_must_agree_on_the_horizon() -> None:
+    carbon = NodeIntensity(CarbonSettings(horizon_s=4 * 3600.0), list)
+    policy = PolicySettings(rank_by="grams", carbon_horizon_s=0.0)
+    with pytest.raises(ValueError, match="one --carbon-horizon sets both"):
+        NodePowerController(settings(policy=policy), client.ApiClient(), carbon=carbon)
+    agreed = replace(policy, carbon_horizon_s=4 * 3600.0)
+    controller = NodePowerController(settings(policy=agreed), client.ApiClient(), carbon=carbon)
+    assert controller.carbon is carbon
 
 
 def test_the_controllers_carbon_source_reports_on_its_metrics(tmp_path: Path) -> None:

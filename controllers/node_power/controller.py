@@ -158,7 +158,14 @@ class NodePowerController:
         # Each node's carbon outlook, read only when the policy ranks by grams.
         self.carbon = carbon if settings.policy.rank_by == RANK_BY_GRAMS else None
         if self.carbon is not None:
-            self.metrics.rank_by_grams(self.carbon.settings.horizon_s)
+            horizon_s = self.carbon.settings.horizon_s
+            if horizon_s != settings.policy.carbon_horizon_s:
+                # The reasons would name another window than the one the values describe.
+                raise ValueError(
+                    f"the carbon source reads {horizon_s} s ahead but the policy says "
+                    f"{settings.policy.carbon_horizon_s} s (one --carbon-horizon sets both)"
+                )
+            self.metrics.rank_by_grams(horizon_s)
         core = client.CoreV1Api(api_client)
         policy_api = client.PolicyV1Api(api_client)
         self.nodes = Informer("nodes", core.list_node, clock=clock)

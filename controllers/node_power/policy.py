@@ -190,8 +190,9 @@ class PolicySettings:
     rank_by: str = "watts"
     # How far ahead the callers' `NodeView.g_per_kwh` looks: the zone's mean intensity over the
     # next this many seconds (`livedata.carbon_source.node_g_per_kwh`), 0 the present value.
-    # The policy only names it in its reasons; the callers read the intensities with it.
-    carbon_horizon_s: float = 0.0
+    # The policy only names it in its reasons; the callers read the intensities with it (the
+    # controller's `CarbonSettings.horizon_s`, the same --carbon-horizon, 4 h by default).
+    carbon_horizon_s: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
         if self.rank_by not in RANK_BY:
