@@ -31,6 +31,7 @@ from bench.sim.engine import SimSettings
 from bench.sim.runner import run_policy
 from bench.sim.scenario import Scenario
 from bench.sim.workload import Trace, generate_trace
+from controllers.node_power.carbon import CarbonSettings
 from extender.config import DEFAULT_BUNDLE_DIR
 
 HOUR = 3600.0
@@ -305,3 +306,13 @@ def test_order_changes_counts_pairs_the_horizon_reorders_across_groups_only() ->
     assert order_changes(now, now) == (0, 3)
     # Nodes 0 and 1 share a zone: only the pairs with node 2 count.
     assert order_changes(now, ahead, np.array([0, 0, 1])) == (2, 2)
+
+
+def test_the_carbon_horizon_flag_is_hours_and_not_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--preset", "multizone", "--out-dir", str(tmp_path), "--quiet"]
+    assert main([*args, "--carbon-horizon", "-1", "--policies", "default"]) == 2
+    assert "--carbon-horizon must be >= 0 hours" in capsys.readouterr().err
+    # The bench's controller looks as far ahead as the shipped controller does.
+    assert BenchSettings().carbon_horizon_s == CarbonSettings().horizon_s
