@@ -1,6 +1,6 @@
 """How often ranking by the next hours orders nodes differently from ranking by the present hour.
 
-    python -m bench.carbon_order [--seeds 7,1,3] [--horizons 2,4,8]
+    python -m bench.carbon_order [--seeds 7,1,3] [--horizons 2,4,8] [--zone-intensity LOW,HIGH]
 
 The node power controller ranks nodes by grams per idle core: idle watts per core times the
 node's intensity, its zone's mean over the next `--carbon-horizon` (`PolicySettings.rank_by`,
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import bench.energy_sim  # noqa: F401  (registers the presets)
+from bench.energy_sim import _intensity_range  # the presets registered, the flag's parser
 from bench.sim.carbon import carbon_world
 from bench.sim.carbon_series import HOUR_S
 from bench.sim.engine import SimSettings
@@ -51,20 +51,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.carbon_order", description=__doc__)
     parser.add_argument("--seeds", default="7,1,3", help="(default: %(default)s)")
     parser.add_argument("--horizons", default="2,4,8", help="hours (default: %(default)s)")
+    parser.add_argument(
+        "--zone-intensity",
+        metavar="LOW,HIGH",
+        default=None,
+        help="the cleanest and dirtiest zones' means, g/kWh, as bench.energy_sim's flag "
+        "(default: the preset's)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
         horizons = [int(h) for h in args.horizons.split(",")]
-    except ValueError:
-        print("error: --seeds and --horizons are comma-separated integers", file=sys.stderr)
+        spread = (
+            dict(
+                zip(
+                    ("zone_low_g_per_kwh", "zone_high_g_per_kwh"),
+                    _intensity_range(args.zone_intensity),
+                    strict=True,
+                )
+            )
+            if args.zone_intensity
+            else {}
+        )
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        print(
+            f"error: --seeds and --horizons take integers, --zone-intensity LOW,HIGH: {error}",
+            file=sys.stderr,
+        )
         return 2
     if not all(h > 0 for h in horizons):
         print("error: --horizons must be positive hours", file=sys.stderr)
         return 2
     for seed in seeds:
         settings, sim_settings = apply_preset_defaults(
-            PRESETS["multizone"], BenchSettings(preset="multizone", seed=seed), SimSettings(), set()
+            PRESETS["multizone"],
+            BenchSettings(preset="multizone", seed=seed, **spread),
+            SimSettings(),
+            set(spread),
         )
         scenario = build_scenario(settings, sim_settings)
         world, cluster = carbon_world(scenario), scenario.cluster
