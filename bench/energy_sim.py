@@ -568,6 +568,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="PowerIncrease and Carbon weights in power-aware+carbon's profile, EnergyLevel "
         f"keeping 0.4 (default {d.carbon_power_weight:g},{d.carbon_weight:g})",
     )
+    carbon.add_argument(
+        "--carbon-horizon",
+        metavar="HOURS",
+        type=float,
+        default=None,
+        help="power-aware+carbon+power-management-grams: the controller ranks nodes by their "
+        "zone's mean forecast intensity over the next HOURS (its --carbon-horizon); 0: the "
+        f"present hour's (default {d.carbon_horizon_s / 3600.0:g})",
+    )
     power = parser.add_argument_group(
         "power states (policies with power management: default+autoscaler, "
         "power-aware+power-management; bench.sim.power cites the figures)"
@@ -698,6 +707,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "deferrable_share": ("deferrable_share", 1),
     "defer_hours": ("defer_hours", 1),
     "defer_margin": ("defer_margin", 1),
+    "carbon_horizon": ("carbon_horizon_s", 3600.0),
     "boot_time": ("boot_s", 1),
     "boot_power_share": ("boot_power_share", 1),
     "shutdown_time": ("shutdown_s", 1),
@@ -800,6 +810,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
         return f"--defer-margin must be 0..1, got {settings.defer_margin}"
     if not settings.defer_hours > 0:
         return f"--defer-hours must be positive, got {settings.defer_hours}"
+    if not (settings.carbon_horizon_s >= 0 and math.isfinite(settings.carbon_horizon_s)):
+        return f"--carbon-horizon must be >= 0 hours, got {settings.carbon_horizon_s / 3600.0}"
     if sim.tail_s < 0:
         return f"--tail-hours must be >= 0, got {sim.tail_s / 3600.0}"
     for flag, value in (

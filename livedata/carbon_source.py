@@ -65,6 +65,27 @@ class Entry:
             return value_at(self.reading.forecast, now_s)
         return math.nan
 
+    def outlook_g_per_kwh(self, now_s: float, horizon_s: float) -> float:
+        """The time-weighted mean intensity over [now_s, now_s + horizon_s): the forecast
+        where it covers that window, the current value (`current_g_per_kwh`) where it does not
+        (past its end, before its first point, across a gap; all of it when the forecast is
+        stale or absent). `horizon_s` 0: the current value. NaN when there is no current value.
+
+        The window's mean, not its worst or best hour: a node that will run (or stay off) for
+        the next hours emits over all of them, and the mean is what its grams per watt come to.
+        """
+        current = self.current_g_per_kwh(now_s)
+        if not (horizon_s > 0 and math.isfinite(current)) or now_s > self.forecast_valid_until_s:
+            return current
+        end_s = now_s + horizon_s
+        covered_s = weighted = 0.0
+        for point in self.reading.forecast:
+            overlap_s = min(point.end_s, end_s) - max(point.start_s, now_s)
+            if overlap_s > 0:
+                covered_s += overlap_s
+                weighted += overlap_s * point.g_per_kwh
+        return (weighted + (horizon_s - covered_s) * current) / horizon_s
+
 
 @dataclass(frozen=True, eq=False)
 class CarbonSnapshot:
@@ -91,13 +112,18 @@ def node_g_per_kwh(
     *,
     annotations: Mapping[str, str] | None = None,
     max_age_s: float = math.inf,
+    horizon_s: float = 0.0,
 ) -> float:
-    """One node's usable intensity now (g/kWh), NaN when it has none; the Carbon plugin's rule.
+    """One node's usable intensity (g/kWh), NaN when it has none; the Carbon plugin's rule.
 
     The node's own supply first: its intensity annotation (`livedata.carbon`; it ages from its
     `-at` annotation when that is set, then counts until `max_age_s`), then a node-local
     reading. Else its zone's: the current value while fresh, else a fresh forecast's value
     for now. Stale or missing everywhere: NaN (the readers treat it as neutral).
+
+    With `horizon_s` > 0 the value is the outlook over the next `horizon_s` seconds
+    (`Entry.outlook_g_per_kwh`: the forecast's time-weighted mean, the current value where the
+    forecast ends); an annotation has no forecast and counts as it is.
     """
     local = annotated_intensity(annotations)
     if math.isfinite(local) and now_s - annotated_at_s(annotations) <= max_age_s:
@@ -105,7 +131,7 @@ def node_g_per_kwh(
     for entries, name in ((snapshot.nodes, node), (snapshot.zones, zone)):
         entry = entries.get((name, signal)) if name else None
         if entry is not None:
-            value = entry.current_g_per_kwh(now_s)
+            value = entry.outlook_g_per_kwh(now_s, horizon_s)
             if math.isfinite(value):
                 return value
     return math.nan

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.carbon_order import order_changes
 from bench.energy_sim import BenchSettings, main
 from bench.sim.carbon import (
     HELD_EVENT_DELAY_S,
@@ -30,6 +31,7 @@ from bench.sim.engine import SimSettings
 from bench.sim.runner import run_policy
 from bench.sim.scenario import Scenario
 from bench.sim.workload import Trace, generate_trace
+from controllers.node_power.carbon import CarbonSettings
 from extender.config import DEFAULT_BUNDLE_DIR
 
 HOUR = 3600.0
@@ -295,3 +297,22 @@ def test_the_controller_ranking_by_grams_powers_off_the_dirty_zone_first() -> No
     assert by_grams.kpis["mean_nodes_off"] == by_watts.kpis["mean_nodes_off"] > 0
     assert by_grams.kpis["mean_intensity_g_per_kwh"] < by_watts.kpis["mean_intensity_g_per_kwh"]
     assert by_grams.co2_kg < by_watts.co2_kg
+
+
+def test_order_changes_counts_pairs_the_horizon_reorders_across_groups_only() -> None:
+    now = np.array([100.0, 400.0, 300.0])
+    ahead = np.array([700.0, 50.0, 300.0])  # 0 and 1 swap; 0-2 and 1-2 swap too
+    assert order_changes(now, ahead) == (3, 3)
+    assert order_changes(now, now) == (0, 3)
+    # Nodes 0 and 1 share a zone: only the pairs with node 2 count.
+    assert order_changes(now, ahead, np.array([0, 0, 1])) == (2, 2)
+
+
+def test_the_carbon_horizon_flag_is_hours_and_not_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--preset", "multizone", "--out-dir", str(tmp_path), "--quiet"]
+    assert main([*args, "--carbon-horizon", "-1", "--policies", "default"]) == 2
+    assert "--carbon-horizon must be >= 0 hours" in capsys.readouterr().err
+    # The bench's controller looks as far ahead as the shipped controller does.
+    assert BenchSettings().carbon_horizon_s == CarbonSettings().horizon_s

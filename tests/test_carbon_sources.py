@@ -474,3 +474,97 @@ def test_a_nodes_intensity_is_its_own_supply_then_its_node_reading_then_its_zone
     assert math.isnan(node_g_per_kwh(snapshot, "plain", "grid", MARGINAL, now_s))
     assert math.isnan(node_g_per_kwh(snapshot, "plain", "grid", AVERAGE, now_s + 3001.0))
     assert math.isnan(node_g_per_kwh(snapshot, "plain", None, AVERAGE, now_s))
+
+
+# ---- the outlook: the mean over the next hours -----------------------------------------------
+
+
+def _zone_with_forecast(now_s: float, points: list[tuple[float, float, float]]) -> object:
+    """A snapshot of zone "grid": 300 g/kWh now, and `points` (start, end, g/kWh) ahead."""
+    forecast = tuple(IntensityPoint(now_s + a, now_s + b, g) for a, b, g in points)
+    return build_snapshot(
+        [IntensityReading("grid", AVERAGE, "api", 300.0, now_s, forecast, now_s)],
+        [],
+        published_at_s=now_s,
+        max_age_s=7200.0,
+        forecast_max_age_s=7200.0,
+    )
+
+
+def test_the_outlook_is_the_time_weighted_mean_of_the_forecast_over_the_horizon() -> None:
+    now_s = 36_000.0
+    # Forecast from 30 min ago: 100 until 30 min ahead, then 700 for an hour, then 400.
+    snapshot = _zone_with_forecast(
+        now_s, [(-1800, 1800, 100.0), (1800, 5400, 700.0), (5400, 9000, 400.0)]
+    )
+    entry = snapshot.zones[("grid", AVERAGE)]
+    # 2 h: 0.5 h at 100, 1 h at 700, 0.5 h at 400.
+    assert entry.outlook_g_per_kwh(now_s, 7200.0) == pytest.approx((50 + 700 + 200) / 2)
+    # Within the first point: its value, not the reading's.
+    assert entry.outlook_g_per_kwh(now_s, 1200.0) == pytest.approx(100.0)
+    # 0 is the present value (the reading), as without a horizon.
+    assert entry.outlook_g_per_kwh(now_s, 0.0) == 300.0
+    assert node_g_per_kwh(snapshot, "n", "grid", AVERAGE, now_s, horizon_s=7200.0) == (
+        pytest.approx(475.0)
+    )
+    assert node_g_per_kwh(snapshot, "n", "grid", AVERAGE, now_s) == 300.0
+
+
+def test_past_the_forecasts_end_and_without_one_the_outlook_holds_the_current_value() -> None:
+    now_s = 36_000.0
+    # The forecast ends 1 h ahead (at 700): the next 3 h are 1 h at 700, 2 h at the current 300.
+    ends = _zone_with_forecast(now_s, [(0, 3600, 700.0)])
+    assert node_g_per_kwh(ends, "n", "grid", AVERAGE, now_s, horizon_s=3 * 3600.0) == (
+        pytest.approx((700 + 2 * 300) / 3)
+    )
+    # A gap counts at the current value too: 1 h at 100, 1 h gap (300), 1 h at 700.
+    gap = _zone_with_forecast(now_s, [(0, 3600, 100.0), (7200, 10800, 700.0)])
+    assert gap.zones[("grid", AVERAGE)].outlook_g_per_kwh(now_s, 10800.0) == pytest.approx(
+        (100 + 300 + 700) / 3
+    )
+    # No forecast, or a stale one (generated more than forecast_max_age_s ago): the current value.
+    none = _zone_with_forecast(now_s, [])
+    assert node_g_per_kwh(none, "n", "grid", AVERAGE, now_s, horizon_s=4 * 3600.0) == 300.0
+    later_s = now_s + 7201.0
+    stale = build_snapshot(
+        [
+            IntensityReading(
+                "grid",
+                AVERAGE,
+                "api",
+                300.0,
+                later_s,
+                (IntensityPoint(later_s, later_s + 3600, 900.0),),
+                now_s,
+            )
+        ],
+        [],
+        published_at_s=later_s,
+        max_age_s=7200.0,
+        forecast_max_age_s=7200.0,
+    )
+    assert node_g_per_kwh(stale, "n", "grid", AVERAGE, later_s, horizon_s=3600.0) == 300.0
+    # A node's own-supply annotation has no forecast: it counts as it is over any horizon.
+    own = {CARBON_INTENSITY_ANNOTATION: "20"}
+    assert node_g_per_kwh(ends, "n", "grid", AVERAGE, now_s, annotations=own, horizon_s=3600.0) == (
+        20.0
+    )
+    # Nothing current and nothing forecast now: unknown, whatever lies ahead.
+    ahead_only = build_snapshot(
+        [
+            IntensityReading(
+                "grid",
+                AVERAGE,
+                "api",
+                math.nan,
+                now_s,
+                (IntensityPoint(now_s + 3600, now_s + 7200, 100.0),),
+                now_s,
+            )
+        ],
+        [],
+        published_at_s=now_s,
+        max_age_s=7200.0,
+        forecast_max_age_s=7200.0,
+    )
+    assert math.isnan(node_g_per_kwh(ahead_only, "n", "grid", AVERAGE, now_s, horizon_s=7200.0))

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,17 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import generate_latest
 
 from controllers.node_power.carbon import CarbonSettings, NodeIntensity
-from controllers.node_power.cli import build_parser, main, settings_from_args
+from controllers.node_power.cli import (
+    build_parser,
+    carbon_settings_from_args,
+    main,
+    settings_from_args,
+)
+from controllers.node_power.controller import NodePowerController
 from controllers.node_power.health import serve_health
+from controllers.node_power.idle_power import IdlePower
 from controllers.node_power.metrics import ControllerMetrics
+from controllers.node_power.policy import PolicySettings
 from controllers.node_power.views import parse_rfc3339_s
 from envtest import ControlPlane
 from tests.support.bmc import RedfishEmulator
@@ -339,10 +349,13 @@ def test_rank_by_grams_reads_the_carbon_sources_and_powers_off_the_dirtiest_node
     by_watts = json.loads(capsys.readouterr().out)
     assert [a["node"] for a in by_watts["power_off"]] == [clean]  # 7.5 W/core
 
-    assert main([*common, "--rank-by=grams", f"--carbon-sources={sources}"]) == 0
+    # Sources given: grams is the default ranking, over the next 4 h (no forecast here: the
+    # current values hold throughout).
+    assert main([*common, f"--carbon-sources={sources}"]) == 0
     by_grams = json.loads(capsys.readouterr().out)
+    assert (by_grams["rank_by"], by_grams["carbon_horizon_s"]) == ("grams", 4 * 3600.0)
     assert [a["node"] for a in by_grams["power_off"]] == [dirty]
-    assert "700 g CO2/kWh" in by_grams["power_off"][0]["reason"]
+    assert "700 g CO2/kWh over the next 4 h" in by_grams["power_off"][0]["reason"]
     assert {n["name"]: n["g_per_kwh"] for n in by_grams["nodes"]} == {
         busy: 30.0,
         dirty: 700.0,
@@ -366,8 +379,135 @@ def test_bad_carbon_sources_exit_2_naming_the_entry(
     argv = [f"--kubeconfig={tmp_path / 'none'}", "--rank-by=grams", f"--carbon-sources={sources}"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+    # Without --rank-by the sources make it grams, and are read (and refused) the same way.
     assert main([f"--kubeconfig={tmp_path / 'none'}", f"--carbon-sources={sources}"]) == 2
+    assert message in capsys.readouterr().err
+    # An explicit --rank-by watts is kept, and sources beside it are a mistake.
+    argv = [f"--kubeconfig={tmp_path / 'none'}", "--rank-by=watts", f"--carbon-sources={sources}"]
+    assert main(argv) == 2
     assert "--carbon-sources is read only with --rank-by grams" in capsys.readouterr().err
+
+
+def test_rank_by_defaults_to_grams_with_sources_and_the_horizon_to_four_hours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def policy(*argv: str) -> PolicySettings:
+        return settings_from_args(build_parser().parse_args(list(argv))).policy
+
+    (tmp_path / "sources.yaml").write_text("- {kind: file, path: /nowhere}\n")
+    sources = f"--carbon-sources={tmp_path / 'sources.yaml'}"
+    assert (policy().rank_by, policy().carbon_horizon_s) == ("watts", 4 * 3600.0)
+    assert policy(sources).rank_by == "grams"
+    assert policy("--rank-by=grams").rank_by == "grams"  # own-supply annotations only
+    assert policy(sources, "--rank-by=grams", "--carbon-horizon=90m").carbon_horizon_s == 5400.0
+    assert policy(sources, "--carbon-horizon=0").carbon_horizon_s == 0.0
+    parsed = build_parser().parse_args([sources, "--carbon-horizon=2h"])
+    assert carbon_settings_from_args(parsed).horizon_s == 7200.0
+    for bad in ("soon", "-1h"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([f"--carbon-horizon={bad}"])
+        assert exit_info.value.code == 2
+        assert "--carbon-horizon" in capsys.readouterr().err
+    help_text = " ".join(build_parser().format_help().split())  # unwrapped
+    assert "--carbon-horizon" in help_text and "0: the present value only" in help_text
+    assert "default: grams with --carbon-sources, watts without" in help_text
+
+
+def test_status_metrics_and_logs_show_each_nodes_outlook_that_chose_it(
+    control_plane: ControlPlane,
+    cluster: PowerCluster,
+    kubeconfig: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two empty nodes of equal idle watts: one's zone is cleaner now (100 against 400 g/kWh)
+    # but turns dirty for the next hours (700), the other's turns clean (50).
+    busy, to_dirty, to_clean = (cluster.name(s) for s in ("busy", "to-dirty", "to-clean"))
+    make_bundle(
+        tmp_path / "bundle", {n: PowerCurveSpec(100.0, 300.0) for n in (busy, to_dirty, to_clean)}
+    )
+    now_s = time.time()
+    zones = {"busy": ("steady", 300, 300), "to-dirty": ("dusk", 100, 700)}
+    zones["to-clean"] = ("dawn", 400, 50)
+    lines = ["intensities:"]
+    for short, (zone, now_g, ahead_g) in zones.items():
+        cluster.add_node(short)
+        cluster.core.patch_node(
+            cluster.name(short), {"metadata": {"labels": {"topology.kubernetes.io/region": zone}}}
+        )
+        lines.append(
+            f"  - {{zone: {zone}, g_per_kwh: {now_g}, observed_at: '{stamp(now_s)}', forecast: "
+            f"[{{start: '{stamp(now_s)}', end: '{stamp(now_s + 3600)}', g_per_kwh: {now_g}}}, "
+            f"{{start: '{stamp(now_s + 3600)}', end: '{stamp(now_s + 5 * 3600)}', "
+            f"g_per_kwh: {ahead_g}}}]}}"
+        )
+    cluster.wait_ready(*zones)
+    cluster.deployment("web", "12", on="busy")
+    (tmp_path / "intensities.yaml").write_text("\n".join(lines) + "\n")
+    policy = PolicySettings(
+        unneeded_time_s=0.0,
+        cooldown_s=0.0,
+        min_on_nodes=2,
+        boot_s=0.0,
+        rank_by="grams",
+        carbon_horizon_s=4 * 3600.0,
+    )
+    api = control_plane.api_client(kubeconfig)
+    metrics = ControllerMetrics()
+    source = {"kind": "file", "name": "site", "path": str(tmp_path / "intensities.yaml")}
+    carbon = NodeIntensity(
+        CarbonSettings(sources=(source,), horizon_s=4 * 3600.0),
+        lambda: controller.nodes.items(),
+        registry=metrics.registry,
+    )
+    controller = NodePowerController(
+        settings(policy=policy, apply=False),
+        api,
+        idle_power=IdlePower(tmp_path / "bundle"),
+        carbon=carbon,
+        metrics=metrics,
+    )
+    controller.start()
+    server = serve_health(controller, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        wait_until(lambda: controller.synced, what="caches synced")
+        cluster.caught_up(controller)
+        carbon.poll_once()
+        caplog.set_level(logging.INFO, logger="controllers.node_power")
+        result = controller.run_round(time.time())
+        assert result.error is None and result.decisions is not None
+        # Now to-clean is the dirtier; over the next 4 h to-dirty is: ~550 against ~137.
+        assert [a.node for a in result.decisions.power_off] == [to_dirty]
+        status = requests.get(base + "/status", timeout=5).json()["carbon"]
+        assert status["horizon_s"] == 4 * 3600.0
+        outlook = {n: v["outlook_g_per_kwh"] for n, v in status["nodes"].items()}
+        assert outlook[to_dirty] == pytest.approx(550.0, abs=1.0)
+        assert outlook[to_clean] == pytest.approx(137.5, abs=1.0)
+        assert outlook[busy] == pytest.approx(300.0)
+        assert status["nodes"][to_dirty]["zone"] == "dusk"
+        text = requests.get(base + "/metrics", timeout=5).text
+        assert "power_aware_node_power_carbon_outlook_horizon_seconds 14400.0" in text
+        gauge = f'power_aware_node_power_carbon_node_outlook_g_per_kwh{{node="{to_dirty}"}} 55'
+        assert gauge in text
+        (record,) = [r for r in caplog.records if getattr(r, "node", None) == to_dirty]
+        assert record.getMessage().startswith(f"would power off node {to_dirty}")
+        assert "g CO2/kWh over the next 4 h" in record.getMessage()
+        assert record.carbon_outlook_g_per_kwh == pytest.approx(550.0, abs=1.0)
+        assert record.carbon_horizon_s == 4 * 3600.0
+    finally:
+        server.shutdown()
+        controller.stop()
+
+
+def test_the_policy_and_the_carbon_source_must_agree_on_the_horizon() -> None:
+    carbon = NodeIntensity(CarbonSettings(horizon_s=4 * 3600.0), list)
+    policy = PolicySettings(rank_by="grams", carbon_horizon_s=0.0)
+    with pytest.raises(ValueError, match="one --carbon-horizon sets both"):
+        NodePowerController(settings(policy=policy), client.ApiClient(), carbon=carbon)
+    agreed = replace(policy, carbon_horizon_s=4 * 3600.0)
+    controller = NodePowerController(settings(policy=agreed), client.ApiClient(), carbon=carbon)
+    assert controller.carbon is carbon
 
 
 def test_the_controllers_carbon_source_reports_on_its_metrics(tmp_path: Path) -> None:

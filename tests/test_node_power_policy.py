@@ -18,6 +18,8 @@ from controllers.node_power.policy import (
     headroom_cores,
     off_headroom_cores,
 )
+from livedata.carbon import AVERAGE, IntensityPoint, IntensityReading
+from livedata.carbon_source import CarbonSnapshot, build_snapshot, node_g_per_kwh
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_ON, POWER_WAKING
 
 GIB = 1024**3
@@ -364,3 +366,90 @@ def test_a_node_of_unknown_intensity_ranks_as_the_mean_and_none_known_ranks_by_w
 def test_rank_by_is_watts_or_grams() -> None:
     with pytest.raises(ValueError, match="rank_by must be one of watts, grams"):
         PolicySettings(rank_by="euros")
+    with pytest.raises(ValueError, match="carbon_horizon_s"):
+        PolicySettings(carbon_horizon_s=-1.0)
+
+
+def grid(now_s: float, zones: dict[str, tuple[float, float]]) -> CarbonSnapshot:
+    """Each zone's intensity now and forecast for the next 4 hours: zone -> (now, ahead)."""
+    return build_snapshot(
+        [
+            IntensityReading(
+                zone,
+                AVERAGE,
+                "api",
+                now_g,
+                now_s,
+                (
+                    IntensityPoint(now_s, now_s + 3600, now_g),
+                    IntensityPoint(now_s + 3600, now_s + 5 * 3600, ahead_g),
+                ),
+                now_s,
+            )
+            for zone, (now_g, ahead_g) in zones.items()
+        ],
+        [],
+        published_at_s=now_s,
+        max_age_s=7200.0,
+        forecast_max_age_s=7200.0,
+    )
+
+
+def with_outlook(
+    nodes: list[NodeView], zone: dict[str, str], snapshot: CarbonSnapshot, horizon_s: float
+) -> list[NodeView]:
+    """The views as the controller fills them: each node's outlook over `horizon_s`."""
+    return [
+        replace(
+            n,
+            g_per_kwh=node_g_per_kwh(
+                snapshot, n.name, zone.get(n.name), AVERAGE, NOW_S, horizon_s=horizon_s
+            ),
+        )
+        for n in nodes
+    ]
+
+
+def test_ranking_by_the_outlook_empties_the_node_about_to_enter_a_dirty_hour_first() -> None:
+    nodes = [node("busy", pods=[pod(12)]), node("a", idle_w=100), node("b", idle_w=100)]
+    zone = {"busy": "z-busy", "a": "z-a", "b": "z-b"}
+    since = long_unneeded("a", "b")
+    # Now a's zone is the cleaner (100 against 400 g/kWh), but for the next hours it is 700
+    # and b's falls to 50.
+    turning = grid(NOW_S, {"z-busy": (300, 300), "z-a": (100, 700), "z-b": (400, 50)})
+
+    def first_off(snapshot: CarbonSnapshot, horizon_s: float) -> tuple[str, str]:
+        settings = PolicySettings(min_on_nodes=2, rank_by="grams", carbon_horizon_s=horizon_s)
+        views = with_outlook(nodes, zone, snapshot, horizon_s)
+        off = decide(views, [], 0.0, since, NOW_S, settings).power_off
+        return off[0].node, off[0].reason
+
+    # The present hour alone empties b, the dirtier now.
+    assert first_off(turning, 0.0)[0] == "b"
+    # Over the next 4 h a's mean is (100 + 3 x 700) / 4 = 550 and b's (400 + 3 x 50) / 4 = 137.5.
+    name, reason = first_off(turning, 4 * 3600.0)
+    assert name == "a"
+    assert "550 g CO2/kWh over the next 4 h" in reason
+    # The next hours flipped: so does the choice.
+    flipped = grid(NOW_S, {"z-busy": (300, 300), "z-a": (100, 50), "z-b": (400, 700)})
+    assert first_off(flipped, 4 * 3600.0)[0] == "b"
+
+
+def test_ranking_by_the_outlook_wakes_the_node_about_to_enter_a_clean_hour() -> None:
+    nodes = [
+        node("full", pods=[pod(16)]),
+        node("a", idle_w=100, state=POWER_OFF),
+        node("b", idle_w=100, state=POWER_OFF),
+    ]
+    zone = {"a": "z-a", "b": "z-b"}
+    waiting = [PendingPod("job", 4.0)]
+    # a is the cleaner now (100 against 400) but turns dirty; b turns clean.
+    turning = grid(NOW_S, {"z-a": (100, 700), "z-b": (400, 50)})
+
+    def woken(horizon_s: float) -> list[str]:
+        settings = replace(SETTINGS, rank_by="grams", carbon_horizon_s=horizon_s)
+        views = with_outlook(nodes, zone, turning, horizon_s)
+        return [a.node for a in decide(views, waiting, 0.0, {}, NOW_S, settings).wake]
+
+    assert woken(0.0) == ["a"]
+    assert woken(4 * 3600.0) == ["b"]

@@ -32,8 +32,10 @@ core off first); which nodes empty is left to the scores. `co2_above_idle_kg` co
 every node's idle power, so it goes negative for policies that power nodes off.
 `power-aware+carbon+power-management-grams` is the same with the controller ranking by grams
 (`--rank-by grams`, `PolicySettings.rank_by`): it reads each node's intensity from the same
-hourly snapshot with `livedata.carbon_source.node_g_per_kwh`, as the controller does, and
-powers off the most grams per idle core first and wakes the fewest grams per core.
+hourly snapshot with `livedata.carbon_source.node_g_per_kwh`, as the controller does, at the
+controller's horizon (`--carbon-horizon`, `BenchSettings.carbon_horizon_s`: the zone's mean
+forecast intensity over the next hours; 0 the present hour's), and powers off the most grams
+per idle core first and wakes the fewest grams per core.
 
 Deferrable pods (`--deferrable-share` of the trace, drawn from the seed) carry
 `power-aware-scheduler/defer-until: <--defer-hours>h` and a creationTimestamp at their
@@ -523,17 +525,21 @@ def _carbon_grams_power_policy(
     ) as policy:
         assert isinstance(policy, CarbonPowerExtenderPolicy)
         manager = power_management_for(scenario, policy)
-        manager.policy_settings = replace(manager.policy_settings, rank_by=RANK_BY_GRAMS)
-        manager.g_per_kwh = _snapshot_reader(world, scenario.cluster.names)
+        horizon_s = scenario.settings.carbon_horizon_s
+        manager.policy_settings = replace(
+            manager.policy_settings, rank_by=RANK_BY_GRAMS, carbon_horizon_s=horizon_s
+        )
+        manager.g_per_kwh = _snapshot_reader(world, scenario.cluster.names, horizon_s)
         policy.power = manager
         yield policy
 
 
 def _snapshot_reader(
-    world: CarbonWorld, node_names: Sequence[str]
+    world: CarbonWorld, node_names: Sequence[str], horizon_s: float
 ) -> Callable[[str, float], float]:
     """A node's intensity as the controller reads it: from the hour's snapshot (what its
-    carbon source would hold), through `node_g_per_kwh`."""
+    carbon source would hold, forecast included), through `node_g_per_kwh` with the
+    controller's horizon (the zone's mean over the next `horizon_s`)."""
     zone_of = {name: world.zone_of(node) for node, name in enumerate(node_names)}
     published: list[tuple[int, CarbonSnapshot]] = []
 
@@ -548,7 +554,9 @@ def _snapshot_reader(
                 forecast_max_age_s=2 * HOUR_S,
             )
             published[:] = [(hour, snapshot)]
-        return node_g_per_kwh(published[0][1], node, zone_of.get(node), AVERAGE, now_s)
+        return node_g_per_kwh(
+            published[0][1], node, zone_of.get(node), AVERAGE, now_s, horizon_s=horizon_s
+        )
 
     return g_per_kwh
 

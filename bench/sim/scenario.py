@@ -63,6 +63,9 @@ class BenchSettings:
     # power-aware+carbon's profile: PowerIncrease and Carbon weights (EnergyLevel keeps 0.4).
     carbon_power_weight: float = 0.4
     carbon_weight: float = 0.2
+    # power-aware+carbon+power-management-grams: the controller ranks each node by its zone's
+    # mean intensity over the next this many seconds (its --carbon-horizon; 0: the hour's).
+    carbon_horizon_s: float = 4 * 3600.0
     # power-aware+power-management: the extender's profile ("": bench/sim/profiles'
     # power-management.yaml), the controller's cool-down (None: PolicySettings' default)...
     power_management_profile: str = ""

@@ -1,11 +1,15 @@
 """Each node's carbon intensity for `--rank-by grams`: the extender's sources, polled aside.
 
-With `--rank-by grams` the policy (`PolicySettings.rank_by`) ranks nodes by the grams of CO2
-per hour their watts emit: the node to power off is the one with the most grams per idle core,
-the node to wake the one with the fewest per core of the pods it takes. A node's intensity is
-read exactly as the extender's Carbon plugin reads it (`livedata.carbon_source.node_g_per_kwh`):
-its own supply's annotation, else a node-local reading, else its grid zone's (the label
-`power-aware-scheduler/carbon-zone`, else `--carbon-zone-label`), fresh values only.
+With `--rank-by grams` (the default when `--carbon-sources` is given) the policy
+(`PolicySettings.rank_by`) ranks nodes by the grams of CO2 per hour their watts emit: the
+node to power off is the one with the most grams per idle core, the node to wake the one with
+the fewest per core of the pods it takes. A node's intensity is read as the extender's Carbon
+plugin reads it (`livedata.carbon_source.node_g_per_kwh`): its own supply's annotation, else
+a node-local reading, else its grid zone's (the label `power-aware-scheduler/carbon-zone`,
+else `--carbon-zone-label`), fresh values only; but over time: its outlook, the mean of the
+forecast over the next `--carbon-horizon` (4 h; the current value where the forecast ends,
+and all of it without a forecast). A node powered off stays off for hours, and one woken stays
+on: what it would emit over those hours, not in the present one, is what the choice changes.
 
 The sources are the Carbon plugin's (`livedata.carbon_providers`: Prometheus, the
 carbon-aware-sdk WebAPI, Electricity Maps, WattTime, a file), listed in `--carbon-sources`: a
@@ -51,6 +55,8 @@ class CarbonSettings:
     forecast_max_age_s: float = 7200.0
     poll_interval_s: float = 300.0
     timeout_s: float = 10.0
+    # Each node ranks by its mean intensity over the next this many seconds (0: now).
+    horizon_s: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
@@ -61,6 +67,8 @@ class CarbonSettings:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not (self.horizon_s >= 0 and math.isfinite(self.horizon_s)):
+            raise ValueError(f"horizon_s must be >= 0 seconds, got {self.horizon_s!r}")
 
 
 def read_sources_file(path: Path) -> tuple[Mapping[str, Any], ...]:
@@ -101,6 +109,8 @@ class NodeIntensity:
         self.settings = settings
         self.snapshot: CarbonSnapshot = EMPTY_SNAPSHOT
         self._nodes = nodes
+        # The last `g_per_kwh` answer: node -> (zone, outlook g/kWh, at), for /status.
+        self.last: dict[str, tuple[str | None, float, float]] = {}
         providers = [
             provider_from_config(
                 raw,
@@ -148,27 +158,43 @@ class NodeIntensity:
         return self.source.poll_once() if self.source is not None else self.snapshot
 
     def status(self) -> dict[str, Any]:
-        """The sources' health and what they reported (JSON-ready, for /status)."""
+        """The sources' health, what they reported, and each node's outlook as the last round
+        read it (JSON-ready, for /status; an unknown outlook is null: the node ranks at the
+        mean of the others)."""
         return {
             "signal": self.settings.signal,
             "zone_label": self.settings.zone_label,
+            "horizon_s": self.settings.horizon_s,
             "sources": self.source.status() if self.source is not None else {},
+            "nodes": {
+                name: {
+                    "zone": zone,
+                    "outlook_g_per_kwh": value if math.isfinite(value) else None,
+                    "at_s": at_s,
+                }
+                for name, (zone, value, at_s) in sorted(self.last.items())
+            },
         }
 
     def g_per_kwh(self, nodes: Sequence[Mapping[str, Any]], now_s: float) -> dict[str, float]:
-        """Node name -> usable intensity now (g/kWh), NaN where there is none."""
+        """Node name -> usable intensity (g/kWh), NaN where there is none: the mean over the
+        next `horizon_s` (`livedata.carbon_source.node_g_per_kwh`)."""
         snapshot = self.snapshot
-        found = {}
+        found, last = {}, {}
         for node in nodes:
             metadata = node.get("metadata") or {}
             name = metadata.get("name", "")
+            zone = self.zone_of(node)
             found[name] = snapshot_g_per_kwh(
                 snapshot,
                 name,
-                self.zone_of(node),
+                zone,
                 self.settings.signal,
                 now_s,
                 annotations=metadata.get("annotations"),
                 max_age_s=self.settings.max_age_s,
+                horizon_s=self.settings.horizon_s,
             )
+            last[name] = (zone, found[name], now_s)
+        self.last = last  # one reference swap: /status reads a whole round
         return found

@@ -321,10 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument(
         "--rank-by",
         choices=RANK_BY,
-        default=RANK_BY_WATTS,
+        default=None,
         help="what the choice of nodes to power off and to wake minimises: 'watts' (predicted "
-        "power) or 'grams' (predicted power times each node's carbon intensity, read as the "
-        "extender's Carbon plugin reads it; see --carbon-sources) (default: %(default)s)",
+        "power) or 'grams' (predicted power times each node's carbon intensity over the next "
+        "--carbon-horizon, read as the extender's Carbon plugin reads it; see "
+        "--carbon-sources) (default: grams with --carbon-sources, watts without)",
     )
 
     carbon = parser.add_argument_group("carbon intensity (for --rank-by grams)")
@@ -363,6 +364,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="5m",
         metavar="DURATION",
         help="how often the sources are polled, in the background (default: %(default)s)",
+    )
+    carbon.add_argument(
+        "--carbon-horizon",
+        type=_duration("--carbon-horizon"),
+        default="4h",
+        metavar="DURATION",
+        help="rank each node by its zone's mean intensity over the next DURATION (the "
+        "sources' forecast, weighted by time; the current value where the forecast ends or "
+        "without one), not the present hour's: a node powered off stays off for hours, so one "
+        "about to enter a dirty hour is the better one to empty, one about to enter a clean "
+        "hour the better one to wake. 0: the present value only (default: %(default)s)",
     )
 
     act = parser.add_argument_group("acting")
@@ -511,6 +523,8 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
     if args.max_graceful_termination_sec < 0:
         raise ValueError("--max-graceful-termination-sec must be >= 0")
+    if args.carbon_sources is not None and args.rank_by == RANK_BY_WATTS:
+        raise ValueError("--carbon-sources is read only with --rank-by grams")
     try:
         policy = PolicySettings(
             unneeded_time_s=args.scale_down_unneeded_time,
@@ -525,15 +539,14 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             boot_energy_j=args.boot_energy_kj * 1000.0,
             wake_horizon_s=args.wake_horizon,
             off_margin_sd=args.off_margin_sd,
-            rank_by=args.rank_by,
+            rank_by=rank_by(args),
+            carbon_horizon_s=args.carbon_horizon,
             # Drains started together in one round are cordoned together before any eviction,
             # so what one drain evicts cannot land on another (see `controller`).
             max_drains_per_round=args.max_drain_parallelism,
         )
     except ValueError as error:
         raise ValueError(f"policy flags: {error}") from None
-    if args.carbon_sources is not None and args.rank_by != RANK_BY_GRAMS:
-        raise ValueError("--carbon-sources is read only with --rank-by grams")
     actuator = ActuatorSettings(
         default_driver=args.default_driver,
         bmc_timeout_s=args.bmc_timeout,
@@ -559,6 +572,13 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
     )
 
 
+def rank_by(args: argparse.Namespace) -> str:
+    """--rank-by as given, else grams when there are carbon sources to rank by, else watts."""
+    if args.rank_by is not None:
+        return str(args.rank_by)
+    return RANK_BY_GRAMS if args.carbon_sources is not None else RANK_BY_WATTS
+
+
 def carbon_settings_from_args(args: argparse.Namespace) -> CarbonSettings:
     """The carbon flags; ValueError naming the file or flag at fault."""
     sources = read_sources_file(args.carbon_sources) if args.carbon_sources else ()
@@ -571,6 +591,7 @@ def carbon_settings_from_args(args: argparse.Namespace) -> CarbonSettings:
             forecast_max_age_s=args.carbon_max_age,
             poll_interval_s=args.carbon_poll_interval,
             timeout_s=args.api_timeout,
+            horizon_s=args.carbon_horizon,
         )
     except ValueError as error:
         raise ValueError(f"carbon flags: {error}") from None
@@ -614,6 +635,9 @@ def round_summary(controller: NodePowerController, result: object) -> dict[str, 
             for name, since_s in sorted(getattr(decisions, "unneeded_since", {}).items())
         },
         "headroom_cores": getattr(decisions, "headroom_cores", None),
+        # Ranking by grams: each node's g_per_kwh is its mean intensity over this horizon.
+        "rank_by": controller.settings.policy.rank_by,
+        "carbon_horizon_s": controller.carbon.settings.horizon_s if controller.carbon else None,
         "pending_pods": [p.name for p in getattr(view, "pending", ())],
         "nodes": [
             {

@@ -155,8 +155,17 @@ class NodePowerController:
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.idle_power = idle_power or IdlePower(None)
-        # Each node's carbon intensity, read only when the policy ranks by grams.
+        # Each node's carbon outlook, read only when the policy ranks by grams.
         self.carbon = carbon if settings.policy.rank_by == RANK_BY_GRAMS else None
+        if self.carbon is not None:
+            horizon_s = self.carbon.settings.horizon_s
+            if horizon_s != settings.policy.carbon_horizon_s:
+                # The reasons would name another window than the one the values describe.
+                raise ValueError(
+                    f"the carbon source reads {horizon_s} s ahead but the policy says "
+                    f"{settings.policy.carbon_horizon_s} s (one --carbon-horizon sets both)"
+                )
+            self.metrics.rank_by_grams(horizon_s)
         core = client.CoreV1Api(api_client)
         policy_api = client.PolicyV1Api(api_client)
         self.nodes = Informer("nodes", core.list_node, clock=clock)
@@ -419,8 +428,20 @@ class NodePowerController:
                 "reason": action.reason,
                 "watts": None if not math.isfinite(action.watts) else round(action.watts, 1),
                 "dry_run": would,
+                **self._carbon_fields(action),
             },
         )
+
+    def _carbon_fields(self, action: Action) -> dict[str, object]:
+        """Ranking by grams: the intensity that chose the node and its horizon, as JSON log
+        fields (the reason says them in words)."""
+        if self.carbon is None:
+            return {}
+        value = action.g_per_kwh
+        return {
+            "carbon_outlook_g_per_kwh": round(value, 1) if math.isfinite(value) else None,
+            "carbon_horizon_s": self.carbon.settings.horizon_s,
+        }
 
     def _announce(self, decisions: Decisions, view: ClusterView) -> None:
         """Dry run: log each decision once, until it changes."""
@@ -463,6 +484,8 @@ class NodePowerController:
         self.metrics.headroom_cores.set(decisions.headroom_cores)
         self.metrics.off_headroom_cores.set(decisions.off_headroom_cores)
         self.metrics.arrival_rate.set(arrival.cores_per_s)
+        if self.carbon is not None:
+            self.metrics.set_carbon_outlook({n.name: n.g_per_kwh for n in considered if n.managed})
 
     # ---- the loop -------------------------------------------------------------------------
 

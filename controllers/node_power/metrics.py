@@ -1,7 +1,9 @@
 """The node power controller's Prometheus metrics (`power_aware_node_power_*`, at /metrics).
 
 Per node series are avoided (a fleet has thousands of nodes); the node-level story is in the
-node annotations and the logs. What an operator graphs and alerts on:
+node annotations and the logs. The one exception is what ranking by grams compares, which an
+operator checks node by node: each managed node's carbon outlook, only with `--rank-by grams`.
+What an operator graphs and alerts on:
 
 - how many nodes are in each power state, and how many the controller manages;
 - power cycles (completed power-offs) and power actions by kind and result;
@@ -9,10 +11,14 @@ node annotations and the logs. What an operator graphs and alerts on:
 - the watts saved by the nodes that are off, by the model's estimate of their idle power;
 - driver errors by driver and kind, drains that failed by cause, API errors;
 - the policy's inputs: pending pods, free CPU, headroom target, arrival rate;
-- leadership, and the rounds (count by result, time of the last one).
+- leadership, and the rounds (count by result, time of the last one);
+- ranking by grams: each managed node's mean intensity over the horizon, and the horizon.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -122,3 +128,32 @@ class ControllerMetrics:
         # "no data" (client_python's advice for labels known in advance).
         for operation in API_OPERATIONS:
             self.api_errors.labels(operation=operation)
+        self.carbon_outlook: Gauge | None = None
+        self.carbon_horizon: Gauge | None = None
+
+    def rank_by_grams(self, horizon_s: float) -> None:
+        """Add the carbon outlook's gauges: only a controller ranking by grams has them."""
+        if self.carbon_outlook is not None:
+            return
+        self.carbon_outlook = Gauge(
+            PREFIX + "carbon_node_outlook_g_per_kwh",
+            "Mean carbon intensity over the next horizon that ranks each managed node "
+            "(gCO2eq/kWh; a node without one ranks at the mean of the others and has no series)",
+            ["node"],
+            registry=self.registry,
+        )
+        self.carbon_horizon = Gauge(
+            PREFIX + "carbon_outlook_horizon_seconds",
+            "How far ahead the carbon outlook looks (--carbon-horizon; 0: the present value)",
+            registry=self.registry,
+        )
+        self.carbon_horizon.set(horizon_s)
+
+    def set_carbon_outlook(self, g_per_kwh: Mapping[str, float]) -> None:
+        """This round's outlook per managed node; nodes gone or unknown lose their series."""
+        if self.carbon_outlook is None:
+            return
+        self.carbon_outlook.clear()
+        for node, value in g_per_kwh.items():
+            if math.isfinite(value):
+                self.carbon_outlook.labels(node=node).set(value)

@@ -36,7 +36,10 @@ unneeded. `decide` answers:
 Every choice among nodes above compares watts; with `rank_by` "grams" it compares the grams
 of CO2 per hour those watts emit at each node's carbon intensity (`NodeView.g_per_kwh`), so
 the dirtiest idle core goes off first and the cleanest wakes (the limits and the headroom
-stay in cores).
+stay in cores). The callers read that intensity as the mean over the next
+`carbon_horizon_s` (the zone's forecast), not the present hour's: a node powered off stays
+off, and one woken stays on, for hours, so a node about to enter a dirty hour is the better
+one to empty and one about to enter a clean hour the better one to wake.
 
 Only nodes that are `managed` (opted in by the label, no kill switch, no cluster-autoscaler
 scale-down-disabled annotation) are ever powered off or on. Every decision carries its reason
@@ -96,8 +99,9 @@ class NodeView:
     curve_w: tuple[float, ...] = ()
     # Energy (joules) this node spends booting; NaN: `PolicySettings.boot_energy_j`.
     boot_energy_j: float = math.nan
-    # Carbon intensity of the power the node draws now (g CO2/kWh: its zone's, or its own
-    # supply's), for `PolicySettings.rank_by` "grams"; NaN when unknown.
+    # Carbon intensity of the power the node draws (g CO2/kWh: its zone's, or its own
+    # supply's), for `PolicySettings.rank_by` "grams": the mean the callers read over the next
+    # `PolicySettings.carbon_horizon_s` (the present value when 0); NaN when unknown.
     g_per_kwh: float = math.nan
 
     @property
@@ -184,10 +188,17 @@ class PolicySettings:
     # whose intensity is unknown counts at the mean of the nodes whose intensity is known
     # (neutral, as the extender's Carbon score treats it); with none known it is "watts".
     rank_by: str = "watts"
+    # How far ahead the callers' `NodeView.g_per_kwh` looks: the zone's mean intensity over the
+    # next this many seconds (`livedata.carbon_source.node_g_per_kwh`), 0 the present value.
+    # The policy only names it in its reasons; the callers read the intensities with it (the
+    # controller's `CarbonSettings.horizon_s`, the same --carbon-horizon, 4 h by default).
+    carbon_horizon_s: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
         if self.rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
+        if not (self.carbon_horizon_s >= 0 and math.isfinite(self.carbon_horizon_s)):
+            raise ValueError(f"carbon_horizon_s must be >= 0, got {self.carbon_horizon_s!r}")
         for name in ("unneeded_time_s", "cooldown_s", "min_headroom_cores", "boot_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -219,6 +230,9 @@ class Action:
     node: str
     reason: str
     watts: float = math.nan  # predicted idle watts saved (off) or drawn (wake)
+    # Ranking by grams: the node's intensity the choice used (g CO2/kWh over the next
+    # `PolicySettings.carbon_horizon_s`), for the logs; NaN otherwise.
+    g_per_kwh: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -568,7 +582,7 @@ def _wake_action(room: _Room, target: float, settings: PolicySettings) -> Action
         why += f", boot {boot_w:.0f} W over {settings.wake_horizon_s:.0f} s"
     why += _intensity_note(node, settings)
     watts = node.predicted_w(room.placed_cores) + boot_w
-    return Action(node.name, why, watts)
+    return Action(node.name, why, watts, _ranked_intensity(node, settings))
 
 
 def _could_ever_fit(pod: PendingPod, node: NodeView) -> bool:
@@ -621,7 +635,16 @@ def _with_neutral_intensity(nodes: Sequence[NodeView]) -> list[NodeView]:
 def _intensity_note(node: NodeView, settings: PolicySettings) -> str:
     if settings.rank_by != RANK_BY_GRAMS or not math.isfinite(node.g_per_kwh):
         return ""
-    return f", {node.g_per_kwh:.0f} g CO2/kWh"
+    return f", {node.g_per_kwh:.0f} g CO2/kWh {intensity_window(settings.carbon_horizon_s)}"
+
+
+def _ranked_intensity(node: NodeView, settings: PolicySettings) -> float:
+    return node.g_per_kwh if settings.rank_by == RANK_BY_GRAMS else math.nan
+
+
+def intensity_window(horizon_s: float) -> str:
+    """The window an intensity describes, in the words reasons and logs use."""
+    return f"over the next {horizon_s / 3600.0:g} h" if horizon_s > 0 else "now"
 
 
 # ---- powering off -------------------------------------------------------------------------
@@ -716,7 +739,7 @@ def _plan_off(
                 f"{len(moving)} pod(s) fit elsewhere; {node.idle_w_per_core:.1f} W idle per core"
                 f"{_intensity_note(node, settings)}"
             )
-            drain.append(Action(node.name, reason, saving))
+            drain.append(Action(node.name, reason, saving, _ranked_intensity(node, settings)))
             # What moves takes room on the others: account for it before the next candidate.
             staying = _with_pods_placed(others, moving)
         else:
@@ -724,7 +747,7 @@ def _plan_off(
                 f"empty for {now_s - since[node.name]:.0f} s; "
                 f"{node.idle_w_per_core:.1f} W idle per core{_intensity_note(node, settings)}"
             )
-            power_off.append(Action(node.name, reason, saving))
+            power_off.append(Action(node.name, reason, saving, _ranked_intensity(node, settings)))
             del staying[node.name]
         off_count += 1
     return tuple(power_off), tuple(drain)
