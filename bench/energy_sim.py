@@ -280,9 +280,15 @@ def print_bound(report: dict) -> None:
     baseline = report["policies"].get("default")
     for policy, share in bound.get("saving_share", {}).items():
         saving = baseline["energy_kwh"] - report["policies"][policy]["energy_kwh"]
+        cycles = report["policies"][policy]["power_cycles_per_node_day"]
+        beyond = (
+            f"; it cycles {cycles:.2f} times per node-day, beyond the bound's limit"
+            if limit is not None and cycles > limit
+            else ""
+        )
         print(
             f"  {policy}: our saving is {share:.1%} of the bound's saving "
-            f"({saving:.2f} of {baseline['energy_kwh'] - bound['energy_kwh']:.2f} kWh)"
+            f"({saving:.2f} of {baseline['energy_kwh'] - bound['energy_kwh']:.2f} kWh{beyond})"
         )
 
 
