@@ -162,6 +162,22 @@ def test_tightening_any_limit_never_lowers_the_bound() -> None:
     )
 
 
+def test_under_one_intensity_the_co2_bound_is_the_energy_bound_times_it() -> None:
+    cluster = build_cluster(6, seed=3)
+    trace = generate_trace(float(cluster.cores.sum()), hours=1.0, load=0.4, seed=3)
+    energy = power_bound(cluster, trace, 4000.0, 5.0, PowerLimits(), window_s=300.0)
+    co2 = power_bound(
+        cluster,
+        trace,
+        4000.0,
+        5.0,
+        PowerLimits(),
+        window_s=300.0,
+        node_g_per_kwh=lambda _: np.full(len(cluster), 250.0),
+    )
+    assert co2.value == pytest.approx(energy.value * 250.0 / 1000.0, rel=1e-6)
+
+
 def test_coarse_envelopes_stay_below_the_fine_one_with_few_segments() -> None:
     cluster = build_cluster(16, seed=7)
     for lengths, slopes in envelope_segments(cluster):
