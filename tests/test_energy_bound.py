@@ -11,6 +11,7 @@ import pytest
 from bench.energy_sim import BenchSettings, bound_summary
 from bench.sim.bound import (
     COARSE_MAX_SEGMENTS,
+    DEFAULT_WINDOW_S,
     PowerLimits,
     coarse_segments,
     limits_for,
@@ -125,7 +126,9 @@ def test_with_no_cycles_the_bound_is_the_ceiling_over_the_same_windows() -> None
     trace = generate_trace(float(cluster.cores.sum()), hours=2.0, load=0.4, seed=3)
     horizon_s = 9000.0
     on = power_bound(cluster, trace, horizon_s, 5.0, PowerLimits(max_cycles_per_node_day=0))
-    windowed = constrained_ceiling_energy_kwh(cluster, trace, horizon_s, 5.0, lambda _: None)
+    windowed = constrained_ceiling_energy_kwh(
+        cluster, trace, horizon_s, 5.0, lambda _: None, window_s=DEFAULT_WINDOW_S
+    )
     # Only the coarsened envelopes differ (each within 0.05 W of the fine one).
     assert windowed - 6 * 0.05 * horizon_s / 3.6e6 <= on.value <= windowed * (1 + 1e-9)
     assert on.power_offs == pytest.approx(0.0, abs=1e-9)
@@ -199,9 +202,12 @@ def test_the_programme_stays_small() -> None:
     cluster = build_cluster(16, seed=7)
     trace = generate_trace(float(cluster.cores.sum()), hours=1.0, load=0.45, seed=7)
     bound = power_bound(cluster, trace, 7200.0, 5.0, PowerLimits())
-    windows = 7200 // 60
+    windows = round(7200 / DEFAULT_WINDOW_S)
     assert bound.variables <= windows * (16 * (5 + COARSE_MAX_SEGMENTS) + 1)
     assert bound.constraints <= windows * (16 * (4 + COARSE_MAX_SEGMENTS) + 3) + 1
+    fitting = power_bound(cluster, trace, 7200.0, 5.0, PowerLimits(), fit_requests=True)
+    assert fitting.constraints == bound.constraints + 3 * windows
+    assert fitting.value >= bound.value * (1 - 1e-9)  # requests only add to what must be on
 
 
 # ---- never above a simulated policy ------------------------------------------------------------
