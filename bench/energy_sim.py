@@ -62,8 +62,9 @@ possible at all. Two parts of each policy's energy that the bound leaves out are
 nodes running partly loaded where their curves are concave). When a policy powers nodes off,
 a bound line gives the least energy any power management of the trace could use
 (`bench.sim.bound`: the same power states, the controller's cool-down, at most 6 power cycles
-per node-day, in hindsight with fluid load), and each such policy's saving against the
-default as a share of the bound's. `--empty-node-power W` instead lets a
+per node-day, in hindsight with fluid load; again with the pods' requests to fit on the nodes
+on), and the saving against the default of each policy run by the node power controller as a
+share of the bound's (the JSON's `bound` block). `--empty-node-power W` instead lets a
 node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
 consolidation is worth when empty nodes can be powered down.
 """
