@@ -59,7 +59,12 @@ placement of the trace could use with every node on (`bench.sim.ceiling`: a lowe
 hindsight, fluid load and convex power curves), so a saving can be read against what is
 possible at all. Two parts of each policy's energy that the bound leaves out are shown apart:
 `fans` (kWh fans added) and `above envelope` (kWh drawn above the curves' convex envelopes:
-nodes running partly loaded where their curves are concave). `--empty-node-power W` instead lets a
+nodes running partly loaded where their curves are concave). When a policy powers nodes off,
+a bound line gives the least energy any power management of the trace could use
+(`bench.sim.bound`: the same power states, the controller's cool-down, at most 6 power cycles
+per node-day, in hindsight with fluid load; again with the pods' requests to fit on the nodes
+on), and the saving against the default of each policy run by the node power controller as a
+share of the bound's (the JSON's `bound` block). `--empty-node-power W` instead lets a
 node that runs no pods sleep at W watts with an instant wake-up: an optimistic bound on what
 consolidation is worth when empty nodes can be powered down.
 """
@@ -78,6 +83,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bench.sim import presets as _presets  # noqa: F401  (registers every preset)
+from bench.sim.bound import DEFAULT_WINDOW_S, PowerBound, PowerLimits, limits_for, power_bound
 from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
 from bench.sim.engine import PolicyResult, SimSettings
@@ -222,6 +228,107 @@ def summary(
         if baseline is not None and baseline.energy_kwh > 0:
             report["ceiling"]["energy_vs_default"] = round(ceiling_kwh / baseline.energy_kwh, 4)
     return report
+
+
+def bound_summary(
+    results: Sequence[PolicyResult],
+    bound: PowerBound,
+    limits: PowerLimits,
+    fitting_requests: PowerBound | None = None,
+) -> dict:
+    """The power-management bound's block of the summary: its energy, its relaxed schedule,
+    and the saving of each policy run by the node power controller as a share of the bound's
+    (saving = default's energy - energy). The bound holds for policies within its limits:
+    cluster-autoscaler's rule powers nodes off 10 minutes after a scale-up, inside the
+    controller's cool-down, so it is left out. `fitting_requests`: the same bound when the
+    nodes on must also hold the pods' requests (`power_bound(fit_requests=True)`)."""
+    entry: dict = {
+        "energy_kwh": round(bound.value, 4),
+        "power_offs_per_node_day": round(
+            bound.power_offs / (results[0].nodes * results[0].duration_s / 86_400.0), 3
+        ),
+        "mean_nodes_off": round(bound.mean_nodes_off, 3),
+        "window_s": DEFAULT_WINDOW_S,
+        "cooldown_s": limits.cooldown_s,
+        "cycle_limit_per_node_day": limits.max_cycles_per_node_day,
+        "lp_variables": bound.variables,
+        "lp_constraints": bound.constraints,
+    }
+    if fitting_requests is not None:
+        entry["fitting_requests_kwh"] = round(fitting_requests.value, 4)
+    baseline = next((r for r in results if r.policy == "default"), None)
+    if baseline is not None and baseline.energy_kwh > 0:
+        entry["energy_vs_default"] = round(bound.value / baseline.energy_kwh, 4)
+        bound_saving_kwh = baseline.energy_kwh - bound.value
+        if bound_saving_kwh > 0:
+            entry["saving_share"] = {
+                r.policy: round((baseline.energy_kwh - r.energy_kwh) / bound_saving_kwh, 4)
+                for r in results
+                if r.nodes_on is not None and "power-management" in r.policy
+            }
+        if fitting_requests is not None and baseline.energy_kwh > fitting_requests.value:
+            entry["saving_share_fitting_requests"] = {
+                policy: round(
+                    (
+                        baseline.energy_kwh
+                        - next(r for r in results if r.policy == policy).energy_kwh
+                    )
+                    / (baseline.energy_kwh - fitting_requests.value),
+                    4,
+                )
+                for policy in entry.get("saving_share", {})
+            }
+    return entry
+
+
+def print_bound(report: dict) -> None:
+    """The bound's line, and each power-managed policy's distance to it."""
+    bound = report["bound"]
+    versus = (
+        f" ({1.0 - bound['energy_vs_default']:.1%} less than default)"
+        if "energy_vs_default" in bound
+        else ""
+    )
+    limit = bound["cycle_limit_per_node_day"]
+    print(
+        f"bound: no power management of this trace uses less than {bound['energy_kwh']:.2f} kWh"
+        f"{versus}, with the same boots, shutdowns and off power, a {bound['cooldown_s']:.0f} s "
+        f"cool-down{'' if limit is None else f' and <= {limit:g} power cycles per node-day'} "
+        f"(bench.sim.bound: hindsight, fluid load, convex envelopes, on/off fractional; its "
+        f"relaxed schedule keeps {bound['mean_nodes_off']:.1f} nodes off on average, "
+        f"{bound['power_offs_per_node_day']:.2f} power-offs per node-day)"
+    )
+    baseline = report["policies"].get("default")
+    if "fitting_requests_kwh" in bound:
+        fitting = bound["fitting_requests_kwh"]
+        versus = (
+            f" ({1.0 - fitting / baseline['energy_kwh']:.1%} less than default)"
+            if baseline and baseline["energy_kwh"] > 0
+            else ""
+        )
+        print(
+            f"  the same bound with the pods' CPU requests (and DaemonSets') fitting on the "
+            f"nodes on, as kube-scheduler places: {fitting:.2f} kWh{versus}"
+        )
+    for policy, share in bound.get("saving_share", {}).items():
+        saving = baseline["energy_kwh"] - report["policies"][policy]["energy_kwh"]
+        cycles = report["policies"][policy]["power_cycles_per_node_day"]
+        beyond = (
+            f"; it cycles {cycles:.2f} times per node-day, beyond the bound's limit"
+            if limit is not None and cycles > limit
+            else ""
+        )
+        fitting_share = bound.get("saving_share_fitting_requests", {}).get(policy)
+        also = (
+            f"; {fitting_share:.1%} of the requests-fitting bound's"
+            if fitting_share is not None
+            else ""
+        )
+        print(
+            f"  {policy}: our saving is {share:.1%} of the bound's saving "
+            f"({saving:.2f} of {baseline['energy_kwh'] - bound['energy_kwh']:.2f} kWh{beyond})"
+            f"{also}"
+        )
 
 
 # The table's columns: (header, width, what it is). The legend under the table prints the third.
@@ -900,6 +1007,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sim_settings.empty_node_power_w is None:  # the bound assumes every node stays on
         # The same horizon and step as the runs: trace end + tail, in physics ticks.
         ceiling_kwh = ceiling_energy_kwh(cluster, trace, results[0].duration_s, sim_settings.tick_s)
+    bound_entry = None
+    if sim_settings.empty_node_power_w is None and any(r.nodes_on is not None for r in results):
+        # The bound on any power management, beside the policies that power nodes off.
+        limits = limits_for(scenario)
+        horizon_s, tick_s = results[0].duration_s, sim_settings.tick_s
+        bound = power_bound(cluster, trace, horizon_s, tick_s, limits)
+        fitting = power_bound(cluster, trace, horizon_s, tick_s, limits, fit_requests=True)
+        bound_entry = bound_summary(results, bound, limits, fitting)
     report = {
         "settings": {
             **asdict(settings),
@@ -907,6 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "trace": str(args.trace or "generated"),
         },
         **summary(results, extras, ceiling_kwh),
+        **({"bound": bound_entry} if bound_entry is not None else {}),
         "cluster": {
             "nodes": len(cluster),
             "cores": float(cluster.cores.sum()),
@@ -943,6 +1059,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{ceiling['energy_kwh']:.2f} kWh{versus} (bench.sim.ceiling: hindsight, fluid "
             "load, convex envelopes of the true curves)"
         )
+    if "bound" in report:
+        print_bound(report)
     print(f"plot: {png}\ndecisions: {decisions_csv} ({rows} rows)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

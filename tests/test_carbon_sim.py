@@ -236,6 +236,9 @@ def test_the_cli_fills_co2_for_every_policy_of_the_multizone_preset(tmp_path: Pa
     assert bound["co2_ceiling_vs_default"] == pytest.approx(
         bound["co2_ceiling_kg"] / default_kg, 1e-3
     )
+    # and the bound on any power management, below the ceiling (every node on is one of them)
+    assert 0 < bound["co2_bound_kg"] <= bound["co2_ceiling_kg"]
+    assert bound["co2_bound_vs_default"] == pytest.approx(bound["co2_bound_kg"] / default_kg, 1e-3)
     assert main([*args[:-2], "--carbon-csv", str(tmp_path / "missing.csv")]) == 2
 
 

@@ -14,7 +14,9 @@ series from `--carbon-csv`). Every policy's grams of CO2 are counted the same wa
   and the latest any was placed after its deadline (`deferrable_late_max_s`).
 
 After the runs the preset prints the least CO2 any placement with every node on could emit
-(`co2_ceiling`, `bench.sim.ceiling.ceiling_co2_kg`), into the summary's `preset` block.
+(`co2_ceiling`, `bench.sim.ceiling.ceiling_co2_kg`), and the least any power management could
+emit (`co2_bound`, `bench.sim.bound.power_bound` weighed by the zones' intensities), into the
+summary's `preset` block.
 
 `power-aware+carbon` is the extender with the Carbon plugin (`extender.plugins.carbon`)
 scoring beside PowerIncrease and EnergyLevel and filtering (deferral). The simulation plays
@@ -65,6 +67,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from bench.sim.bound import limits_for, power_bound
 from bench.sim.carbon_series import (
     HOUR_S,
     ZoneSeries,
@@ -260,6 +263,21 @@ def co2_ceiling(scenario: Scenario, horizon_s: float) -> Co2Ceiling:
     )
 
 
+def co2_bound_kg(scenario: Scenario, horizon_s: float) -> float:
+    """The least CO2 (kg) any power management of the scenario's trace could emit over
+    `horizon_s` (`bench.sim.bound`: the run's power states and the controller's limits), each
+    node's watts weighed by its zone's hourly intensity."""
+    world = carbon_world(scenario)
+    return power_bound(
+        scenario.cluster,
+        scenario.trace,
+        horizon_s,
+        scenario.sim_settings.tick_s,
+        limits_for(scenario),
+        node_g_per_kwh=lambda t_s: world.series.at(t_s)[world.node_zone],
+    ).value
+
+
 def report_multizone(
     scenario: Scenario, results: Sequence[PolicyResult]
 ) -> dict[str, float] | None:
@@ -281,6 +299,22 @@ def report_multizone(
         f"{idle_kg:.2f} kg (bench.sim.ceiling: hindsight, fluid load, convex envelopes weighed "
         "by each hour's intensity)"
     )
+    bound_kg = co2_bound_kg(scenario, results[0].duration_s)
+    figures["co2_bound_kg"] = round(bound_kg, 4)
+    versus = ""
+    if default is not None and default.co2_kg:
+        figures["co2_bound_vs_default"] = round(bound_kg / default.co2_kg, 4)
+        versus = f" ({1 - bound_kg / default.co2_kg:.1%} less than default)"
+    print(
+        f"CO2 bound: no power management of this trace emits less than {bound_kg:.2f} kg{versus} "
+        "(bench.sim.bound: the same power states, the controller's cool-down, <= 6 power "
+        "cycles per node-day, watts weighed by each hour's intensity)"
+    )
+    for result in results:
+        if "power-management" in result.policy and default is not None and default.co2_kg:
+            share = (default.co2_kg - result.co2_kg) / (default.co2_kg - bound_kg)
+            figures[f"co2_saving_share:{result.policy}"] = round(share, 4)
+            print(f"  {result.policy}: our CO2 saving is {share:.1%} of the bound's")
     return figures
 
 

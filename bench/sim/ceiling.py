@@ -214,14 +214,21 @@ def constrained_ceiling_energy_kwh(
         groups.setdefault(key, []).append(pod)
     keys = list(groups)
     loads = np.stack([used_cores_series(trace, times_s, np.array(groups[key])) for key in keys])
-    per_window = max(1, round(window_s / step_s))
-    windows = -(-times_s.size // per_window)
-    padded = np.zeros((len(keys), windows * per_window))
-    padded[:, : times_s.size] = loads
-    steps_in = np.minimum(per_window, times_s.size - np.arange(windows) * per_window)
-    means = padded.reshape(len(keys), windows, per_window).sum(axis=2) / steps_in
+    means, steps_in = window_means(loads, max(1, round(window_s / step_s)))
     dynamic_w = _split_cost_w(envelope_segments(cluster), [masks[k] for k in keys], means)
     return _energy_kwh(cluster, times_s.size, float((dynamic_w * steps_in).sum()), step_s)
+
+
+def window_means(series: np.ndarray, per_window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means of `series` ([..., steps]) over consecutive windows of `per_window` steps (the last
+    window may be shorter), and how many steps each window holds."""
+    steps = series.shape[-1]
+    windows = -(-steps // per_window)
+    padded = np.zeros((*series.shape[:-1], windows * per_window))
+    padded[..., :steps] = series
+    steps_in = np.minimum(per_window, steps - np.arange(windows) * per_window)
+    sums = padded.reshape(*series.shape[:-1], windows, per_window).sum(axis=-1)
+    return sums / steps_in, steps_in
 
 
 def _split_cost_w(
