@@ -12,11 +12,6 @@
 # --- deps: Debian's Python and an empty venv at /opt/venv --------------------------------------
 FROM debian:bookworm-slim AS deps
 
-# Optional, for a build machine whose package index is reached through its own CA or a mirror:
-# a CA bundle path (mounted into the build) and an index URL. Unset, pip uses PyPI as usual.
-ARG PIP_CERT
-ARG PIP_INDEX_URL
-
 # binutils: strip, for the extension modules' debug symbols (scripts/trim-venv).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -29,6 +24,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 # --- build: the runtime dependencies and the project's wheel -----------------------------------
 FROM deps AS build
+# Optional, for a build machine whose package index is reached through its own CA or a mirror:
+# a CA bundle path (mounted into the build) and an index URL. Unset, pip uses PyPI as usual.
+ARG PIP_CERT
+ARG PIP_INDEX_URL
 # Dependencies first (their layer is reused while only the code changes), exactly the versions
 # and files of the lock (hash-checked), as wheels only: no compiler in any stage.
 COPY requirements.lock /src/
@@ -52,6 +51,8 @@ RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
 
 # --- build-trainer: the runtime and train dependencies and the project's wheel ----------------
 FROM deps AS build-trainer
+ARG PIP_CERT
+ARG PIP_INDEX_URL
 COPY requirements-train.lock /src/
 RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
     && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
