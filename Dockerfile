@@ -47,7 +47,7 @@ RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
     && /opt/venv/bin/pip wheel --quiet --no-deps --wheel-dir /tmp/wheels /src \
     && /opt/venv/bin/pip install --quiet --no-deps /tmp/wheels/*.whl \
     && /src/scripts/trim-venv /opt/venv \
-    && /opt/venv/bin/python -c "import controllers.energy_adapter.cli, controllers.node_power.cli, extender.app, livedata, predictor, uvloop, httptools, yaml, cryptography.hazmat.primitives.ciphers, pyghmi.ipmi.command, sushy"
+    && /opt/venv/bin/python -c "import controllers.energy_adapter.cli, controllers.node_power.cli, extender.app, livedata, predictor, uvloop, httptools, yaml, cryptography.hazmat.primitives.ciphers, pyghmi.ipmi.command, sushy, kubernetes.client, kubernetes.watch, kubernetes.config"
 
 # --- build-trainer: the runtime and train dependencies and the project's wheel ----------------
 FROM deps AS build-trainer
