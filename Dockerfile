@@ -1,40 +1,64 @@
-# One image for every power-aware-scheduler process: the extender (python -m extender), the
-# energy adapter (python -m controllers.energy_adapter), the node power controller
-# (python -m controllers.node_power) and the trainer CronJob
-# (python -m training.collect / fit / publish).
-#   docker build -t power-aware-scheduler:0.1.0 .
-# (`make image` builds the same file with buildah; `make image-test` runs every process from it.)
+# Two images from one file, both on Debian's Python 3.11 with the project's wheel:
+#   - the runtime image (the default target, `make image`): the extender (python -m extender),
+#     the energy adapter (python -m controllers.energy_adapter) and the node power controller
+#     (python -m controllers.node_power), with only the runtime dependencies (requirements.lock);
+#       docker build -t power-aware-scheduler:0.1.0 .
+#   - the trainer image (`make image-trainer`): the trainer CronJob and its Dask cluster
+#     (python -m training.collect / fit / publish), with the `train` extra as well
+#     (requirements-train.lock, held to the runtime lock's versions);
+#       docker build --target trainer -t power-aware-scheduler-trainer:0.1.0 .
+# (`make image-test` / `make image-trainer-test` run each image's processes from it.)
 
-# --- build: the locked dependencies and the project's wheel, installed into /opt/venv ---------
-FROM debian:bookworm-slim AS build
+# --- deps: Debian's Python and an empty venv at /opt/venv --------------------------------------
+FROM debian:bookworm-slim AS deps
 
-# Optional, for a build machine whose package index is reached through its own CA or a mirror:
-# a CA bundle path (mounted into the build) and an index URL. Unset, pip uses PyPI as usual.
-ARG PIP_CERT
-ARG PIP_INDEX_URL
-
+# binutils: strip, for the extension modules' debug symbols (scripts/trim-venv).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+        python3 python3-venv binutils \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# --- build: the runtime dependencies and the project's wheel -----------------------------------
+FROM deps AS build
+# Optional, for a build machine whose package index is reached through its own CA or a mirror:
+# a CA bundle path (mounted into the build) and an index URL. Unset, pip uses PyPI as usual.
+ARG PIP_CERT
+ARG PIP_INDEX_URL
 # Dependencies first (their layer is reused while only the code changes), exactly the versions
-# and files of requirements.lock (hash-checked), as wheels only: no compiler in either stage.
+# and files of the lock (hash-checked), as wheels only: no compiler in any stage.
 COPY requirements.lock /src/
 RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
     && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
-    && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --quiet --require-hashes --only-binary=:all: \
         -r /src/requirements.lock
-
-# The sources (.dockerignore lets in only pyproject.toml, README.md, the five packages and
-# scripts/trim-venv), in one step: each layer is a full copy under some storage drivers.
+# The sources (.dockerignore lets in only pyproject.toml, README.md, the locks, the five
+# packages and scripts/trim-venv), in one step: each layer is a full copy under some storage
+# drivers.
 COPY . /src/
 # The project as a wheel (not editable: the shipped bundle and data files are package data),
 # then scripts/trim-venv takes out what no process runs (pip, the packages' test suites, ...).
+# The runtime processes' packages import here without the trainer's libraries.
+RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
+    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
+    && /opt/venv/bin/pip wheel --quiet --no-deps --wheel-dir /tmp/wheels /src \
+    && /opt/venv/bin/pip install --quiet --no-deps /tmp/wheels/*.whl \
+    && /src/scripts/trim-venv /opt/venv \
+    && /opt/venv/bin/python -c "import controllers.energy_adapter.cli, controllers.node_power.cli, extender.app, livedata, predictor, uvloop, httptools, yaml, cryptography.hazmat.primitives.ciphers, pyghmi.ipmi.command, sushy, kubernetes.client, kubernetes.watch, kubernetes.config"
+
+# --- build-trainer: the runtime and train dependencies and the project's wheel ----------------
+FROM deps AS build-trainer
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+COPY requirements-train.lock /src/
+RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
+    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
+    && /opt/venv/bin/pip install --quiet --require-hashes --only-binary=:all: \
+        -r /src/requirements-train.lock
+COPY . /src/
 RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
     && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
     && /opt/venv/bin/pip wheel --quiet --no-deps --wheel-dir /tmp/wheels /src \
@@ -42,8 +66,8 @@ RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
     && /src/scripts/trim-venv /opt/venv \
     && /opt/venv/bin/python -c "import controllers, extender, livedata, predictor, training"
 
-# --- runtime: Debian's Python 3.11 and the venv, nothing else ---------------------------------
-FROM debian:bookworm-slim
+# --- base: Debian's Python 3.11 and the user, what both images run on -------------------------
+FROM debian:bookworm-slim AS base
 
 # Python, and a fixed numeric non-root user, so that runAsNonRoot can verify it without a
 # passwd lookup.
@@ -54,11 +78,9 @@ RUN apt-get update \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
         --shell /usr/sbin/nologin pas
 
-COPY --from=build /opt/venv /opt/venv
-
 # Read-only root filesystem: no bytecode written at run time (the venv ships its .pyc files),
-# and whatever a library caches (matplotlib's font list) goes to /tmp, which the manifests
-# mount as an emptyDir.
+# and whatever a library caches (matplotlib's font list, in the trainer) goes to /tmp, which
+# the manifests mount as an emptyDir.
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -68,13 +90,29 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 USER 10001:10001
 WORKDIR /tmp
 
-EXPOSE 8888
+# --- trainer: `docker build --target trainer` -------------------------------------------------
+FROM base AS trainer
+COPY --from=build-trainer /opt/venv /opt/venv
 # Last, so that a new revision rebuilds no layer above.
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG SOURCE=
+LABEL org.opencontainers.image.title="power-aware-scheduler-trainer" \
+      org.opencontainers.image.description="The power-aware-scheduler's trainer: collects the fleet's metrics from Prometheus, fits the power models and publishes them" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+CMD ["python", "-m", "training.fit", "--help"]
+
+# --- runtime: the default target --------------------------------------------------------------
+FROM base AS runtime
+COPY --from=build /opt/venv /opt/venv
+EXPOSE 8888
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=
 LABEL org.opencontainers.image.title="power-aware-scheduler" \
-      org.opencontainers.image.description="A kube-scheduler extender that places each pod where it costs the least power, its controllers and its trainer" \
+      org.opencontainers.image.description="A kube-scheduler extender that places each pod where it costs the least power, and its controllers" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"

@@ -2,22 +2,27 @@
 #   make run    serve the shipped model bundle on the built-in demo cluster (http://127.0.0.1:8888)
 #   make test   lint and run the whole test suite (installs Prometheus and etcd through apt-get
 #               when root, and unpacks the Kubernetes binaries of ../shared/k8s into .kube-assets/)
-# The container image: `make image` builds it with buildah, `make image-test` runs every process
-# from it. manifests/kustomization.yaml names the same tag (tests/test_image.py checks).
+# The container images: `make image` builds the runtime one (extender, controllers) with buildah,
+# `make image-test` runs its processes from it; `make image-trainer` and `make image-trainer-test`
+# do the same for the trainer's. manifests/image/kustomization.yaml names the same tags
+# (tests/test_image.py checks).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= power-aware-scheduler:$(VERSION)
-# Both locks are pip-compile's, with hashes; the dev one (runtime + test tools) is held to the
-# runtime one's versions, so the tests run exactly what the image ships.
+TRAINER_IMAGE ?= power-aware-scheduler-trainer:$(VERSION)
+# The three locks are pip-compile's, with hashes: requirements.lock (the runtime image),
+# requirements-train.lock (+ the train extra: the trainer image), held to the runtime one's
+# versions, and requirements-dev.lock (+ the test tools), held to the train one's, so the tests
+# run exactly what the images ship.
 LOCK := CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --generate-hashes \
 	--allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test e2e lint models lock image image-test clean
+.PHONY: run test e2e lint models lock image image-test image-trainer image-trainer-test clean
 
-$(STAMP): pyproject.toml requirements.lock requirements-dev.lock
+$(STAMP): pyproject.toml requirements.lock requirements-train.lock requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
@@ -51,7 +56,9 @@ models: $(STAMP)
 # (make lock LOCK_FLAGS='--upgrade-package numpy' moves one).
 lock: $(STAMP)
 	$(LOCK) $(LOCK_FLAGS) --output-file requirements.lock pyproject.toml
-	$(LOCK) $(LOCK_FLAGS) --extra dev --constraint requirements.lock \
+	$(LOCK) $(LOCK_FLAGS) --extra train --constraint requirements.lock \
+		--output-file requirements-train.lock pyproject.toml
+	$(LOCK) $(LOCK_FLAGS) --extra train --extra dev --constraint requirements-train.lock \
 		--output-file requirements-dev.lock pyproject.toml
 
 image:
@@ -59,6 +66,12 @@ image:
 
 image-test:
 	scripts/image-test $(IMAGE)
+
+image-trainer:
+	scripts/build-image $(TRAINER_IMAGE) $(VERSION) trainer
+
+image-trainer-test:
+	scripts/image-test --trainer $(TRAINER_IMAGE)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -1,11 +1,12 @@
 """Reading Prometheus: bounded in time, every failure a `CollectError` that says what happened.
 
-`PrometheusReader` runs range and instant queries through `prometheus-api-client` with a
-per-request timeout (also sent to Prometheus as its query timeout) and retries only what is
-safe to retry (connection failures, 502/503/504). Anything unexpected (unreachable server, HTTP
-errors, non-JSON, JSON of the wrong shape, non-numeric points) raises `CollectError` naming the
-URL, the query and the problem. Answers come back as `Series`: labels plus numpy arrays of
-Unix seconds and values, parsed in C (a 1,000-node chunk has millions of points). No pandas.
+`PrometheusReader` runs range and instant queries on Prometheus's HTTP API with `requests` (a
+client library would bring pandas into every service's image), with a per-request timeout (also
+sent to Prometheus as its query timeout), and retries only what is safe to retry (connection
+failures, 502/503/504). Anything unexpected (unreachable server, HTTP errors, non-JSON, JSON of
+the wrong shape, non-numeric points) raises `CollectError` naming the URL, the query and the
+problem. Answers come back as `Series`: labels plus numpy arrays of Unix seconds and values,
+parsed in C (a 1,000-node chunk has millions of points). No pandas.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from livedata.collect_config import CollectConfig
@@ -27,6 +26,10 @@ from livedata.collect_config import CollectConfig
 
 class CollectError(RuntimeError):
     """Prometheus could not be read; the message names the URL, the query and the problem."""
+
+
+class _HttpStatusError(RuntimeError):
+    """Prometheus answered with a status other than 200 (`_http_problem` says what it said)."""
 
 
 class _ReaderRetry(Retry):
@@ -142,15 +145,15 @@ class PrometheusReader:
             allowed_methods=frozenset({"GET"}),
             raise_on_status=False,
         )
-        self._client = PrometheusConnect(
-            url=config.url.rstrip("/"), retry=retry, session=session, timeout=config.timeout_s
-        )
+        self._base_url = config.url.rstrip("/")
+        session.mount(self._base_url, HTTPAdapter(max_retries=retry))
+        self._session = session
 
     def _remember(self, response: requests.Response, *args: object, **kwargs: object) -> None:
         self._last_response = response
 
     def close(self) -> None:
-        self._client.close()
+        self._session.close()
 
     def __enter__(self) -> PrometheusReader:
         return self
@@ -163,13 +166,16 @@ class PrometheusReader:
         step = f"{int(self.config.step_s)}"
         result = self._call(
             query,
-            lambda: self._client.custom_query_range(
-                query,
-                start_time=datetime.fromtimestamp(start_s, UTC),
-                end_time=datetime.fromtimestamp(end_s, UTC),
-                step=step,
-                params={"timeout": self._query_timeout},
-            ),
+            lambda: self._get(
+                "query_range",
+                {
+                    "query": query,
+                    "start": round(start_s),
+                    "end": round(end_s),
+                    "step": step,
+                    "timeout": self._query_timeout,
+                },
+            )["result"],
         )
         return parse_result(result, instant=False, where=self._where(query))
 
@@ -177,9 +183,9 @@ class PrometheusReader:
         """An instant (vector) query: every series' one point, evaluated at `at_s`."""
         result = self._call(
             query,
-            lambda: self._client.custom_query(
-                query, params={"time": f"{at_s:.3f}", "timeout": self._query_timeout}
-            ),
+            lambda: self._get(
+                "query", {"query": query, "time": f"{at_s:.3f}", "timeout": self._query_timeout}
+            )["result"],
         )
         return parse_result(result, instant=True, where=self._where(query))
 
@@ -189,14 +195,25 @@ class PrometheusReader:
         where = f"Prometheus at {self.config.url} listing label {label!r}"
         values = self._call(
             label,
-            lambda: self._client.get_label_values(
-                label, params={"start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
+            lambda: self._get(
+                f"label/{label}/values", {"start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
             ),
             where=where,
         )
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise CollectError(f"{where}: expected a list of strings, got {_describe(values)}")
         return values
+
+    def _get(self, endpoint: str, params: Mapping[str, object]) -> Any:
+        """GET /api/v1/`endpoint`: the answer's `data` (KeyError, TypeError or ValueError when
+        the JSON has the wrong shape, which `_call` explains from the response)."""
+        response = self._session.get(
+            f"{self._base_url}/api/v1/{endpoint}", params=params, timeout=self.config.timeout_s
+        )
+        if response.status_code != 200:
+            status = response.status_code
+            raise _HttpStatusError(f"HTTP Status Code {status} ({response.content!r})")
+        return response.json()["data"]
 
     @property
     def _query_timeout(self) -> str:
@@ -211,7 +228,7 @@ class PrometheusReader:
         where = where or self._where(query)
         try:
             return request()
-        except PrometheusApiClientException as error:
+        except _HttpStatusError as error:
             raise CollectError(f"{where}: {self._http_problem() or error}") from error
         except requests.exceptions.JSONDecodeError as error:
             raise CollectError(

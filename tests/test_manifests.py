@@ -811,18 +811,24 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
         for line in (REPO / "Dockerfile").read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-    # Both stages on the Debian base with Debian's Python (the image tests build it here).
-    bases = [line.split()[1] for line in lines if line.startswith("FROM ")]
-    assert bases == ["debian:bookworm-slim", "debian:bookworm-slim"], bases
+    # Every stage on the Debian base with Debian's Python (the image tests build it here), or on
+    # an earlier stage; the last one (the default target) is the runtime image.
+    stages = [line.split() for line in lines if line.startswith("FROM ")]
+    names = [stage[3] for stage in stages if len(stage) == 4 and stage[2].upper() == "AS"]
+    assert len(names) == len(stages), stages
+    for index, stage in enumerate(stages):
+        assert stage[1] == "debian:bookworm-slim" or stage[1] in names[:index], stage
+    assert names[-1] == "runtime" and "trainer" in names, names
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users, "no USER line"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) > 0, users[-1]
-    (ours,) = kustomization(MANIFESTS / "image")["images"]
+    ours = {image["newName"] for image in kustomization(MANIFESTS / "image")["images"]}
+    assert len(ours) == 2, ours  # the runtime image and the trainer's
     pod_users = {
         (pod.get("securityContext") or {}).get("runAsUser")
         for _, owner, pod in pod_specs(_deployed())
-        if any(c["image"].rpartition(":")[0] == ours["newName"] for c in pod["containers"])
+        if any(c["image"].rpartition(":")[0] in ours for c in pod["containers"])
     }
     assert pod_users == {int(uid)}
     # The shipped bundle is package data of the wheel the image installs, and the build
@@ -832,7 +838,7 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     assert "models/default/*" in package_data
     assert (REPO / "extender" / "models" / "default" / "manifest.json").is_file()
     ignore = (REPO / ".dockerignore").read_text().splitlines()
-    for needed in ("extender/", "requirements.lock", "pyproject.toml"):
+    for needed in ("extender/", "requirements.lock", "requirements-train.lock", "pyproject.toml"):
         assert f"!{needed}" in ignore, f".dockerignore leaves out {needed}"
 
 

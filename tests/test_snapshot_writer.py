@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from envtest import ControlPlane
-from extender.sources.snapshot import read_snapshot
+from extender.sources.snapshot import SnapshotError, nodes_from_metrics, read_snapshot
 from livedata.collect_config import load_collect_config
 from livedata.instant import read_instant
 from tests.support.bundles import PowerCurveSpec, make_bundle
@@ -299,3 +299,14 @@ def test_from_a_live_cluster_a_refusal_or_no_answer_of_the_api_is_one_line(
         (line,) = done.stderr.strip().splitlines()
         assert all(w in line for w in words), line
     assert not (tmp_path / "c.json").exists()
+
+
+def test_from_metrics_without_pandas_says_where_to_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runtime image has no pandas: the command says so instead of a bare ImportError.
+    table = tmp_path / "fleet.csv"
+    table.write_text("node,timestamp,cpu_util\nnode-01,0,0.5\n")
+    monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` raises ImportError
+    with pytest.raises(SnapshotError, match=r"train extra .*trainer image"):
+        nodes_from_metrics(table, allocatable_cpu=4)

@@ -265,7 +265,13 @@ def nodes_from_metrics(
     directory of them): the newest row with a cpu_util in 0..1 and the ambient and CPU 1
     temperatures (sensor dropouts leave rows without them). Every node gets
     `allocatable_cpu` cores and no labels (grid power): edit the file to say otherwise."""
-    import pandas as pd  # the command's only pandas use: the service never imports it
+    try:
+        import pandas as pd  # the command's only pandas use: the service never imports it
+    except ImportError:  # the runtime image and a runtime-only install have no pandas
+        raise SnapshotError(
+            "--from-metrics reads the table with pandas, which only the train extra installs "
+            "(pip install 'power-aware-scheduler[train]', or run it in the trainer image)"
+        ) from None
 
     files = _metrics_files(Path(path))
     frames = []
