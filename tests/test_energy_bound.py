@@ -25,14 +25,11 @@ from bench.sim.ceiling import (
 from bench.sim.cluster import build_cluster
 from bench.sim.engine import PolicyResult, SimSettings, simulate
 from bench.sim.policies import DefaultPolicy
-from bench.sim.power import PowerAwareExtenderPolicy, PowerManagement
-from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE
-from bench.sim.runner import extender_policy
 from bench.sim.scenario import Scenario
 from bench.sim.workload import Trace, generate_trace
 from controllers.node_power.policy import PolicySettings
 from extender.config import DEFAULT_BUNDLE_DIR
-from tests.support.sim import sim_cluster
+from tests.support.sim import power_managed_extender, sim_cluster
 
 LINEAR = np.linspace(0.5, 1.0, 11)  # 100 W idle, 200 W at 4 cores: 25 W per core
 
@@ -222,22 +219,9 @@ def simulated() -> tuple[Scenario, list[PolicyResult]]:
     sim_settings = SimSettings(tail_s=1800.0, boot_s=120.0)
     scenario = Scenario(settings, sim_settings, cluster, trace, DEFAULT_BUNDLE_DIR)
     default = simulate(cluster, trace, DefaultPolicy(np.random.default_rng(0)), sim_settings)
-    with extender_policy(
-        "power-aware+power-management",
-        cluster,
-        DEFAULT_BUNDLE_DIR,
-        settings,
-        hears_labels=False,
-        config_file=POWER_MANAGEMENT_PROFILE,
-        policy_class=PowerAwareExtenderPolicy,
-    ) as policy:
-        assert isinstance(policy, PowerAwareExtenderPolicy)
-        policy.power = PowerManagement(
-            sim_settings,
-            DEFAULT_BUNDLE_DIR,
-            PolicySettings(boot_s=120.0, cooldown_s=900.0),
-            extender=policy,
-        )
+    with power_managed_extender(
+        cluster, settings, sim_settings, PolicySettings(boot_s=120.0, cooldown_s=900.0)
+    ) as (policy, _):
         managed = simulate(cluster, trace, policy, sim_settings)
     return scenario, [default, managed]
 

@@ -23,16 +23,15 @@ from bench.sim.kube_default import (
     topology_spread_scores,
 )
 from bench.sim.policies import DefaultPolicy
-from bench.sim.power import NodeState, PowerAwareExtenderPolicy, PowerManagement, PowerManager
-from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE, power_management_for
-from bench.sim.runner import extender_policy
+from bench.sim.power import NodeState, PowerManager
+from bench.sim.power_policies import power_management_for
 from bench.sim.scenario import Scenario
 from bench.sim.workload import OWNED_SHARE, Trace, generate_trace, load_trace_csv
 from controllers.node_power.policy import ArrivalRateMeter, PolicySettings
 from extender.config import DEFAULT_BUNDLE_DIR
 from extender.node_requests import REQUESTED_CPU_SIGNAL
 from extender.plugins.power_state import POWER_STATE, PowerStateCode
-from tests.support.sim import sim_cluster
+from tests.support.sim import power_managed_extender, sim_cluster
 
 GIB = 1024**3
 
@@ -297,18 +296,7 @@ def test_power_management_runs_the_controllers_policy_through_the_extender() -> 
     trace = generate_trace(float(cluster.cores.sum()), hours=1.0, load=0.2, seed=1)
     settings = BenchSettings(nodes=12, seed=7)
     sim_settings = SimSettings(tail_s=1800.0, boot_s=120.0)
-    with extender_policy(
-        "power-aware+power-management",
-        cluster,
-        DEFAULT_BUNDLE_DIR,
-        settings,
-        hears_labels=False,
-        config_file=POWER_MANAGEMENT_PROFILE,
-        policy_class=PowerAwareExtenderPolicy,
-    ) as policy:
-        assert isinstance(policy, PowerAwareExtenderPolicy)
-        manager = PowerManagement(sim_settings, DEFAULT_BUNDLE_DIR, extender=policy)
-        policy.power = manager
+    with power_managed_extender(cluster, settings, sim_settings) as (policy, manager):
         run = Simulation(cluster, trace, policy, sim_settings)
         run.start()
         for tick in range(run.n_ticks):

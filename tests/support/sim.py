@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from bench.energy_sim import BenchSettings
 from bench.sim.cluster import SimCluster
+from bench.sim.engine import SimSettings
+from bench.sim.power import PowerAwareExtenderPolicy, PowerManagement
+from bench.sim.power_policies import POWER_MANAGEMENT_PROFILE
+from bench.sim.runner import extender_policy
+from controllers.node_power.policy import PolicySettings
+from extender.config import DEFAULT_BUNDLE_DIR
 from training.synth import fleet_spec
 
 GIB = 1024**3
@@ -36,3 +44,29 @@ def sim_cluster(
         battery_capacity_wh=np.zeros(count),
         solar_peak_w=np.zeros(count),
     )
+
+
+@contextlib.contextmanager
+def power_managed_extender(
+    cluster: SimCluster,
+    settings: BenchSettings,
+    sim_settings: SimSettings,
+    policy_settings: PolicySettings | None = None,
+) -> Iterator[tuple[PowerAwareExtenderPolicy, PowerManagement]]:
+    """The power-aware extender on the shipped bundle, with the power management profile and the
+    node power controller's policy (`PowerManagement`) attached, as the bench runs them."""
+    with extender_policy(
+        "power-aware+power-management",
+        cluster,
+        DEFAULT_BUNDLE_DIR,
+        settings,
+        hears_labels=False,
+        config_file=POWER_MANAGEMENT_PROFILE,
+        policy_class=PowerAwareExtenderPolicy,
+    ) as policy:
+        assert isinstance(policy, PowerAwareExtenderPolicy)
+        manager = PowerManagement(
+            sim_settings, DEFAULT_BUNDLE_DIR, policy_settings, extender=policy
+        )
+        policy.power = manager
+        yield policy, manager
