@@ -1,6 +1,6 @@
 """Energy saved against kube-scheduler's default placement, with the real extender in the loop.
 
-    python -m bench.energy_sim [--preset default] [--policies a,b,...] [--nodes 16]
+    python -m bench.energy_sim [--preset default] [--policies a,b,...] [--fleet old] [--nodes 16]
                                [--hours 24] [--load 0.45] [--seed 7] [--trace pods.csv]
                                [--json summary.json]
 
@@ -8,7 +8,10 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
 
 1. Cluster: `training.synth`'s fleet for (--nodes, --seed): SPECpower_ssj2008 power curves,
    allocatable CPU from the SPEC result's core count, temperatures, fans; some nodes on
-   batteries charged by solar (`bench.sim.cluster`).
+   batteries charged by solar (`bench.sim.cluster`). --fleet chooses the servers: `old`
+   (2007-2016, the default), `modern` (2017-2025) or `mixed` (every other node of each); the
+   generated workload is the same share of the fleet's cores, and each node admits the pods
+   its kubelet's --max-pods allows (110 on 2007-2016 servers, 250 on 2017-2025 ones).
 2. Models, trained honestly: the same nodes' history is synthesised as BMC telemetry
    (`training.synth.synth_fleet`, --history-hours of 60 s samples) and fitted with
    `training.fit.fit_fleet` into a model bundle, cached under --out-dir keyed by the settings.

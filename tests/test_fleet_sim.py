@@ -174,3 +174,13 @@ def test_the_autoscalers_simulation_counts_pod_slots() -> None:
     room[1][0] = 1000
     assert _fit_into(room, PodRequest(100, 0))
     assert room[1] == [900, 8 * GIB, 9]
+
+
+def test_fleet_curves_prints_one_row_per_fleet(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.fleet_curves import main
+
+    assert main(["--nodes", "4", "--seed", "3"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == list(FLEETS)
+    cores = [float(row.split()[1]) for row in rows]
+    assert cores == [build_cluster(4, 3, fleet=f).cores.sum() for f in FLEETS]
