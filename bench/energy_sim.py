@@ -1,6 +1,6 @@
 """Energy saved against kube-scheduler's default placement, with the real extender in the loop.
 
-    python -m bench.energy_sim [--preset default] [--policies a,b,...] [--nodes 16]
+    python -m bench.energy_sim [--preset default] [--policies a,b,...] [--fleet old] [--nodes 16]
                                [--hours 24] [--load 0.45] [--seed 7] [--trace pods.csv]
                                [--json summary.json]
 
@@ -8,7 +8,10 @@ A discrete-event simulation of a heterogeneous cluster (`bench.sim`):
 
 1. Cluster: `training.synth`'s fleet for (--nodes, --seed): SPECpower_ssj2008 power curves,
    allocatable CPU from the SPEC result's core count, temperatures, fans; some nodes on
-   batteries charged by solar (`bench.sim.cluster`).
+   batteries charged by solar (`bench.sim.cluster`). --fleet chooses the servers: `old`
+   (2007-2016, the default), `modern` (2017-2025) or `mixed` (every other node of each); the
+   generated workload is the same share of the fleet's cores, and each node admits the pods
+   its kubelet's --max-pods allows (110 on 2007-2016 servers, 250 on 2017-2025 ones).
 2. Models, trained honestly: the same nodes' history is synthesised as BMC telemetry
    (`training.synth.synth_fleet`, --history-hours of 60 s samples) and fitted with
    `training.fit.fit_fleet` into a model bundle, cached under --out-dir keyed by the settings.
@@ -86,6 +89,7 @@ from bench.sim import presets as _presets  # noqa: F401  (registers every preset
 from bench.sim.bound import DEFAULT_WINDOW_S, PowerBound, PowerLimits, limits_for, power_bound
 from bench.sim.carbon_series import SeriesError
 from bench.sim.ceiling import ceiling_energy_kwh
+from bench.sim.cluster import FLEET_DESCRIPTIONS, FLEETS, MAX_PODS_BY_PERIOD
 from bench.sim.engine import PolicyResult, SimSettings
 from bench.sim.kube_default import DEFAULT_KUBE_VERSION, KUBE_VERSIONS
 from bench.sim.runner import (
@@ -100,6 +104,7 @@ from bench.sim.scenario import (
     BenchSettings,
     apply_preset_defaults,
     build_scenario,
+    describe_preset,
     trained_bundle,
 )
 from bench.sim.workload import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, TraceError
@@ -429,14 +434,37 @@ def print_preset_figures(results: Sequence[PolicyResult], report: dict) -> None:
 # ---- CLI ------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_cluster(argv: Sequence[str] | None) -> BenchSettings:
+    """The fleet, nodes and seed `argv` asks for (defaults where it names none or names them
+    wrongly: the full parser reports that), so --help can say what that cluster has."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--fleet", choices=list(FLEETS), default=None)
+    early.add_argument("--nodes", type=int, default=None)
+    early.add_argument("--seed", type=int, default=None)
+    early.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    try:
+        known, _ = early.parse_known_args(argv)
+    except SystemExit:  # a bad value: the real parse says so
+        return BenchSettings()
+    preset = PRESETS[known.preset or BenchSettings.preset]
+    given = {k: v for k, v in vars(known).items() if v is not None and k != "preset"}
+    settings, _ = apply_preset_defaults(preset, BenchSettings(), SimSettings(), set(given))
+    settings = replace(settings, **given)
+    return settings if settings.nodes >= 1 else BenchSettings()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The bench's parser; `argv` (when given) chooses the cluster the presets' help describes."""
     d, s = BenchSettings(), SimSettings()
     policy_lines = "; ".join(
         f"{spec.name} = {spec.description}{' [reference]' if spec.reference else ''}"
         for spec in POLICIES.values()
     )
+    chosen = chosen_cluster([] if argv is None else argv)
     preset_lines = "; ".join(
-        f"{p.name} = {p.description} (runs {', '.join(p.policies)})" for p in PRESETS.values()
+        f"{p.name} = {describe_preset(p, replace(chosen, preset=p.name))} "
+        f"(runs {', '.join(p.policies)})"
+        for p in PRESETS.values()
     )
     parser = argparse.ArgumentParser(
         prog="python -m bench.energy_sim",
@@ -470,6 +498,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated policies to run, from {', '.join(POLICIES)} (default: the preset's)",
     )
     cluster = parser.add_argument_group("cluster and models")
+    cluster.add_argument(
+        "--fleet",
+        choices=list(FLEETS),
+        default=None,
+        help="whose servers the nodes are, each with its real core count: "
+        + "; ".join(f"{name} = {text}" for name, text in FLEET_DESCRIPTIONS.items())
+        + f" (default {d.fleet}); the generated workload scales with the fleet's cores",
+    )
+    cluster.add_argument(
+        "--max-pods",
+        metavar="N",
+        type=int,
+        default=None,
+        help="pods a node admits, DaemonSet pods included (the kubelet's --max-pods; default: "
+        + ", ".join(f"{MAX_PODS_BY_PERIOD[p]} on {p} servers" for p in MAX_PODS_BY_PERIOD)
+        + ")",
+    )
     cluster.add_argument(
         "--nodes",
         metavar="N",
@@ -793,6 +838,8 @@ def build_parser() -> argparse.ArgumentParser:
 # flag dest -> settings field (BenchSettings or SimSettings), with a conversion
 FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "nodes": ("nodes", 1),
+    "fleet": ("fleet", 1),
+    "max_pods": ("max_pods", 1),
     "seed": ("seed", 1),
     "history_hours": ("history_hours", 1),
     "battery_share": ("battery_share", 1),
@@ -894,6 +941,8 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
     """What is wrong with the settings, in the flag's words; None when all is well."""
     if settings.nodes < 1:
         return f"--nodes must be at least 1, got {settings.nodes}"
+    if settings.max_pods is not None and settings.max_pods < 1:
+        return f"--max-pods must be at least 1, got {settings.max_pods}"
     if not 0 <= settings.battery_share <= 1:
         return f"--battery-share must be 0..1, got {settings.battery_share}"
     if not 0 <= settings.delay_share <= 1:
@@ -949,7 +998,7 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     setup_logging(args.quiet)
     preset = PRESETS[args.preset]
     if args.policies is None:

@@ -86,10 +86,11 @@ class ClusterAutoscaler(PowerManager):
         ledger = sim.ledger
         free_cpu = ledger.allocatable_cpu_m - ledger.requested_cpu_m
         free_memory = ledger.allocatable_memory_bytes - ledger.requested_memory_bytes
+        free_pods = ledger.allowed_pods - ledger.pod_count
         state = self.state
         coming = (state == NodeState.BOOTING) | self.wake_queued
         serving = np.flatnonzero((state == NodeState.ON) & ledger.schedulable | coming)
-        room = {int(n): [int(free_cpu[n]), int(free_memory[n])] for n in serving}
+        room = {int(n): [int(free_cpu[n]), int(free_memory[n]), int(free_pods[n])] for n in serving}
         waiting = sorted(sim.pending, key=lambda pod: -sim.requests[pod].cpu_m)
         left = [pod for pod in waiting if not _fit_into(room, sim.requests[pod])]
         if not left:
@@ -100,7 +101,12 @@ class ClusterAutoscaler(PowerManager):
             node
             for node in off
             if any(
-                _fits(int(free_cpu[node]), int(free_memory[node]), sim.requests[pod])
+                _fits(
+                    int(free_cpu[node]),
+                    int(free_memory[node]),
+                    int(free_pods[node]),
+                    sim.requests[pod],
+                )
                 for pod in left
             )
         ]
@@ -148,8 +154,12 @@ class ClusterAutoscaler(PowerManager):
         on = (self.state == NodeState.ON) & ledger.schedulable
         free_cpu = ledger.allocatable_cpu_m - ledger.requested_cpu_m
         free_memory = ledger.allocatable_memory_bytes - ledger.requested_memory_bytes
+        free_pods = ledger.allowed_pods - ledger.pod_count
         # Room left on the nodes that stay, as earlier candidates' pods take it.
-        room = {int(n): [int(free_cpu[n]), int(free_memory[n])] for n in np.flatnonzero(on)}
+        room = {
+            int(n): [int(free_cpu[n]), int(free_memory[n]), int(free_pods[n])]
+            for n in np.flatnonzero(on)
+        }
         unneeded: list[int] = []
         for node in np.flatnonzero(on & (share < self.autoscaler.utilization_threshold)).tolist():
             pods = [sim.requests[p] for p in running.pod[running.node == node].tolist()]
@@ -160,15 +170,19 @@ class ClusterAutoscaler(PowerManager):
         return unneeded
 
 
-def _fits(free_cpu_m: int, free_memory_bytes: int, pod: PodRequest) -> bool:
-    return pod.cpu_m <= free_cpu_m and pod.memory_bytes <= free_memory_bytes
+def _fits(free_cpu_m: int, free_memory_bytes: int, free_pods: int, pod: PodRequest) -> bool:
+    # The scheduler's NodeResourcesFit, which cluster-autoscaler's simulation runs: the pod
+    # count (kubelet --max-pods) as well as CPU and memory.
+    return pod.cpu_m <= free_cpu_m and pod.memory_bytes <= free_memory_bytes and free_pods >= 1
 
 
 def _fit_into(room: dict[int, list[int]], pod: PodRequest) -> bool:
-    """First fit of `pod` into `room` (node -> [free millicores, free bytes]), taken if it fits."""
+    """First fit of `pod` into `room` (node -> [free millicores, free bytes, free pod slots]),
+    taken if it fits."""
     for slot in room.values():
-        if _fits(slot[0], slot[1], pod):
+        if _fits(slot[0], slot[1], slot[2], pod):
             slot[0] -= pod.cpu_m
             slot[1] -= pod.memory_bytes
+            slot[2] -= 1
             return True
     return False

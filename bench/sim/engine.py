@@ -59,7 +59,7 @@ from bench.sim.cluster import (
     fan_power_w,
     solar_w,
 )
-from bench.sim.kube_default import DEFAULT_KUBE_VERSION, NodeLedger, PodRequest
+from bench.sim.kube_default import DEFAULT_KUBE_VERSION, DEFAULT_MAX_PODS, NodeLedger, PodRequest
 from bench.sim.pod_faults import PodFaults
 from bench.sim.policies import Decision, Policy
 from bench.sim.workload import Trace
@@ -297,6 +297,7 @@ class Simulation:
             cluster.memory_bytes,
             cluster.zone_labels,
             kube_version=settings.kube_version,
+            max_pods=DEFAULT_MAX_PODS if cluster.max_pods is None else cluster.max_pods,
         )
         for daemon_pod in cluster.daemon_pods:
             for node in range(len(cluster)):

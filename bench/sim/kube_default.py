@@ -13,7 +13,8 @@ resource claims, the default plugins that run are:
 - Filter ``NodeResourcesFit`` (``pkg/scheduler/framework/plugins/noderesources/fit.go``,
   ``fitsRequest``): a node fails when the pod's *requested* CPU or memory exceeds
   ``allocatable - sum(requests of pods on the node)``, or when the node already runs
-  ``allowedPodNumber`` (kubelet's ``maxPods``, 110) pods. Zero requests always fit.
+  ``allowedPodNumber`` pods (the node's allocatable "pods": kubelet's ``--max-pods``, 110
+  unless the operator sets it; ``NodeLedger(max_pods=...)``). Zero requests always fit.
 - Score ``NodeResourcesFit`` with the default ``LeastAllocated`` strategy
   (``least_allocated.go``: ``leastResourceScorer``, ``leastRequestedScore``), resources cpu
   and memory with weight 1 each: per resource ``(capacity - requested) * 100 / capacity`` in
@@ -121,7 +122,8 @@ class NodeLedger:
     `zones` are the nodes' `topology.kubernetes.io/zone` labels (None: no node has one);
     `schedulable` is False for nodes that take no pod (cordoned, off, booting); the pods of
     each owner are counted per node for the default topology spreading. `kube_version` is
-    the kube-scheduler whose scores this cluster's scheduler gives (`KUBE_VERSIONS`).
+    the kube-scheduler whose scores this cluster's scheduler gives (`KUBE_VERSIONS`);
+    `max_pods` the pods each node admits (one for all, or one per node).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class NodeLedger:
         allocatable_memory_bytes: np.ndarray,
         zones: Sequence[str] | None = None,
         kube_version: str = DEFAULT_KUBE_VERSION,
+        max_pods: int | np.ndarray = DEFAULT_MAX_PODS,
     ):
         if kube_version not in KUBE_VERSIONS:
             raise ValueError(
@@ -140,7 +143,7 @@ class NodeLedger:
         self.allocatable_cpu_m = np.asarray(allocatable_cpu_m, dtype=np.int64)
         self.allocatable_memory_bytes = np.asarray(allocatable_memory_bytes, dtype=np.int64)
         n_nodes = self.allocatable_cpu_m.size
-        self.allowed_pods = np.full(n_nodes, DEFAULT_MAX_PODS, dtype=np.int64)
+        self.allowed_pods = np.broadcast_to(np.asarray(max_pods, dtype=np.int64), n_nodes).copy()
         self.requested_cpu_m = np.zeros(n_nodes, dtype=np.int64)
         self.requested_memory_bytes = np.zeros(n_nodes, dtype=np.int64)
         self.nonzero_cpu_m = np.zeros(n_nodes, dtype=np.int64)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from bench.sim import faults as _faults  # noqa: F401  (the faults preset, power-aware+rewards)
 from bench.sim import power_policies as _power_policies  # noqa: F401  (registers its policies)
-from bench.sim.scenario import Preset, register_preset
+from bench.sim.scenario import CORES, Preset, register_preset
 
 DEFAULT = register_preset(
     Preset(
         name="default",
         description=(
-            "16 heterogeneous nodes (SPECpower curves, 256 cores, a quarter on batteries and "
-            "solar), a daily pattern with bursts, 45 % of the CPU requested; every node on, "
-            "except under the policies with power management"
+            f"16 heterogeneous nodes (SPECpower curves of the --fleet's servers, {CORES} cores, "
+            "a quarter on batteries and solar), a daily pattern with bursts, 45 % of the CPU "
+            "requested; every node on, except under the policies with power management"
         ),
         policies=(
             "default",

@@ -8,8 +8,9 @@ nodes...) under `Scenario.world`. Presets register themselves with `register_pre
 `bench.sim.presets` imports every preset module, so `PRESETS` is complete once it is imported.
 
 The extender's models are trained honestly: the simulated nodes' history is synthesised as BMC
-telemetry (`training.synth.synth_fleet`) and fitted with `training.fit.fit_fleet` into a bundle
-cached under the output directory, keyed by what it depends on.
+telemetry (`training.synth.fleet_telemetry` of the fleet's nodes) and fitted with
+`training.fit.fit_fleet` into a bundle cached under the output directory, keyed by what it
+depends on.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from bench.sim.cluster import SimCluster, build_cluster
+from bench.sim.cluster import DEFAULT_FLEET, SimCluster, build_cluster, fleet_node_spec
 from bench.sim.engine import Meter, PolicyResult, SimSettings
 from bench.sim.workload import Trace, generate_trace, load_trace_csv
 from predictor.bundle import BundleError, read_bundle
 from training.dataset import clean_metrics
 from training.fit import fit_fleet
-from training.synth import synth_fleet
+from training.synth import fleet_telemetry
 
 log = logging.getLogger("bench.sim.scenario")
 
@@ -41,6 +42,10 @@ class BenchSettings:
     """The bench's own settings (the simulator's physics are `SimSettings`)."""
 
     preset: str = "default"
+    # Whose servers the nodes are (`bench.sim.cluster.FLEETS`: old, mixed, modern) and the
+    # pods each node admits (kubelet --max-pods; None: the fleet's, 110 or 250 per node).
+    fleet: str = DEFAULT_FLEET
+    max_pods: int | None = None
     nodes: int = 16
     hours: float = 24.0
     load: float = 0.45
@@ -112,6 +117,17 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {}
+# Where a preset's description names its cluster's cores: they depend on the fleet, the nodes
+# and the seed, so `describe_preset` fills them in for the chosen ones.
+CORES = "{cores}"
+
+
+def describe_preset(preset: Preset, settings: BenchSettings) -> str:
+    """The preset's description for `settings` (its cores counted on the cluster they build)."""
+    if CORES not in preset.description:
+        return preset.description
+    cluster = build_cluster(settings.nodes, settings.seed, fleet=settings.fleet)
+    return preset.description.replace(CORES, f"{cluster.cores.sum():,.0f}")
 
 
 def register_preset(preset: Preset) -> Preset:
@@ -149,7 +165,13 @@ def build_scenario(
     Raises `bench.sim.workload.TraceError` on a bad CSV trace.
     """
     preset = PRESETS[settings.preset]
-    cluster = build_cluster(settings.nodes, settings.seed, battery_share=settings.battery_share)
+    cluster = build_cluster(
+        settings.nodes,
+        settings.seed,
+        battery_share=settings.battery_share,
+        fleet=settings.fleet,
+        max_pods=settings.max_pods,
+    )
     if trace_csv is not None:
         trace = load_trace_csv(trace_csv)
     else:
@@ -166,11 +188,19 @@ def build_scenario(
 
 
 def bundle_dir_for(settings: BenchSettings, out_dir: Path) -> Path:
-    key = json.dumps(
-        [BUNDLE_RECIPE, settings.nodes, settings.seed, settings.history_hours, HISTORY_STEP_S]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return out_dir / f"bundle-{settings.nodes}n-seed{settings.seed}-{digest}"
+    parts: list[object] = [
+        BUNDLE_RECIPE,
+        settings.nodes,
+        settings.seed,
+        settings.history_hours,
+        HISTORY_STEP_S,
+    ]
+    # The old fleet's key is what it always was, so bundles cached before fleets existed stay.
+    fleet = "" if settings.fleet == DEFAULT_FLEET else f"-{settings.fleet}"
+    if fleet:
+        parts.append(settings.fleet)
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
+    return out_dir / f"bundle-{settings.nodes}n{fleet}-seed{settings.seed}-{digest}"
 
 
 def trained_bundle(settings: BenchSettings, out_dir: Path, *, progress: bool) -> Path:
@@ -187,7 +217,9 @@ def trained_bundle(settings: BenchSettings, out_dir: Path, *, progress: bool) ->
         except BundleError as exc:
             log.warning("cached bundle unusable (%s); fitting again", exc)
     started = time.perf_counter()
-    history = synth_fleet(settings.nodes, settings.history_hours, HISTORY_STEP_S, settings.seed)
+    # The simulated nodes' own history (for the old fleet, `synth_fleet(nodes, ..., seed)`).
+    spec = fleet_node_spec(settings.fleet, settings.nodes, settings.seed)
+    history = fleet_telemetry(spec, settings.history_hours, HISTORY_STEP_S, settings.seed)
     cleaned = clean_metrics(history, source=f"training.synth seed {settings.seed}")
     fit_fleet(cleaned, bundle_dir, progress=progress)
     log.info(
