@@ -98,25 +98,35 @@ def test_older_days_weigh_less() -> None:
     assert weighted_quantile([], 0.9) == 0.0
 
 
-def test_the_first_hours_borrow_from_all_hours() -> None:
+def test_the_first_hours_borrow_from_the_nearest_hours() -> None:
     model = learner(boot_s=300.0, min_bucket_weight=3.0)
-    for now_s in range(0, 2 * 3600, 60):
-        if now_s % 300 == 0:
-            model.add_arrival(float(now_s), 5.0)
+    for now_s in range(0, 3 * 3600, 60):
+        # 20 cores per boot time in hour 0, 5 in hour 1, none yet in hour 2.
+        if now_s % 300 == 0 and now_s < 2 * HOUR_S:
+            model.add_arrival(float(now_s), 20.0 if now_s < HOUR_S else 5.0)
         model.update(float(now_s))
-    # 2:00: hour 2 has only the slot under way, so hours 0 and 1 speak for it.
-    assert model.learned_cores(2 * HOUR_S + 1.0) == pytest.approx(5.0)
+    model.quantile = 0.9
+    # Day 0 at 3:00 (hour 3 has only the slot under way): hour 2 speaks for it, not hour 0.
+    assert model.learned_cores(3 * HOUR_S + 1.0) == 0.0
+    # Hour 1 has twelve slots of its own: hour 0's bigger ones do not count.
+    assert model.learned_cores(1 * HOUR_S + 3000.0) == pytest.approx(5.0)
 
 
-def test_the_quantile_rises_on_a_miss_and_at_most_once_per_interval() -> None:
+def test_the_quantile_rises_on_fresh_misses_at_most_once_per_interval() -> None:
     model = learner(initial_quantile=0.5, adjust_interval_s=600.0, min_waits=20)
     feed_waits(model, 100.0, [0.0] * 90 + [300.0] * 10)
     state = model.update(100.0)
     assert state.wait_p99_s == 300.0
     assert state.quantile == pytest.approx(0.75)
     assert "over the 30 s target" in state.last_change and "0.500 -> 0.750" in state.last_change
-    assert model.update(200.0).quantile == pytest.approx(0.75)  # within the interval
-    assert model.update(700.0).quantile == pytest.approx(0.875)  # still missed
+    # The same misses, still in the window, do not raise it again...
+    assert model.update(700.0).quantile == pytest.approx(0.75)
+    # ...new ones do, but not within the interval of the last move.
+    feed_waits(model, 750.0, [200.0])
+    assert model.update(800.0).quantile == pytest.approx(0.875)
+    feed_waits(model, 850.0, [200.0])
+    assert model.update(900.0).quantile == pytest.approx(0.875)
+    assert model.update(1400.0).quantile == pytest.approx(0.9375)
 
 
 def test_the_quantile_falls_slowly_when_met_with_margin_and_holds_in_between() -> None:
