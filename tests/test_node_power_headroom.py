@@ -220,3 +220,37 @@ def test_policy_settings_refuse_a_negative_or_infinite_target() -> None:
     for value in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError):
             PolicySettings(target_wait_p99_s=value)
+
+
+def _scheduled_pod(uid: str, created: str, scheduled: str | None, daemon: bool = False) -> dict:
+    owner = {"kind": "DaemonSet" if daemon else "ReplicaSet", "controller": True, "name": "o"}
+    status: dict = {"conditions": []}
+    spec: dict = {}
+    if scheduled is not None:
+        spec["nodeName"] = "node-a"
+        status["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}
+        ]
+    return {
+        "metadata": {"uid": uid, "creationTimestamp": created, "ownerReferences": [owner]},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def test_the_wait_tracker_feeds_each_scheduled_pods_wait_once() -> None:
+    from controllers.node_power.views import WaitTracker, parse_rfc3339_s
+
+    model = learner(min_waits=1)
+    tracker = WaitTracker(model, window_s=3600.0)
+    pods = [
+        _scheduled_pod("a", "2026-01-01T10:00:00Z", "2026-01-01T10:00:45Z"),
+        _scheduled_pod("b", "2026-01-01T10:00:00Z", None),  # still pending: no wait yet
+        _scheduled_pod("d", "2026-01-01T10:00:00Z", "2026-01-01T10:00:01Z", daemon=True),
+        _scheduled_pod("old", "2026-01-01T08:00:00Z", "2026-01-01T08:00:09Z"),  # out of window
+    ]
+    now_s = parse_rfc3339_s("2026-01-01T10:01:00Z")
+    assert tracker.observe(pods, now_s) == 1
+    assert tracker.observe(pods, now_s + 10.0) == 0  # seen already
+    state = model.update(now_s + 10.0)
+    assert (state.waits, state.wait_p99_s) == (1, 45.0)
