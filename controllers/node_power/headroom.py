@@ -25,8 +25,8 @@ wait, a reserve too high costs watts all day. A bucket with too few samples (the
 borrows from the nearest hours, widening an hour at a time: demand at 10:00 says more about
 11:00 than demand at 03:00 does.
 
-Measured on `bench.energy_sim` (docs/results.md): a 30-minute window judged every burst a
-miss, cluster-full waits included, and pinned the quantile near its top all day.
+Measured on `bench.energy_sim` (docs/results.md, "A pod wait target"): a 30-minute window
+judges every burst a miss, cluster-full waits included, and pins the quantile near its top.
 
 Pure: no clocks, no I/O; the controller and the energy simulation feed it the same way.
 """
