@@ -812,6 +812,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "rate during a boot (its --headroom-factor; default: controllers.node_power.policy's, 1)",
     )
     power.add_argument(
+        "--target-wait-p99-s",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="the node power controller's target for pods' p99 wait: it learns a headroom from "
+        "the demand growth within a boot time by hour of day, at a quantile the observed waits "
+        "adapt (its --target-wait-p99-s; default: none)",
+    )
+    power.add_argument(
         "--arrival-windows",
         metavar="S1,S2",
         type=_seconds_list,
@@ -872,6 +881,7 @@ FLAG_FIELDS: dict[str, tuple[str, float]] = {
     "off_margin_sd": ("off_margin_sd", 1),
     "min_headroom_cores": ("min_headroom_cores", 1),
     "headroom_factor": ("headroom_factor", 1),
+    "target_wait_p99_s": ("target_wait_p99_s", 1),
     "arrival_windows": ("arrival_windows_s", 1),
     "kube_version": ("kube_version", 1),
 }
@@ -986,6 +996,7 @@ def check_settings(settings: BenchSettings, sim: SimSettings, trace: Path | None
     for flag, value in (
         ("--min-headroom-cores", settings.min_headroom_cores),
         ("--headroom-factor", settings.headroom_factor),
+        ("--target-wait-p99-s", settings.target_wait_p99_s),
     ):
         if value is not None and not value >= 0:
             return f"{flag} must be >= 0, got {value}"

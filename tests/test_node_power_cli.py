@@ -133,6 +133,7 @@ def test_help_explains_the_safety_defaults() -> None:
         "--max-off-fraction",
         "--bmc-secret-dir",
         "--leader-elect",
+        "--target-wait-p99-s",
     ):
         assert needle in text, needle
 
@@ -148,6 +149,7 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
             "--boot-time=4m",
             "--boot-energy-kj=30",
             "--off-margin-sd=1.5",
+            "--target-wait-p99-s=30",
             "--arrival-windows=2m,12m",
             "--empty-nodes-only",
             "--namespace=power",
@@ -160,6 +162,8 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
     assert (policy.cooldown_s, policy.min_on_nodes, policy.max_off_fraction) == (3600.0, 3, 0.25)
     assert (policy.boot_s, policy.boot_energy_j, policy.consolidate) == (240.0, 30000.0, False)
     assert (policy.off_margin_sd, parsed.arrival_windows_s) == (1.5, (120.0, 720.0))
+    assert policy.target_wait_p99_s == 30.0
+    assert settings_from_args(build_parser().parse_args([])).policy.target_wait_p99_s == 0.0
     assert parsed.namespace == "power"
     assert parsed.actuator.default_driver == "dry-run"
 
@@ -172,6 +176,7 @@ def test_flags_become_settings_with_autoscaler_names() -> None:
         (["--default-driver=wol"], "invalid choice"),
         (["--arrival-windows=5m,0s"], "--arrival-windows: positive durations"),
         (["--off-margin-sd=-1"], "argument --off-margin-sd: must be >= 0"),
+        (["--target-wait-p99-s=-5"], "argument --target-wait-p99-s: must be >= 0"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -283,6 +288,54 @@ def test_probes_metrics_and_status_over_http(
         server.shutdown()
         controller.stop()
         proxy.stop()
+
+
+def test_the_wait_target_learns_from_the_pods_and_shows_on_status_and_metrics(
+    cluster: PowerCluster, kubeconfig: Path, control_plane: ControlPlane
+) -> None:
+    cluster.add_node("busy")
+    cluster.add_node("spare", state="off", unschedulable=True)
+    cluster.wait_ready("busy", "spare")
+    # Three pods of 2 cores created and scheduled within one boot time: 6 cores of growth.
+    cluster.deployment("web", "2", 3, on="busy")
+    api = control_plane.api_client(kubeconfig)
+    policy = replace(settings().policy, boot_s=300.0, target_wait_p99_s=30.0)
+    controller = started_controller(api, settings(policy=policy, apply=False))
+    server = serve_health(controller, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        cluster.caught_up(controller)
+        result = controller.run_round(time.time())
+        assert result.error is None and result.decisions is not None
+        status = requests.get(base + "/status", timeout=5).json()["headroom"]
+        assert status["target_wait_p99_s"] == 30.0
+        assert status["learned_cores"] == pytest.approx(6.0)
+        assert status["quantile"] == 0.5
+        assert status["waits_in_window"] == 3  # each scheduled pod's creation -> scheduled
+        assert status["observed_wait_p99_s"] is None  # too few pods to judge a p99
+        assert result.decisions.headroom_cores >= 6.0  # the policy keeps the learned headroom
+        metrics = requests.get(base + "/metrics", timeout=5).text
+        assert "power_aware_node_power_learned_headroom_cores 6.0" in metrics
+        assert "power_aware_node_power_headroom_quantile_ratio 0.5" in metrics
+        assert "power_aware_node_power_pod_wait_p99_seconds NaN" in metrics
+    finally:
+        server.shutdown()
+        controller.stop()
+
+
+def test_without_a_wait_target_status_has_no_headroom_block(
+    cluster: PowerCluster, kubeconfig: Path, control_plane: ControlPlane
+) -> None:
+    cluster.add_node("busy")
+    cluster.wait_ready("busy")
+    controller = started_controller(control_plane.api_client(kubeconfig), settings(apply=False))
+    try:
+        cluster.caught_up(controller)
+        assert controller.run_round(time.time()).error is None
+        assert controller.status()["headroom"] is None
+        assert controller.learner is None
+    finally:
+        controller.stop()
 
 
 def test_check_bmc_asks_each_nodes_bmc_and_changes_nothing(

@@ -63,6 +63,7 @@ import numpy as np
 
 from bench.sim.engine import NodePower
 from bench.sim.policies import ExtenderPolicy
+from controllers.node_power.headroom import HeadroomLearner, HeadroomSettings, HeadroomState
 from controllers.node_power.policy import (
     ArrivalRateMeter,
     Decisions,
@@ -314,6 +315,17 @@ class PowerManagement(PowerManager):
         self.predictor = Predictor.load(bundle_dir)
         self.extender = extender
         self.meter = ArrivalRateMeter.for_boot_time(settings.boot_s)
+        # With a wait target, the headroom learned as the controller learns it: from the pods'
+        # creations and their waits (creation, or eviction, to placement).
+        target_s = self.policy_settings.target_wait_p99_s
+        self.learner = (
+            HeadroomLearner(HeadroomSettings(target_s, boot_s=self.policy_settings.boot_s))
+            if target_s > 0
+            else None
+        )
+        self.headroom_state: HeadroomState | None = None
+        self.quantile_moves: list[tuple[float, str]] = []  # (time, why), as the controller logs
+        self._next_wait = 0
         # Each node's carbon intensity now (g/kWh, NaN unknown), as the controller reads it
         # for `PolicySettings.rank_by` "grams"; None: not read (the carbon-blind controller).
         self.g_per_kwh: Callable[[str, float], float] | None = None
@@ -322,6 +334,18 @@ class PowerManagement(PowerManager):
         self._curves: CurveTable | None = None
         self._curves_at_s = -math.inf
         self._next_arrival = 0
+
+    def finish(self, sim: Simulation, result: PolicyResult) -> None:
+        super().finish(sim, result)
+        state = self.headroom_state
+        if state is not None:
+            result.kpis.update(
+                {
+                    "headroom_quantile_end": round(state.quantile, 4),
+                    "learned_headroom_cores_end": round(state.learned_cores, 2),
+                    "headroom_quantile_moves": len(self.quantile_moves),
+                }
+            )
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
@@ -337,11 +361,13 @@ class PowerManagement(PowerManager):
     def control(self, sim: Simulation, now_s: float) -> None:
         trace = sim.trace
         while self._next_arrival < len(trace) and trace.arrival_s[self._next_arrival] <= now_s:
-            self.meter.add(
-                float(trace.arrival_s[self._next_arrival]),
-                trace.cpu_m[self._next_arrival] / 1000.0,
-            )
+            created_s = float(trace.arrival_s[self._next_arrival])
+            cores = trace.cpu_m[self._next_arrival] / 1000.0
+            self.meter.add(created_s, cores)
+            if self.learner is not None:
+                self.learner.add_arrival(created_s, cores)
             self._next_arrival += 1
+        learned_cores = self._learned_headroom(sim, now_s)
         pending = [
             PendingPod(trace.names[pod], trace.cpu_m[pod] / 1000.0, int(trace.memory_bytes[pod]))
             for pod in sim.pending
@@ -353,9 +379,26 @@ class PowerManagement(PowerManager):
             self.unneeded_since,
             now_s,
             self.policy_settings,
+            learned_cores,
         )
         self.unneeded_since = decisions.unneeded_since
         self._apply(sim, decisions, now_s)
+
+    def _learned_headroom(self, sim: Simulation, now_s: float) -> float:
+        """The learner fed the waits of the pods placed since the last round (placed within
+        one `power_interval_s`: their placement time is taken as now); its headroom."""
+        if self.learner is None:
+            return 0.0
+        waits = sim.waits_s
+        for wait_s in waits[self._next_wait :]:
+            self.learner.add_wait(now_s, wait_s)
+        self._next_wait = len(waits)
+        before = self.learner.last_change
+        state = self.learner.update(now_s)
+        if state.last_change != before:
+            self.quantile_moves.append((now_s, state.last_change))
+        self.headroom_state = state
+        return state.learned_cores
 
     def node_views(self, sim: Simulation, now_s: float) -> list[NodeView]:
         """The nodes as the controller maps them: state, pods, predicted watts."""

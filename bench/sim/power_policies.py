@@ -63,7 +63,7 @@ def power_aware_with_power_management(
 def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -> PowerManagement:
     """The node power controller's policy for `policy`'s extender, at the run's settings
     (`--boot-time`, `--cooldown`, `--off-margin-sd`, `--min-headroom-cores`,
-    `--headroom-factor`, `--arrival-windows`)."""
+    `--headroom-factor`, `--target-wait-p99-s`, `--arrival-windows`)."""
     assert scenario.bundle_dir is not None
     bench = scenario.settings
     settings = PolicySettings(boot_s=scenario.sim_settings.boot_s)
@@ -75,6 +75,8 @@ def power_management_for(scenario: Scenario, policy: PowerAwareExtenderPolicy) -
         settings = dataclasses.replace(settings, min_headroom_cores=bench.min_headroom_cores)
     if bench.headroom_factor is not None:
         settings = dataclasses.replace(settings, headroom_factor=bench.headroom_factor)
+    if bench.target_wait_p99_s:
+        settings = dataclasses.replace(settings, target_wait_p99_s=bench.target_wait_p99_s)
     manager = PowerManagement(scenario.sim_settings, scenario.bundle_dir, settings, policy)
     if bench.arrival_windows_s:
         manager.meter = ArrivalRateMeter(bench.arrival_windows_s)

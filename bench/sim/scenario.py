@@ -80,6 +80,8 @@ class BenchSettings:
     off_margin_sd: float | None = None
     min_headroom_cores: float | None = None
     headroom_factor: float | None = None
+    # ...its target for pods' p99 wait, seconds (None or 0: none; a learned headroom with one)...
+    target_wait_p99_s: float | None = None
     # ...and the windows of its arrival-rate meter (empty: ArrivalRateMeter's default).
     arrival_windows_s: tuple[float, ...] = ()
 

@@ -273,6 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="free CPU always kept on (default: %(default)s)",
     )
     policy.add_argument(
+        "--target-wait-p99-s",
+        type=_non_negative,
+        default=0.0,
+        metavar="SECONDS",
+        help="target for the p99 wait of pods (creation to scheduled): the controller learns "
+        "a headroom from the demand growth within a boot time by hour of day, at a quantile "
+        "it raises while the target is missed and lowers slowly while met; the larger of it "
+        "and --min-headroom-cores applies (default: %(default)s, none)",
+    )
+    policy.add_argument(
         "--boot-time",
         type=_duration("--boot-time"),
         default="5m",
@@ -534,6 +544,7 @@ def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
             min_on_nodes=args.min_on_nodes,
             max_off_fraction=args.max_off_fraction,
             min_headroom_cores=args.min_headroom_cores,
+            target_wait_p99_s=args.target_wait_p99_s,
             boot_s=args.boot_time,
             headroom_factor=args.headroom_factor,
             boot_energy_j=args.boot_energy_kj * 1000.0,

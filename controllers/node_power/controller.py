@@ -59,6 +59,7 @@ from controllers.node_power.actuator import (
 )
 from controllers.node_power.carbon import NodeIntensity
 from controllers.node_power.drivers import BmcSecret
+from controllers.node_power.headroom import HeadroomLearner, HeadroomSettings, HeadroomState
 from controllers.node_power.idle_power import IdlePower
 from controllers.node_power.kube import Informer, KubeOps, api_unavailable, describe_api_error
 from controllers.node_power.lease import LeaderElector
@@ -76,6 +77,7 @@ from controllers.node_power.policy import (
 from controllers.node_power.views import (
     ArrivalTracker,
     ClusterView,
+    WaitTracker,
     cluster_view,
     node_allocatable,
     pending_beyond_waking,
@@ -184,10 +186,24 @@ class NodePowerController:
             self.metrics,
             self.may_write,
         )
+        # With a wait target: the headroom learned from the pods' creations and waits.
+        target_s = settings.policy.target_wait_p99_s
+        self.learner = (
+            HeadroomLearner(HeadroomSettings(target_s, boot_s=settings.policy.boot_s))
+            if target_s > 0
+            else None
+        )
+        self.waits = (
+            WaitTracker(self.learner, self.learner.settings.wait_window_s)
+            if self.learner is not None
+            else None
+        )
+        self.headroom: HeadroomState | None = None
         self.arrivals = ArrivalTracker(
             ArrivalRateMeter(settings.arrival_windows_s)
             if settings.arrival_windows_s
-            else ArrivalRateMeter.for_boot_time(settings.policy.boot_s)
+            else ArrivalRateMeter.for_boot_time(settings.policy.boot_s),
+            self.learner,
         )
         self.unneeded_since: dict[str, float] = {}
         # No memory yet of since when nodes are unneeded: the next round reads the evidence.
@@ -270,6 +286,7 @@ class NodePowerController:
         view = self._read(now_s)
         result.view = view
         arrival = self.arrivals.observe(self.pods.items(), now_s)
+        learned_cores = self._learn_headroom(now_s)
         considered = self._with_backoff(view.nodes, now_s)
         previous = self.unneeded_since
         if self._from_evidence:
@@ -281,6 +298,7 @@ class NodePowerController:
             previous,
             now_s,
             self.settings.policy,
+            learned_cores,
         )
         result.decisions = decisions
         self.unneeded_since = dict(decisions.unneeded_since)
@@ -290,6 +308,29 @@ class NodePowerController:
             self._announce(decisions, view)
             return
         self._act(view, decisions, now_s, result)
+
+    def _learn_headroom(self, now_s: float) -> float:
+        """With a wait target: the pods' waits into the learner, its headroom (and a line in
+        the log when its quantile moves); 0 without one."""
+        if self.learner is None or self.waits is None:
+            return 0.0
+        self.waits.observe(self.pods.items(), now_s)
+        before = self.learner.last_change
+        state = self.learner.update(now_s)
+        self.headroom = state
+        if state.last_change != before:
+            log.info(
+                "headroom %s; learned %.1f cores for hour %d",
+                state.last_change,
+                state.learned_cores,
+                state.hour,
+                extra={
+                    "headroom_quantile": round(state.quantile, 4),
+                    "wait_p99_s": round(state.wait_p99_s, 1),
+                    "learned_headroom_cores": round(state.learned_cores, 2),
+                },
+            )
+        return state.learned_cores
 
     def _read(self, now_s: float) -> ClusterView:
         namespace = self.ops.read_namespace(self.settings.namespace)
@@ -484,6 +525,8 @@ class NodePowerController:
         self.metrics.headroom_cores.set(decisions.headroom_cores)
         self.metrics.off_headroom_cores.set(decisions.off_headroom_cores)
         self.metrics.arrival_rate.set(arrival.cores_per_s)
+        if self.headroom is not None:
+            self.metrics.set_headroom(self.headroom)
         if self.carbon is not None:
             self.metrics.set_carbon_outlook({n.name: n.g_per_kwh for n in considered if n.managed})
 
@@ -560,5 +603,23 @@ class NodePowerController:
                 name: {"failures": b.failures, "retry_at_s": b.retry_at_s, "reason": b.reason}
                 for name, b in self.actuator.backoff.items()
             },
+            "headroom": self._headroom_status(),
             "last_error": self.last_error,
+        }
+
+    def _headroom_status(self) -> Mapping[str, Any] | None:
+        """The wait target's learning (None without a target)."""
+        if self.learner is None:
+            return None
+        state = self.headroom
+        p99 = state.wait_p99_s if state is not None else math.nan
+        return {
+            "target_wait_p99_s": self.learner.settings.target_wait_p99_s,
+            "learned_cores": state.learned_cores if state is not None else None,
+            "quantile": self.learner.quantile,
+            "observed_wait_p99_s": p99 if math.isfinite(p99) else None,
+            "waits_in_window": state.waits if state is not None else 0,
+            "wait_window_s": self.learner.settings.wait_window_s,
+            "hour": state.hour if state is not None else None,
+            "last_change": self.learner.last_change or None,
         }

@@ -11,6 +11,7 @@ What an operator graphs and alerts on:
 - the watts saved by the nodes that are off, by the model's estimate of their idle power;
 - driver errors by driver and kind, drains that failed by cause, API errors;
 - the policy's inputs: pending pods, free CPU, headroom target, arrival rate;
+- with `--target-wait-p99-s`: the learned headroom, its quantile and the observed p99 wait;
 - leadership, and the rounds (count by result, time of the last one);
 - ranking by grams: each managed node's mean intensity over the horizon, and the horizon.
 """
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controllers.node_power.headroom import HeadroomState
 from livedata.labels import POWER_STATES
 
 PREFIX = "power_aware_node_power_"
@@ -110,6 +112,25 @@ class ControllerMetrics:
             "arrival windows (one boot time and six by default)",
             registry=r,
         )
+        # With --target-wait-p99-s (registered always: 0 / NaN without a target).
+        self.learned_headroom = Gauge(
+            PREFIX + "learned_headroom_cores",
+            "Free CPU the wait target asks for: the quantile of the demand growth within a "
+            "boot time learned for this hour of day",
+            registry=r,
+        )
+        self.headroom_quantile = Gauge(
+            PREFIX + "headroom_quantile_ratio",
+            "The quantile of the demand growth the learned headroom covers (raised while the "
+            "wait target is missed, lowered slowly while met)",
+            registry=r,
+        )
+        self.pod_wait_p99 = Gauge(
+            PREFIX + "pod_wait_p99_seconds",
+            "99th percentile of pods' wait (creation to scheduled) over the learning window; "
+            "NaN with too few pods placed",
+            registry=r,
+        )
         self.leader = Gauge(
             PREFIX + "leader", "1 while this replica holds the Lease and may act", registry=r
         )
@@ -130,6 +151,11 @@ class ControllerMetrics:
             self.api_errors.labels(operation=operation)
         self.carbon_outlook: Gauge | None = None
         self.carbon_horizon: Gauge | None = None
+
+    def set_headroom(self, state: HeadroomState) -> None:
+        self.learned_headroom.set(state.learned_cores)
+        self.headroom_quantile.set(state.quantile)
+        self.pod_wait_p99.set(state.wait_p99_s)
 
     def rank_by_grams(self, horizon_s: float) -> None:
         """Add the carbon outlook's gauges: only a controller ranking by grams has them."""

@@ -172,6 +172,11 @@ class PolicySettings:
     min_headroom_cores: float = 0.0
     boot_s: float = 300.0
     headroom_factor: float = 1.0
+    # A target for pods' p99 wait (creation to scheduled), seconds; 0: none. With one, the
+    # callers learn a headroom from the demand growth within a boot time and the waits they
+    # observe (`headroom.HeadroomLearner`) and pass it to `decide`: the larger of it, the
+    # rate's and `min_headroom_cores` applies.
+    target_wait_p99_s: float = 0.0
     # A node goes off only while the others keep the headroom plus this many standard
     # deviations of what arrives in a boot time (`off_headroom_cores`): the hysteresis between
     # waking and powering off. 0: none.
@@ -199,7 +204,13 @@ class PolicySettings:
             raise ValueError(f"rank_by must be one of {', '.join(RANK_BY)}, got {self.rank_by!r}")
         if not (self.carbon_horizon_s >= 0 and math.isfinite(self.carbon_horizon_s)):
             raise ValueError(f"carbon_horizon_s must be >= 0, got {self.carbon_horizon_s!r}")
-        for name in ("unneeded_time_s", "cooldown_s", "min_headroom_cores", "boot_s"):
+        for name in (
+            "unneeded_time_s",
+            "cooldown_s",
+            "min_headroom_cores",
+            "boot_s",
+            "target_wait_p99_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.utilization_threshold <= 1:
@@ -210,6 +221,8 @@ class PolicySettings:
             raise ValueError(f"max_off_fraction must be 0..1, got {self.max_off_fraction}")
         if self.min_on_nodes < 0:
             raise ValueError(f"min_on_nodes must be >= 0, got {self.min_on_nodes}")
+        if not math.isfinite(self.target_wait_p99_s):
+            raise ValueError(f"target_wait_p99_s must be finite, got {self.target_wait_p99_s!r}")
         if not self.wake_horizon_s > 0:
             raise ValueError(f"wake_horizon_s must be > 0, got {self.wake_horizon_s}")
         if not self.off_margin_sd >= 0:
@@ -270,13 +283,21 @@ class ArrivalRate:
         return math.sqrt(square * over_s) if math.isfinite(square) and square > 0 else 0.0
 
 
-def headroom_cores(arrival_cores_per_s: float, settings: PolicySettings) -> float:
-    """Free CPU to keep on: what arrives at the recent rate while a node boots, or the floor."""
+def headroom_cores(
+    arrival_cores_per_s: float, settings: PolicySettings, learned_cores: float = 0.0
+) -> float:
+    """Free CPU to keep on: what arrives at the recent rate while a node boots, the headroom
+    learned for the wait target (`headroom.HeadroomLearner`), or the floor: the largest."""
     rate = max(arrival_cores_per_s, 0.0) if math.isfinite(arrival_cores_per_s) else 0.0
-    return max(settings.min_headroom_cores, rate * settings.boot_s * settings.headroom_factor)
+    learned = max(learned_cores, 0.0) if math.isfinite(learned_cores) else 0.0
+    return max(
+        settings.min_headroom_cores, learned, rate * settings.boot_s * settings.headroom_factor
+    )
 
 
-def off_headroom_cores(arrival: ArrivalRate, settings: PolicySettings) -> float:
+def off_headroom_cores(
+    arrival: ArrivalRate, settings: PolicySettings, learned_cores: float = 0.0
+) -> float:
     """Free CPU the nodes left on must keep before one more goes off: the wake headroom plus
     `off_margin_sd` standard deviations of what arrives while a node boots.
 
@@ -286,7 +307,7 @@ def off_headroom_cores(arrival: ArrivalRate, settings: PolicySettings) -> float:
     woken again within ten minutes, before their boot energy was paid back).
     """
     boot_s = settings.boot_s * settings.headroom_factor
-    return headroom_cores(arrival.cores_per_s, settings) + settings.off_margin_sd * (
+    return headroom_cores(arrival.cores_per_s, settings, learned_cores) + settings.off_margin_sd * (
         arrival.sd_cores(boot_s)
     )
 
@@ -358,15 +379,18 @@ def decide(
     unneeded_since: Mapping[str, float],
     now_s: float,
     settings: PolicySettings,
+    learned_headroom_cores: float = 0.0,
 ) -> Decisions:
     """The round's decisions; see the module docstring. `arrival` is the meter's estimate, or
-    a bare rate in cores per second (no noise: no margin between waking and powering off)."""
+    a bare rate in cores per second (no noise: no margin between waking and powering off).
+    `learned_headroom_cores`: the headroom the wait target asks for (`headroom.HeadroomLearner`,
+    0 without a target)."""
     if not isinstance(arrival, ArrivalRate):
         arrival = ArrivalRate(arrival)
     if settings.rank_by == RANK_BY_GRAMS:
         nodes = _with_neutral_intensity(nodes)
-    target = headroom_cores(arrival.cores_per_s, settings)
-    off_target = off_headroom_cores(arrival, settings)
+    target = headroom_cores(arrival.cores_per_s, settings, learned_headroom_cores)
+    off_target = off_headroom_cores(arrival, settings, learned_headroom_cores)
     serving = [n for n in nodes if n.state in (POWER_ON, POWER_WAKING)]
     free = sum(_free_cpu(n) for n in serving)
     plan = _plan_wake(nodes, pending, target, settings)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from controllers.node_power.headroom import HeadroomLearner
 from controllers.node_power.policy import (
     ArrivalRate,
     ArrivalRateMeter,
@@ -437,10 +438,12 @@ def pending_beyond_waking(
 
 
 class ArrivalTracker:
-    """Feeds `meter` each pod's creation once (DaemonSet pods aside); the meter's estimate."""
+    """Feeds `meter` (and `learner`, with a wait target) each pod's creation once (DaemonSet
+    pods aside); the meter's estimate."""
 
-    def __init__(self, meter: ArrivalRateMeter) -> None:
+    def __init__(self, meter: ArrivalRateMeter, learner: HeadroomLearner | None = None) -> None:
         self.meter = meter
+        self.learner = learner
         self._seen: dict[str, float] = {}  # uid -> created, while inside the longest window
 
     def observe(self, pods: Iterable[JsonObject], now_s: float) -> ArrivalRate:
@@ -454,10 +457,55 @@ class ArrivalTracker:
             if created_s is None or created_s < horizon_s:
                 continue
             self._seen[uid] = created_s
-            self.meter.add(created_s, pod_requests(pod)[0])
+            cores = pod_requests(pod)[0]
+            self.meter.add(created_s, cores)
+            if self.learner is not None:
+                self.learner.add_arrival(created_s, cores)
         for uid in [u for u, created_s in self._seen.items() if created_s < horizon_s]:
             del self._seen[uid]
         return self.meter.estimate(now_s)
+
+
+def pod_scheduled_s(pod: JsonObject) -> float | None:
+    """When the pod was bound to a node: its PodScheduled condition's transition to True
+    (None while unscheduled or without the condition)."""
+    status = pod.get("status") or {}
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            return _time_s(condition.get("lastTransitionTime"))
+    return None
+
+
+class WaitTracker:
+    """Feeds `learner` each pod's wait once: creation to scheduled (DaemonSet and mirror pods
+    aside: they are bound by their controller, not scheduled). Pods scheduled before the last
+    `window_s` are history the learner's window would drop anyway: not fed."""
+
+    def __init__(self, learner: HeadroomLearner, window_s: float) -> None:
+        self.learner = learner
+        self.window_s = window_s
+        self._seen: dict[str, float] = {}  # uid -> scheduled, while inside the window
+
+    def observe(self, pods: Iterable[JsonObject], now_s: float) -> int:
+        """Feed the newly scheduled pods among `pods`; how many."""
+        horizon_s = now_s - self.window_s
+        fed = 0
+        for pod in pods:
+            uid = _metadata(pod).get("uid")
+            if not uid or uid in self._seen or is_daemon_pod(pod):
+                continue
+            scheduled_s = pod_scheduled_s(pod)
+            created_s = _time_s(_metadata(pod).get("creationTimestamp"))
+            if scheduled_s is None or created_s is None or scheduled_s < horizon_s:
+                continue
+            self._seen[uid] = scheduled_s
+            self.learner.add_wait(scheduled_s, scheduled_s - created_s)
+            fed += 1
+        for uid in [u for u, scheduled_s in self._seen.items() if scheduled_s < horizon_s]:
+            del self._seen[uid]
+        return fed
 
 
 # ---- the whole picture --------------------------------------------------------------------
