@@ -147,6 +147,10 @@ class CarbonWorld:
     def zone_of(self, node: int) -> str:
         return self.series.zones[int(self.node_zone[node])]
 
+    def nodes_g_per_kwh(self, t_s: float) -> np.ndarray:
+        """Each node's grid intensity (g/kWh) at `t_s`: its zone's value in that hour."""
+        return self.series.at(t_s)[self.node_zone]
+
     def forecast(self, hour: int) -> tuple[tuple[IntensityPoint, ...], ...]:
         """The forecast issued at the start of `hour`: per zone, hourly points from that hour.
 
@@ -259,7 +263,7 @@ def co2_ceiling(scenario: Scenario, horizon_s: float) -> Co2Ceiling:
         scenario.trace,
         horizon_s,
         scenario.sim_settings.tick_s,
-        lambda t_s: world.series.at(t_s)[world.node_zone],
+        world.nodes_g_per_kwh,
     )
 
 
@@ -274,7 +278,7 @@ def co2_bound_kg(scenario: Scenario, horizon_s: float) -> float:
         horizon_s,
         scenario.sim_settings.tick_s,
         limits_for(scenario),
-        node_g_per_kwh=lambda t_s: world.series.at(t_s)[world.node_zone],
+        node_g_per_kwh=world.nodes_g_per_kwh,
     ).value
 
 
@@ -348,7 +352,7 @@ class CarbonMeter:
         self.energy_kwh = 0.0
 
     def tick(self, t0_s: float, tick_s: float, node_power_w: np.ndarray) -> None:
-        intensity = self.world.series.at(t0_s)[self.world.node_zone]
+        intensity = self.world.nodes_g_per_kwh(t0_s)
         hours = tick_s / HOUR_S
         self.co2_g += float(node_power_w @ intensity) * hours / 1000.0
         self.idle_co2_g += float(self.idle_w @ intensity) * hours / 1000.0
