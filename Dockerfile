@@ -22,49 +22,41 @@ RUN apt-get update \
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# pip-build: the venv's pip, for a build machine whose package index is reached through its own
+# CA or a mirror (the build args PIP_CERT, a CA bundle path mounted into the build, and
+# PIP_INDEX_URL); unset or empty, pip uses PyPI as usual (an empty PIP_CERT would be a path).
+RUN printf '%s\n' '#!/bin/sh' \
+        '[ -n "${PIP_CERT:-}" ] || unset PIP_CERT' \
+        '[ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL' \
+        'exec /opt/venv/bin/pip "$@"' > /usr/local/bin/pip-build \
+    && chmod 755 /usr/local/bin/pip-build
+
 # --- build: the runtime dependencies and the project's wheel -----------------------------------
 FROM deps AS build
-# Optional, for a build machine whose package index is reached through its own CA or a mirror:
-# a CA bundle path (mounted into the build) and an index URL. Unset, pip uses PyPI as usual.
 ARG PIP_CERT
 ARG PIP_INDEX_URL
 # Dependencies first (their layer is reused while only the code changes), exactly the versions
 # and files of the lock (hash-checked), as wheels only: no compiler in any stage.
 COPY requirements.lock /src/
-RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
-    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
-    && /opt/venv/bin/pip install --quiet --require-hashes --only-binary=:all: \
-        -r /src/requirements.lock
+RUN pip-build install --quiet --require-hashes --only-binary=:all: -r /src/requirements.lock
 # The sources (.dockerignore lets in only pyproject.toml, README.md, the locks, the five
-# packages and scripts/trim-venv), in one step: each layer is a full copy under some storage
-# drivers.
+# packages and the two install scripts), in one step: each layer is a full copy under some
+# storage drivers.
 COPY . /src/
-# The project as a wheel (not editable: the shipped bundle and data files are package data),
-# then scripts/trim-venv takes out what no process runs (pip, the packages' test suites, ...).
 # The runtime processes' packages import here without the trainer's libraries.
-RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
-    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
-    && /opt/venv/bin/pip wheel --quiet --no-deps --wheel-dir /tmp/wheels /src \
-    && /opt/venv/bin/pip install --quiet --no-deps /tmp/wheels/*.whl \
-    && /src/scripts/trim-venv /opt/venv \
-    && /opt/venv/bin/python -c "import controllers.energy_adapter.cli, controllers.node_power.cli, extender.app, livedata, predictor, uvloop, httptools, yaml, cryptography.hazmat.primitives.ciphers, pyghmi.ipmi.command, sushy, kubernetes.client, kubernetes.watch, kubernetes.config"
+RUN /src/scripts/install-project /opt/venv /src controllers.energy_adapter.cli \
+        controllers.node_power.cli extender.app livedata predictor uvloop httptools yaml \
+        cryptography.hazmat.primitives.ciphers pyghmi.ipmi.command sushy kubernetes.client \
+        kubernetes.watch kubernetes.config
 
 # --- build-trainer: the runtime and train dependencies and the project's wheel ----------------
 FROM deps AS build-trainer
 ARG PIP_CERT
 ARG PIP_INDEX_URL
 COPY requirements-train.lock /src/
-RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
-    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
-    && /opt/venv/bin/pip install --quiet --require-hashes --only-binary=:all: \
-        -r /src/requirements-train.lock
+RUN pip-build install --quiet --require-hashes --only-binary=:all: -r /src/requirements-train.lock
 COPY . /src/
-RUN if [ -z "${PIP_CERT:-}" ]; then unset PIP_CERT; fi \
-    && if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi \
-    && /opt/venv/bin/pip wheel --quiet --no-deps --wheel-dir /tmp/wheels /src \
-    && /opt/venv/bin/pip install --quiet --no-deps /tmp/wheels/*.whl \
-    && /src/scripts/trim-venv /opt/venv \
-    && /opt/venv/bin/python -c "import controllers, extender, livedata, predictor, training"
+RUN /src/scripts/install-project /opt/venv /src controllers extender livedata predictor training
 
 # --- base: Debian's Python 3.11 and the user, what both images run on -------------------------
 FROM debian:bookworm-slim AS base

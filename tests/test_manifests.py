@@ -838,7 +838,14 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_and_ships_the_models() -> No
     assert "models/default/*" in package_data
     assert (REPO / "extender" / "models" / "default" / "manifest.json").is_file()
     ignore = (REPO / ".dockerignore").read_text().splitlines()
-    for needed in ("extender/", "requirements.lock", "requirements-train.lock", "pyproject.toml"):
+    for needed in (
+        "extender/",
+        "requirements.lock",
+        "requirements-train.lock",
+        "pyproject.toml",
+        "scripts/trim-venv",
+        "scripts/install-project",
+    ):
         assert f"!{needed}" in ignore, f".dockerignore leaves out {needed}"
 
 
