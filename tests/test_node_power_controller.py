@@ -119,6 +119,9 @@ def set_emulator_power(bmc: RedfishEmulator, name: str, power: str) -> None:
     wait_until(lambda: bmc.power_state(name) == power)
 
 
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
 def writable_state(cluster: PowerCluster) -> dict[str, object]:
     """All the controller may change on the test's nodes and pods: its labels and annotations,
     cordons and taints, and each pod's node and deletion. (Not resourceVersions: the control
@@ -132,7 +135,12 @@ def writable_state(cluster: PowerCluster) -> dict[str, object]:
             for k, v in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items()
             if k.startswith("power-aware-scheduler/")
         }
-        taints = sorted(t["key"] for t in spec.get("taints") or [])
+        # Not node.kubernetes.io/unschedulable: kube-controller-manager mirrors the cordon
+        # (compared above) into that taint, some time after it changes (the cordons that
+        # placed the test's pods can still be catching up).
+        taints = sorted(
+            t["key"] for t in spec.get("taints") or [] if t["key"] != UNSCHEDULABLE_TAINT
+        )
         found[f"node {name}"] = (ours, bool(spec.get("unschedulable")), taints)
     for pod in cluster.pods():
         meta = pod["metadata"]
