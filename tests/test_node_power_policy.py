@@ -201,6 +201,27 @@ def test_memory_decides_which_node_can_take_a_waiting_pod() -> None:
     assert [a.node for a in decisions.wake] == ["large-memory"]
 
 
+def test_a_node_at_its_pod_limit_takes_no_more_pods_whatever_its_free_cpu() -> None:
+    # "roomy" has 12 cores free but admits 4 pods (status.allocatable.pods) and runs 4,
+    # its DaemonSet pod counted: the waiting pod wakes a node, as kube-scheduler would need.
+    at_limit = [pod(1, "a"), pod(1, "b"), pod(1, "c"), pod(1, "ds", daemon=True)]
+    nodes = [node("roomy", pods=at_limit, allocatable_pods=4), node("off", state=POWER_OFF)]
+    decisions = decide(nodes, [PendingPod("p", 1)], 0.0, {}, NOW_S, SETTINGS)
+    assert [a.node for a in decisions.wake] == ["off"]
+    # Without a known limit the same node takes it and nothing wakes.
+    unlimited = [replace(nodes[0], allocatable_pods=None), nodes[1]]
+    assert not decide(unlimited, [PendingPod("p", 1)], 0.0, {}, NOW_S, SETTINGS).wake
+
+
+def test_a_node_is_not_drained_when_the_others_have_no_pod_slots_for_its_pods() -> None:
+    light = node("light", idle_w=200, pods=[pod(1, "x"), pod(1, "y")])
+    keep = node("keep", idle_w=50, pods=[pod(4, "k")], allocatable_pods=2)
+    assert not decide([keep, light], [], 0.0, long_unneeded("light"), NOW_S, SETTINGS).drain
+    roomier = replace(keep, allocatable_pods=3)  # room for both of light's pods
+    drained = decide([roomier, light], [], 0.0, long_unneeded("light"), NOW_S, SETTINGS).drain
+    assert [a.node for a in drained] == ["light"]
+
+
 def test_only_the_drains_the_demand_needs_are_cancelled() -> None:
     nodes = [
         node("full", pods=[pod(16)]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,7 @@ def test_cluster_view_maps_nodes_pods_and_problems() -> None:
         node("a", cores=8),
         node("cordoned", unschedulable=True),
         {**node("broken"), "status": {"allocatable": {"cpu": "lots"}}},
+        {**node("no-pod-limit"), "status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}},
     ]
     pods = [
         pod("web-1", "a", "2"),
@@ -108,6 +110,8 @@ def test_cluster_view_maps_nodes_pods_and_problems() -> None:
     by_name = {n.name: n for n in view.nodes}
     a = by_name["a"]
     assert (a.allocatable_cpu, a.idle_w, a.managed) == (8.0, 80.0, True)
+    # The pod limit (status.allocatable.pods) where the node states it, else unknown.
+    assert (a.allocatable_pods, by_name["no-pod-limit"].allocatable_pods) == (110, None)
     assert {p.name: p.daemon for p in a.pods} == {
         "default/web-1": False,
         "default/agent-a": True,
@@ -210,6 +214,9 @@ def test_pending_pods_already_covered_by_waking_nodes_are_left_out() -> None:
     left = pending_beyond_waking(pending, [waking])
     assert [p.cpu_cores for p in left] == [4, 4]
     assert pending_beyond_waking(pending, []) == tuple(pending)
+    # A waking node's pod limit holds as its CPU does: two slots left beside its DaemonSet pod.
+    limited = replace(waking, allocatable_pods=3)
+    assert [p.cpu_cores for p in pending_beyond_waking(pending, [limited])] == [4, 4, 4]
 
 
 def test_arrival_rate_counts_pods_created_in_the_window_once() -> None:

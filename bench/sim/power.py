@@ -431,6 +431,7 @@ class PowerManagement(PowerManager):
                     curve_w=tuple(grid[::step].tolist()) if grid is not None else (),
                     boot_energy_j=self.settings.boot_s * (idle_w + share * (peak_w - idle_w)),
                     g_per_kwh=self.g_per_kwh(name, now_s) if self.g_per_kwh else math.nan,
+                    allocatable_pods=int(sim.ledger.allowed_pods[node]),
                 )
             )
         return views

@@ -103,6 +103,9 @@ class NodeView:
     # supply's), for `PolicySettings.rank_by` "grams": the mean the callers read over the next
     # `PolicySettings.carbon_horizon_s` (the present value when 0); NaN when unknown.
     g_per_kwh: float = math.nan
+    # Pods the node admits (status.allocatable.pods: the kubelet's --max-pods), DaemonSet pods
+    # included, as kube-scheduler's NodeResourcesFit counts them; None when not known.
+    allocatable_pods: int | None = None
 
     @property
     def requested_cpu(self) -> float:
@@ -422,24 +425,30 @@ def decide(
 
 @dataclass
 class _Room:
-    """Free CPU and memory of one node, as pods are packed onto it."""
+    """Free CPU, memory and pod slots of one node, as pods are packed onto it."""
 
     node: NodeView
     cpu: float
     memory: int
+    pod_slots: int
     placed_cores: float = 0.0
     placed: list[PendingPod] = field(default_factory=list)
 
     @classmethod
     def of(cls, node: NodeView) -> _Room:
-        return cls(node, _free_cpu(node), _free_memory(node))
+        return cls(node, _free_cpu(node), _free_memory(node), _free_pod_slots(node))
 
     def fits(self, pod: PendingPod) -> bool:
-        return pod.cpu_cores <= self.cpu + _EPS_CORES and pod.memory_bytes <= self.memory
+        return (
+            pod.cpu_cores <= self.cpu + _EPS_CORES
+            and pod.memory_bytes <= self.memory
+            and self.pod_slots > 0
+        )
 
     def take(self, pod: PendingPod) -> None:
         self.cpu -= pod.cpu_cores
         self.memory -= pod.memory_bytes
+        self.pod_slots -= 1
         self.placed_cores += pod.cpu_cores
         self.placed.append(pod)
 
@@ -459,6 +468,12 @@ def _pack(pods: Iterable[PendingPod], rooms: Sequence[_Room]) -> list[PendingPod
 
 def _biggest_first(pods: Iterable[PendingPod]) -> list[PendingPod]:
     return sorted(pods, key=lambda p: (-p.cpu_cores, -p.memory_bytes, p.name))
+
+
+def left_over(pods: Iterable[PendingPod], nodes: Iterable[NodeView]) -> list[PendingPod]:
+    """The pods that do not fit on `nodes` as they are (first fit, biggest first, on CPU,
+    memory and pod slots)."""
+    return _pack(_biggest_first(pods), [_Room.of(n) for n in nodes])
 
 
 # ---- waking -------------------------------------------------------------------------------
@@ -611,9 +626,11 @@ def _wake_action(room: _Room, target: float, settings: PolicySettings) -> Action
 
 def _could_ever_fit(pod: PendingPod, node: NodeView) -> bool:
     """Whether the pod fits on the node with nothing on it but its DaemonSet pods."""
+    daemon_pods = sum(1 for p in node.pods if p.daemon)
     return (
         pod.cpu_cores <= node.allocatable_cpu - node.daemon_cpu + _EPS_CORES
         and pod.memory_bytes <= node.allocatable_memory_bytes - node.daemon_memory_bytes
+        and (node.allocatable_pods is None or daemon_pods < node.allocatable_pods)
     )
 
 
@@ -787,10 +804,21 @@ def _free_memory(node: NodeView) -> int:
     )
 
 
+# Pod slots of a node whose pod limit is not known: more than any node admits.
+_UNLIMITED_POD_SLOTS = 1 << 30
+
+
+def _free_pod_slots(node: NodeView) -> int:
+    """More pods the node admits (its pod limit less every pod on it, DaemonSet ones too)."""
+    if node.allocatable_pods is None:
+        return _UNLIMITED_POD_SLOTS
+    return max(node.allocatable_pods - len(node.pods), 0)
+
+
 def _fits_elsewhere(pods: Sequence[PodInfo], others: Sequence[NodeView]) -> bool:
-    """Whether every pod fits on `others` (first-fit decreasing on CPU and memory)."""
-    rooms = [_Room.of(n) for n in others]
-    return not _pack(_biggest_first(_as_pending(pods)), rooms)
+    """Whether every pod fits on `others` (first-fit decreasing on CPU and memory, within
+    each node's pod limit)."""
+    return not left_over(_as_pending(pods), others)
 
 
 def _with_pods_placed(others: Sequence[NodeView], pods: Sequence[PodInfo]) -> dict[str, NodeView]:

@@ -50,6 +50,7 @@ from controllers.node_power.policy import (
     NodeView,
     PendingPod,
     PodInfo,
+    left_over,
 )
 from livedata.deferral import is_carbon_hold
 from livedata.labels import (
@@ -205,6 +206,16 @@ def node_allocatable(node: JsonObject) -> tuple[float, int, str]:
     except ValueError as error:
         return cpu, 0, f"status.allocatable.memory unreadable ({error})"
     return cpu, memory, ""
+
+
+def node_allocatable_pods(node: JsonObject) -> int | None:
+    """The pods the node admits (status.allocatable.pods, the kubelet's --max-pods); None when
+    absent or unreadable (the policy then packs on CPU and memory alone)."""
+    pods = ((node.get("status") or {}).get("allocatable") or {}).get("pods")
+    try:
+        return int(str(pods)) if pods is not None else None
+    except ValueError:
+        return None
 
 
 # ---- pods ---------------------------------------------------------------------------------
@@ -414,24 +425,7 @@ def pending_beyond_waking(
     `policy.decide` counts waking capacity only against the headroom, not against waiting
     pods: without this, every round of a boot would wake more nodes for the same pods.
     """
-    room = [
-        [
-            max(n.allocatable_cpu - n.requested_cpu - n.daemon_cpu, 0.0),
-            max(n.allocatable_memory_bytes - n.requested_memory_bytes, 0),
-        ]
-        for n in nodes
-        if n.state == POWER_WAKING
-    ]
-    left = []
-    for pod in sorted(pending, key=lambda p: -p.cpu_cores):
-        for slot in room:
-            if pod.cpu_cores <= slot[0] + 1e-9 and pod.memory_bytes <= slot[1]:
-                slot[0] -= pod.cpu_cores
-                slot[1] -= pod.memory_bytes
-                break
-        else:
-            left.append(pod)
-    return tuple(left)
+    return tuple(left_over(pending, (n for n in nodes if n.state == POWER_WAKING)))
 
 
 # ---- arrivals -----------------------------------------------------------------------------
@@ -569,6 +563,7 @@ def cluster_view(
                 ready=ready,
                 unmanaged_reason=reason,
                 g_per_kwh=(g_per_kwh or {}).get(name, math.nan),
+                allocatable_pods=node_allocatable_pods(node),
             )
         )
         records[name] = record
