@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,10 @@ class EmulationSettings:
     boot_s: float = 300.0  # trace seconds, as the energy bench's --boot-time
     shutdown_s: float = 60.0  # trace seconds, as the energy bench's --shutdown-time
     sample_s: float = 2.0  # real seconds between energy samples
+    # The controller's --scale-down-unneeded-time and --node-cooldown, trace seconds (None:
+    # PolicySettings' defaults, the energy bench's).
+    unneeded_s: float | None = None
+    cooldown_s: float | None = None
     out_dir: Path = DEFAULT_OUT_DIR
 
     @property
@@ -148,6 +152,8 @@ class SideFigures:
 
     pods_placed: int
     pods_unplaced_at_end: int
+    # Pods a scale-down deleted before any node took them (real side; the simulator has none)
+    pods_removed_unplaced: int
     pod_waits_s: list[float] = field(repr=False)
     nodes_powered_off: int
     nodes_woken: int
@@ -155,6 +161,8 @@ class SideFigures:
     wakes: int
     energy_kwh: float
     mean_nodes_on: float
+    # (trace s, "off"/"wake", node): each power-off and wake, for the JSON
+    events: list[tuple[float, str, str]] = field(default_factory=list, repr=False)
 
     def wait_quantile_s(self, q: float) -> float:
         return float(np.percentile(self.pod_waits_s, q)) if self.pod_waits_s else 0.0
@@ -163,6 +171,7 @@ class SideFigures:
         return {
             "pods placed": self.pods_placed,
             "pods waiting at the end": self.pods_unplaced_at_end,
+            "pods removed before placement": self.pods_removed_unplaced,
             "pod wait p50 (s)": round(self.wait_quantile_s(50), 2),
             "pod wait p99 (s)": round(self.wait_quantile_s(99), 2),
             "nodes powered off": self.nodes_powered_off,
@@ -237,7 +246,12 @@ class Deployments:
 def policy_settings(settings: EmulationSettings) -> PolicySettings:
     """The controller's policy on both sides: the simulator's (`power_management_for` at the
     energy bench's defaults)."""
-    return PolicySettings(boot_s=settings.boot_s)
+    policy = PolicySettings(boot_s=settings.boot_s)
+    if settings.unneeded_s is not None:
+        policy = dataclasses.replace(policy, unneeded_time_s=settings.unneeded_s)
+    if settings.cooldown_s is not None:
+        policy = dataclasses.replace(policy, cooldown_s=settings.cooldown_s)
+    return policy
 
 
 def sim_settings(settings: EmulationSettings, trace: Trace) -> SimSettings:
@@ -256,9 +270,12 @@ def sim_settings(settings: EmulationSettings, trace: Trace) -> SimSettings:
 # ---- the simulated side --------------------------------------------------------------------
 
 
-def run_simulated(scenario: Scenario) -> SideFigures:
+def run_simulated(scenario: Scenario, settings: EmulationSettings) -> SideFigures:
     spec = POLICIES[POLICY]
     with spec.make(scenario, policy_rng(scenario, POLICY)) as policy:
+        assert isinstance(policy.power, PowerManagement)
+        # The settings the real controller gets as flags (the bench's own flags set fewer).
+        policy.power.policy_settings = policy_settings(settings)
         result: PolicyResult = simulate(
             scenario.cluster, scenario.trace, policy, scenario.sim_settings, progress=False
         )
@@ -271,6 +288,7 @@ def run_simulated(scenario: Scenario) -> SideFigures:
     return SideFigures(
         pods_placed=result.placed_pods,
         pods_unplaced_at_end=result.unplaced_pods,
+        pods_removed_unplaced=0,
         pod_waits_s=[float(w) for w in result.pod_waits_s],
         nodes_powered_off=len(off_nodes),
         nodes_woken=len(woken),
@@ -279,6 +297,7 @@ def run_simulated(scenario: Scenario) -> SideFigures:
         # What the real side measures: the curves, off and boot power, no fans.
         energy_kwh=result.energy_kwh - result.fan_energy_kwh,
         mean_nodes_on=float(nodes_on.mean()) if nodes_on.size else float(len(scenario.cluster)),
+        events=[(round(t, 1), what, node) for t, what, node, _ in log],
     )
 
 
@@ -440,11 +459,12 @@ class EnergySampler:
         self.off_nodes: set[str] = set()
         self.woken_nodes: set[str] = set()
         self.nodes_on = len(cluster)
+        self.events: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="energy", daemon=True)
 
     def __enter__(self) -> EnergySampler:
-        self._last = time.monotonic()
+        self.started = self._last = time.monotonic()
         self._thread.start()
         return self
 
@@ -499,12 +519,15 @@ class EnergySampler:
     def _transition(self, name: str, state: str) -> None:
         before = self.states.get(name, "on")
         if state != before:
+            t_s = round((time.monotonic() - self.started) * self.settings.compression, 1)
             if state == POWER_OFF and before != POWER_OFF:
                 self.power_offs += 1
                 self.off_nodes.add(name)
+                self.events.append((t_s, "off", name))
             if state == POWER_WAKING:
                 self.wakes += 1
                 self.woken_nodes.add(name)
+                self.events.append((t_s, "wake", name))
             self.states[name] = state
 
 
@@ -648,8 +671,10 @@ def controller_flags(settings: EmulationSettings, bundle: Path, prometheus_url: 
 @contextlib.contextmanager
 def real_cluster(
     settings: EmulationSettings, cluster: SimCluster, bundle: Path, work: Path
-) -> Iterator[tuple[ControlPlane, BmcStates, dict[str, Exporter], ControllerProcess]]:
-    """Everything of the real side running, nodes Ready, workloads created at 0 replicas."""
+) -> Iterator[tuple[ControlPlane, BmcStates, dict[str, Exporter], Callable[[], ControllerProcess]]]:
+    """Everything of the real side running but the controller, nodes Ready; the controller's
+    start, for trace time 0 (its first round counts unneeded time from then, as the
+    simulator's)."""
     f = settings.compression
     # The emulator's delay before a requested power state shows: the shutdown; the boot is that
     # delay plus the kubelet's own boot.
@@ -724,15 +749,19 @@ def real_cluster(
         register_nodes(agent, cluster, core, agent_boot_s)
         wait_http_ok(f"{extender.url}/readyz", 120, "the extender ready")
         secrets = secret_dir(work, dict.fromkeys(names, bmc.url))
-        controller = ControllerProcess(
-            plane,
-            work,
-            secrets,
-            *controller_flags(settings, bundle, prometheus.url),
-            name="power-node-controller",
-        )
-        stack.callback(controller.stop)
-        yield plane, states, exporters, controller
+
+        def start_controller() -> ControllerProcess:
+            controller = ControllerProcess(
+                plane,
+                work,
+                secrets,
+                *controller_flags(settings, bundle, prometheus.url),
+                name="power-node-controller",
+            )
+            stack.callback(controller.stop)
+            return controller
+
+        yield plane, states, exporters, start_controller
 
 
 def run_real(
@@ -746,7 +775,7 @@ def run_real(
 ) -> SideFigures:
     deployments = Deployments.of(trace)
     f = settings.compression
-    with real_cluster(settings, cluster, bundle, work) as (plane, bmc, exporters, controller):
+    with real_cluster(settings, cluster, bundle, work) as (plane, bmc, exporters, start):
         admin = plane.api_client()
         core = kubernetes.client.CoreV1Api(admin)
         apps = kubernetes.client.AppsV1Api(admin)
@@ -755,6 +784,7 @@ def run_real(
             expected = len(DAEMONSET_PODS) * len(cluster)
             wait_until(lambda: daemon_pods_running(core, expected), 120, "DaemonSet pods running")
             replicas = [0] * len(deployments.names)
+            controller = start()
             with EnergySampler(cluster, core, bmc, pods, exporters, settings) as sampler:
                 started = time.monotonic()
                 next_progress = 0.0
@@ -786,6 +816,7 @@ def run_real(
     return SideFigures(
         pods_placed=len(bound),
         pods_unplaced_at_end=sum(r.bound_s is None and not r.deleted for r in records),
+        pods_removed_unplaced=sum(r.bound_s is None and r.deleted for r in records),
         pod_waits_s=sorted((r.bound_s - r.created_s) * f for r in bound if r.bound_s),
         nodes_powered_off=len(sampler.off_nodes),
         nodes_woken=len(sampler.woken_nodes),
@@ -793,6 +824,7 @@ def run_real(
         wakes=sampler.wakes,
         energy_kwh=sampler.energy_j / 3.6e6,
         mean_nodes_on=sampler.node_on_s / sampler.elapsed_s if sampler.elapsed_s else 0.0,
+        events=sampler.events,
     )
 
 
@@ -881,6 +913,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace seconds a node takes to power off (default: %(default)s)",
     )
     parser.add_argument(
+        "--unneeded-time",
+        type=float,
+        metavar="S",
+        help="trace seconds a node stays unneeded before it goes off, both sides (default: "
+        f"{PolicySettings().unneeded_time_s:g}, the controller's)",
+    )
+    parser.add_argument(
+        "--cooldown",
+        type=float,
+        metavar="S",
+        help="trace seconds a node is left alone after a power change, both sides (default: "
+        f"{PolicySettings().cooldown_s:g}, the controller's)",
+    )
+    parser.add_argument(
         "--sample-interval",
         type=float,
         default=d.sample_s,
@@ -920,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
         boot_s=args.boot_time,
         shutdown_s=args.shutdown_time,
         sample_s=args.sample_interval,
+        unneeded_s=args.unneeded_time,
+        cooldown_s=args.cooldown,
         out_dir=args.out_dir,
     )
     bench = BenchSettings(nodes=settings.nodes, hours=settings.hours, seed=settings.seed)
@@ -936,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         print("  simulated ...", file=sys.stderr)
-    sim = run_simulated(scenario)
+    sim = run_simulated(scenario, settings)
     if progress:
         print(f"  real, {settings.real_s / 60:.1f} min ...", file=sys.stderr)
     work = Path(tempfile.mkdtemp(prefix="cluster-emulation-"))
@@ -966,6 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "real": real.rows(),
             "sim": sim.rows(),
+            "events": {"real": real.events, "sim": sim.events},
         }
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     return 0
