@@ -35,11 +35,15 @@ Every figure is in trace time (a real second is `compression` trace seconds):
   its boot power while waking or booting, sampled every `--sample-interval` real seconds on the
   real side; the simulator's fans are left out of its figure (the real side has no temperature).
 
-What is changed from the energy bench's trace so that both sides see the same pods: every pod is
-owned by a Deployment (the energy bench's Jobs and bare pods go to one Deployment per request
-size), replicas of one Deployment request the same memory (its pods' median), and pods use what
-they request (usage ratio 1: no overcommit, so a pod's duration is its wall time on both
-sides). The simulator's pending pods never give up (the real ones do not either).
+The trace is the energy bench's first hours of the day (night load: about 30 % of the CPU
+requested) with its burst (3x the arrival rate for 10 minutes) placed at `--burst-at`, 40 min
+by default: after the controller's 30-minute cool-down has let it power nodes off, so that the
+burst wakes some. What is changed from the energy bench's trace so that both sides see the
+same pods: every pod is owned by a Deployment (the energy bench's Jobs and bare pods go to one
+Deployment per request size), replicas of one Deployment request the same memory (its pods'
+median), and pods use what they request (usage ratio 1: no overcommit, so a pod's duration is
+its wall time on both sides). The simulator's pending pods never give up (the real ones do not
+either).
 
 What cannot be the same: a Deployment scaled down deletes the replica its ReplicaSet ranks
 first (an unbound one, else one on the most crowded node, else the newest), not the trace's pod
@@ -131,6 +135,9 @@ class EmulationSettings:
     boot_s: float = 300.0  # trace seconds, as the energy bench's --boot-time
     shutdown_s: float = 60.0  # trace seconds, as the energy bench's --shutdown-time
     sample_s: float = 2.0  # real seconds between energy samples
+    # When the trace's burst (3x the arrival rate for 10 min) starts, trace seconds: after the
+    # cool-down that keeps every node on for the first 30 min, so that it wakes nodes.
+    burst_s: tuple[float, ...] = (2400.0,)
     # The controller's --scale-down-unneeded-time and --node-cooldown, trace seconds (None:
     # PolicySettings' defaults, the energy bench's).
     unneeded_s: float | None = None
@@ -195,6 +202,7 @@ def emulation_trace(cluster: SimCluster, settings: EmulationSettings) -> Trace:
         settings.load,
         settings.seed,
         usage_ratio_range=(1.0, 1.0),
+        burst_starts_s=tuple(b for b in settings.burst_s if b < settings.horizon_s),
     )
     size_index = np.searchsorted(CPU_MENU_CORES, trace.cpu_m / 1000.0)
     owners = trace.owners
@@ -913,6 +921,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace seconds a node takes to power off (default: %(default)s)",
     )
     parser.add_argument(
+        "--burst-at",
+        type=float,
+        nargs="*",
+        default=list(d.burst_s),
+        metavar="S",
+        help="trace seconds at which a burst (3x the arrival rate for 10 min, the energy "
+        "bench's) starts; none without values (default: %(default)s)",
+    )
+    parser.add_argument(
         "--unneeded-time",
         type=float,
         metavar="S",
@@ -966,6 +983,7 @@ def main(argv: list[str] | None = None) -> int:
         boot_s=args.boot_time,
         shutdown_s=args.shutdown_time,
         sample_s=args.sample_interval,
+        burst_s=tuple(args.burst_at),
         unneeded_s=args.unneeded_time,
         cooldown_s=args.cooldown,
         out_dir=args.out_dir,
