@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bench.cluster_emulation import main
+from bench.cluster_emulation import Deployments, EmulationSettings, emulation_trace, main
+from bench.sim.cluster import build_cluster
+from bench.sim.workload import NO_OWNER, Trace
 
 
 @pytest.mark.slow
@@ -47,3 +50,27 @@ def test_a_tiny_run_places_every_pod_on_both_sides_and_powers_nodes_off_for_real
         assert row["real"] == real[row["row"]] and row["sim"] == sim[row["row"]]
     printed = capsys.readouterr().out
     assert "real vs sim" in printed and "energy (kWh)" in printed
+
+
+def test_the_trace_gives_every_pod_a_deployment_of_one_request_and_a_burst_where_asked() -> None:
+    cluster = build_cluster(6, 7)
+    quiet = emulation_trace(cluster, EmulationSettings(nodes=6, burst_s=()))
+    burst = emulation_trace(cluster, EmulationSettings(nodes=6, burst_s=(1200.0,)))
+    for trace in (quiet, burst):
+        assert (trace.owners != NO_OWNER).all()
+        assert (trace.usage_ratio == 1.0).all()
+        for owner in np.unique(trace.owners):
+            mine = trace.owners == owner
+            assert len(set(trace.cpu_m[mine])) == len(set(trace.memory_bytes[mine])) == 1
+
+    # The burst adds arrivals in its window and nowhere else.
+    def arrivals(trace: Trace, start_s: float, end_s: float) -> int:
+        return int(((trace.arrival_s >= start_s) & (trace.arrival_s < end_s)).sum())
+
+    assert arrivals(burst, 1200.0, 1800.0) > arrivals(quiet, 1200.0, 1800.0)
+    assert arrivals(burst, 0.0, 1200.0) == arrivals(quiet, 0.0, 1200.0)
+    # Replicas follow the trace: every pod alive at a time is one replica of its Deployment.
+    deployments = Deployments.of(burst)
+    for t_s in (0.0, 900.0, 1500.0, 3000.0):
+        alive = (burst.arrival_s <= t_s) & (t_s < burst.arrival_s + burst.duration_s)
+        assert sum(deployments.replicas_at(t_s)) == int(alive.sum())
