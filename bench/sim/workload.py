@@ -122,11 +122,14 @@ def generate_trace(
     *,
     daily_amplitude: float = 0.33,
     usage_ratio_range: tuple[float, float] = (0.5, 1.1),
+    burst_starts_s: tuple[float, ...] | None = None,
 ) -> Trace:
     """A synthetic trace whose requested CPU averages `load` x `total_cpu_cores`.
 
     The rate swings by +- `daily_amplitude` around its mean over the day (0.33 with load 0.45
-    gives ~30 % at night and ~60 % in the afternoon), plus `BURSTS_PER_DAY` bursts at 3x.
+    gives ~30 % at night and ~60 % in the afternoon), plus `BURSTS_PER_DAY` bursts at 3x, at
+    random times or, with `burst_starts_s`, at those (each lasting the middle of
+    `BURST_DURATION_S`; the random stream is drawn as without them).
     """
     if not 0 < load < 1:
         raise ValueError(f"load must be between 0 and 1, got {load}")
@@ -140,6 +143,9 @@ def generate_trace(
     n_bursts = rng.poisson(BURSTS_PER_DAY * hours / 24.0)
     burst_start_s = rng.uniform(0.0, horizon_s, n_bursts)
     burst_end_s = burst_start_s + rng.uniform(*BURST_DURATION_S, n_bursts)
+    if burst_starts_s is not None:
+        burst_start_s = np.asarray(burst_starts_s, dtype=float)
+        burst_end_s = burst_start_s + sum(BURST_DURATION_S) / 2.0
 
     def rate_per_s(t_s: np.ndarray) -> np.ndarray:
         hour = (t_s / 3600.0) % 24.0

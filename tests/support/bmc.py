@@ -1,8 +1,6 @@
 """BMCs for tests, real and broken: a Redfish emulator, an IPMI endpoint, and misbehaving ones.
 
-- `RedfishEmulator`: sushy-tools' `sushy-emulator` with its fake driver (no libvirt) in a
-  subprocess on 127.0.0.1, one system per node, optionally behind HTTP basic auth (bcrypt
-  htpasswd, the only kind it accepts), its state in a directory of its own;
+- `RedfishEmulator`: sushy-tools' `sushy-emulator` (`bench.support.bmc`, which benches share);
 - `IpmiBmc`: pyghmi's BMC server in a subprocess on a loopback UDP port
   (`tests.support.ipmi_bmc`);
 - `SilentTcpServer` (accepts connections, never answers: a hung Redfish BMC),
@@ -14,142 +12,31 @@ Every server binds loopback only and stops with its context manager.
 
 from __future__ import annotations
 
-import os
-import pprint
 import socket
 import subprocess
 import sys
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import requests
+from bench.support.bmc import (
+    REPO,
+    RedfishEmulator,
+    free_port,
+    stop_process,
+    subprocess_env,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _subprocess_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
-def _stop(process: subprocess.Popen, timeout_s: float = 5.0) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-class RedfishEmulator:
-    """`sushy-emulator` (fake driver) serving one ComputerSystem per name."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        systems: Iterable[str],
-        *,
-        power: str = "On",
-        power_delay_s: tuple[int, int] = (0, 0),
-        auth: tuple[str, str] | None = None,
-    ) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.systems = [
-            {
-                "uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-                "name": name,
-                "power_state": power,
-                "nics": [{"mac": f"52:54:00:00:00:{i + 1:02x}", "ip": f"127.0.0.{10 + i}"}],
-            }
-            for i, name in enumerate(systems)
-        ]
-        self.power_delay_s = power_delay_s
-        self.auth = auth
-        self._process: subprocess.Popen | None = None
-
-    def system_path(self, name: str) -> str:
-        uid = next(s["uuid"] for s in self.systems if s["name"] == name)
-        return f"/redfish/v1/Systems/{uid}"
-
-    def power_state(self, name: str) -> str:
-        """The system's PowerState as the emulator reports it (On, Off)."""
-        response = requests.get(self.url + self.system_path(name), auth=self.auth, timeout=5)
-        response.raise_for_status()
-        return response.json()["PowerState"]
-
-    def _write_config(self) -> Path:
-        lines = [
-            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'",
-            f"SUSHY_EMULATOR_LISTEN_PORT = {self.port}",
-            "SUSHY_EMULATOR_FAKE_DRIVER = True",
-            f"SUSHY_EMULATOR_STATE_DIR = {str(self.workdir / 'state')!r}",
-            "SUSHY_EMULATOR_FAKE_SYSTEMS = " + pprint.pformat(self.systems),
-        ]
-        if self.auth is not None:
-            import bcrypt  # sushy-tools' own dependency; it accepts only bcrypt entries
-
-            user, password = self.auth
-            hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-            auth_file = self.workdir / "htpasswd"
-            auth_file.write_text(f"{user}:{hashed}\n")
-            lines.append(f"SUSHY_EMULATOR_AUTH_FILE = {str(auth_file)!r}")
-        config = self.workdir / "emulator.conf"
-        config.write_text("\n".join(lines) + "\n")
-        return config
-
-    def __enter__(self) -> RedfishEmulator:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self._write_config()
-        low, high = self.power_delay_s
-        self._log = (self.workdir / "emulator.log").open("w")
-        self._process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.redfish_bmc",
-                "--power-delay",
-                f"{low}:{high}",
-                "--config",
-                str(config),
-            ],
-            cwd=REPO,
-            env=_subprocess_env(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while True:  # the service root answers without auth once the app serves
-            try:
-                if requests.get(self.url + "/redfish/v1/", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                _stop(self._process)
-                self._log.close()
-                log = (self.workdir / "emulator.log").read_text()[-2000:]
-                raise RuntimeError(f"sushy-emulator did not start:\n{log}")
-            time.sleep(0.1)
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._process is not None:
-            _stop(self._process)
-        self._log.close()
+__all__ = [
+    "GarbageHttpServer",
+    "IpmiBmc",
+    "RedfishEmulator",
+    "SilentTcpServer",
+    "SilentUdpServer",
+    "free_port",
+]
 
 
 class IpmiBmc:
@@ -197,7 +84,7 @@ class IpmiBmc:
                 *(["--ignore-soft-off"] if self.ignore_soft_off else []),
             ],
             cwd=REPO,
-            env=_subprocess_env(),
+            env=subprocess_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -205,7 +92,7 @@ class IpmiBmc:
         assert self._process.stdout is not None
         first = self._process.stdout.readline()
         if "listening" not in first:
-            _stop(self._process)
+            stop_process(self._process)
             raise RuntimeError(f"IPMI BMC did not start: {first}{self._process.stdout.read()}")
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()
@@ -230,7 +117,7 @@ class IpmiBmc:
 
     def __exit__(self, *exc_info: object) -> None:
         if self._process is not None:
-            _stop(self._process)
+            stop_process(self._process)
         if self._reader is not None:
             self._reader.join(5)
 

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from bench.support.power_controller import CONTROLLER_ACCOUNT, NAMESPACE, SCHEDULER, wait_until
 from controllers.node_power.actuator import ActuatorSettings
 from controllers.node_power.controller import ControllerSettings, NodePowerController
 from controllers.node_power.drivers import BmcSecret
@@ -36,9 +37,6 @@ from livedata.labels import (
     POWER_STATE_SINCE_ANNOTATION,
 )
 from tests.support.fake_kube import FakeKube
-
-NAMESPACE = "power-aware-scheduler"
-SCHEDULER = "power-aware-scheduler"
 
 
 def stamp(wall_s: float) -> str:
@@ -187,17 +185,6 @@ def _uids(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["uid"] for p in pods}
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.02)
-
-
 def started_controller(
     kube: FakeKube | client.ApiClient,
     controller_settings: ControllerSettings,
@@ -238,7 +225,6 @@ def caught_up(controller: NodePowerController, kube: FakeKube) -> None:
 # ---- the real control plane ---------------------------------------------------------------
 
 HTTP_CONFLICT = 409
-CONTROLLER_ACCOUNT = (NAMESPACE, "power-node-controller")
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 CLUSTER_LABEL = "power-test/cluster"  # on every node of one test; its workloads select it
 

@@ -1,8 +1,9 @@
 """The node power controller as it ships, for end-to-end tests: a subprocess and its log.
 
-`python -m controllers.node_power --apply` runs as a subprocess, as its ServiceAccount
-power-aware-scheduler/power-node-controller (the manifests' RBAC), with short timings
-(`TIMINGS`), against the session's real control plane. Each process has a name: its Lease
+`python -m controllers.node_power --apply` runs as a subprocess
+(`bench.support.power_controller`), as its ServiceAccount power-aware-scheduler/
+power-node-controller (the manifests' RBAC), with short timings (`TIMINGS`), against the
+session's real control plane. Each process has a name: its Lease
 identity and its log file (stdout and stderr) in the test's directory, so that two replicas
 can run side by side and be told apart.
 """
@@ -10,28 +11,35 @@ can run side by side and be told apart.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from bench.support.bmc import RedfishEmulator
+from bench.support.power_controller import PASSWORD, secret_dir, wait_for
+from bench.support.power_controller import ControllerProcess as SharedControllerProcess
 from envtest import ControlPlane
-from tests.support.bmc import RedfishEmulator
-from tests.support.power_cluster import (
-    CONTROLLER_ACCOUNT,
-    NAMESPACE,
-    SCHEDULER,
-    PowerCluster,
-    wait_until,
-)
+from tests.support.power_cluster import NAMESPACE, PowerCluster
 
-REPO = Path(__file__).resolve().parents[2]
-PASSWORD = "bmc-password-for-e2e"
+# The shared helpers the end-to-end tests take from here, with the tests' own.
+__all__ = [
+    "PASSWORD",
+    "ControllerProcess",
+    "acted",
+    "all_replicas_running",
+    "consistent",
+    "controller_running",
+    "half_drained",
+    "keep_and_slow_drain",
+    "power_cluster",
+    "redfish_nodes",
+    "release_finalizer",
+    "secret_dir",
+    "wait_for",
+]
+
 LEASE = "power-node-controller"
 BOOT_S = 2.0
 LEASE_DURATION_S = 4.0
@@ -60,10 +68,9 @@ TIMINGS = [
 ]
 
 
-class ControllerProcess:
-    """`python -m controllers.node_power --apply ...` in a subprocess, its log in a file.
-
-    Later flags win over `TIMINGS` (argparse keeps the last value of a flag)."""
+class ControllerProcess(SharedControllerProcess):
+    """`bench.support.power_controller.ControllerProcess` with the tests' short `TIMINGS`
+    first (later flags win over them)."""
 
     def __init__(
         self,
@@ -73,66 +80,7 @@ class ControllerProcess:
         *flags: str,
         name: str = "e2e-controller",
     ) -> None:
-        self.name = name
-        self.log = tmp_path / f"{name}.log"
-        kubeconfig = plane.service_account_kubeconfig(
-            *CONTROLLER_ACCOUNT, tmp_path / f"{name}.kubeconfig"
-        )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        self.argv = [
-            sys.executable,
-            "-m",
-            "controllers.node_power",
-            "--apply",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
-            f"--scheduler-name={SCHEDULER}",
-            f"--bmc-secret-dir={secret_dir}",
-            f"--identity={name}",
-            *TIMINGS,
-            *flags,
-        ]
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                self.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def lines(self) -> list[str]:
-        return self.log.read_text(errors="replace").splitlines()
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.lines()[-lines:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
-            )
-
-    def leading(self) -> bool:
-        """Whether its log says it leads now (it started leading and has not stopped since)."""
-        state = False
-        for line in self.lines():
-            if f"{self.name} started leading" in line:
-                state = True
-            elif "stopped leading" in line:
-                state = False
-        return state
-
-    def kill(self) -> None:
-        """SIGKILL: no clean shutdown, the Lease is left to expire."""
-        self.process.kill()
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().__init__(plane, tmp_path, secret_dir, *TIMINGS, *flags, name=name)
 
 
 @contextlib.contextmanager
@@ -147,29 +95,6 @@ def controller_running(
         raise
     finally:
         controller.stop()
-
-
-def wait_for(
-    controller: ControllerProcess, check: Callable[[], object], timeout_s: float, what: str
-) -> object:
-    """`wait_until`, failing at once with the controller's log if it died."""
-
-    def checked() -> object:
-        controller.check_alive()
-        return check()
-
-    return wait_until(checked, timeout_s, what)
-
-
-def secret_dir(tmp_path: Path, addresses: dict[str, str], **extra: str) -> Path:
-    """The BMC Secret as kubelet mounts it: one key per node, and `_defaults`."""
-    directory = tmp_path / "bmc-secret"
-    directory.mkdir()
-    for node, address in addresses.items():
-        lines = [f"address: {address}"] + [f"{k}: {v}" for k, v in extra.items()]
-        (directory / node).write_text("\n".join(lines) + "\n")
-    (directory / "_defaults").write_text(f"username: admin\npassword: {PASSWORD}\n")
-    return directory
 
 
 def all_replicas_running(cluster: PowerCluster, *, ready: bool = True) -> bool:

@@ -1,12 +1,12 @@
 """sushy-tools' Redfish emulator (`sushy-emulator`, fake driver) with a chosen power delay.
 
-    python -m tests.support.redfish_bmc --power-delay 0:0 --config emulator.conf
+    python -m bench.support.redfish_bmc --power-delay 0:0 --config emulator.conf
 
 This is the real `sushy-emulator` program, started from its own `main()`: only the fake
 driver's delay before a requested power state shows (a random 1-11 s, hard-coded) is replaced
 by `--power-delay LOW:HIGH` seconds, so tests that power nodes off and on do not wait 11 s for
 each change. Configuration (systems, listen address, auth file, state directory) is the
-emulator's own config file; see `tests.support.bmc.RedfishEmulator`.
+emulator's own config file; see `bench.support.bmc.RedfishEmulator`.
 """
 
 from __future__ import annotations
