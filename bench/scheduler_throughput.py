@@ -11,7 +11,9 @@ kube-scheduler's scheduler_perf measures it. Then, several rounds alternating:
 - `prioritize only`: that entry without its `filterVerb`, one round trip per pod instead of two;
 - `protocol floor`: the prioritize-only entry calling `bench.support.floor_extender`, which
   parses the request and answers every candidate with score 0: what one Python HTTP round trip
-  costs here with no scoring at all, so its throughput bounds any such extender's.
+  costs here with no scoring at all, so its throughput bounds any such extender's;
+- `floor, both verbs`: the shipped entry (filter + prioritize) calling the same floor, which
+  passes every candidate: the bound for an extender with the shipped entry's two round trips.
 
 Throughput is pods/s from the first binding to the last, as seen by a watch on the pods. Both
 schedulers get scheduler_perf's client rate limits (QPS and burst 5000): with kube-scheduler's
@@ -60,8 +62,10 @@ CLIENT_QPS = 5000  # scheduler_perf's (kube-scheduler's own default is 50): modu
 # The shipped entry (filter + prioritize: two round trips per pod), and the same without its
 # filter verb (one): what a profile whose filters only depend on the node costs, since the
 # controllers' cordons and taints then filter for free in kube-scheduler (docs/operations.md).
-# And the same single round trip to an extender that scores nothing: the protocol's floor.
-MODES = ("no extender", "extender", "prioritize only", "protocol floor")
+# And the same round trips, one or both verbs, to an extender that decides nothing: the
+# protocol's floor for each entry.
+MODES = ("no extender", "extender", "prioritize only", "protocol floor", "floor, both verbs")
+FLOOR_MODES = ("protocol floor", "floor, both verbs")
 
 
 @dataclass
@@ -281,12 +285,12 @@ def one_run(
 ) -> Run:
     seed = round_index * 10 + MODES.index(mode)
     create_pods(core, pods, seed)
-    extender_url = urls["floor" if mode == "protocol floor" else "extender"]
+    extender_url = urls["floor" if mode in FLOOR_MODES else "extender"]
     extender = None if mode == "no extender" else shipped_extender(plane, extender_url)
     if mode in ("prioritize only", "protocol floor"):
         assert extender is not None
         extender.pop("filterVerb", None)
-    measured = extender is not None and mode != "protocol floor"  # the floor has no /metrics
+    measured = extender is not None and mode not in FLOOR_MODES  # the floor has no /metrics
     before = extender_totals(extender_url) if measured else {}
     component = plane.start_scheduler(
         "bench-scheduler", scheduler_config(extender, client_qps), verbosity=2
@@ -381,6 +385,9 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
             "ratio": round(medians["extender"] / medians["no extender"], 3),
             "ratio_prioritize_only": round(medians["prioritize only"] / medians["no extender"], 3),
             "ratio_floor": round(medians["protocol floor"] / medians["no extender"], 3),
+            "ratio_floor_both_verbs": round(
+                medians["floor, both verbs"] / medians["no extender"], 3
+            ),
             "scheduler_ms": {m: last[m].scheduler_ms for m in MODES},
             "extender_ms": last["extender"].extender_ms,
         }
@@ -394,7 +401,8 @@ def print_summary(summary: dict[str, Any], client_qps: int) -> None:
     )
     print(
         f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6} "
-        f"{'prioritize only':>16} {'ratio':>6} {'protocol floor':>15} {'ratio':>6}"
+        f"{'prioritize only':>16} {'ratio':>6} {'protocol floor':>15} {'ratio':>6} "
+        f"{'floor, both verbs':>18} {'ratio':>6}"
     )
     for nodes, row in summary.items():
         rates = row["pods_per_s"]
@@ -402,7 +410,8 @@ def print_summary(summary: dict[str, Any], client_qps: int) -> None:
             f"{nodes:>6} {rates['no extender']:>12.0f} {rates['extender']:>10.0f} "
             f"{row['ratio']:>6.2f}x {rates['prioritize only']:>16.0f} "
             f"{row['ratio_prioritize_only']:>6.2f}x {rates['protocol floor']:>15.0f} "
-            f"{row['ratio_floor']:>6.2f}x"
+            f"{row['ratio_floor']:>6.2f}x {rates['floor, both verbs']:>18.0f} "
+            f"{row['ratio_floor_both_verbs']:>6.2f}x"
         )
     print("\nwhere the time goes (mean ms per pod; scheduler side, then extender server side)")
     for nodes, row in summary.items():

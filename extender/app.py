@@ -14,6 +14,13 @@ kube-scheduler must never be left without an answer it can read:
   the filter passes every candidate, prioritize gives every candidate 0. The extender then
   costs the pod nothing instead of blocking it.
 
+kube-scheduler's verbs (``POST /filter`` and ``/prioritize`` without a query string, ``POST
+/explain``) are answered straight from ASGI (``ExtenderApp``), ahead of FastAPI's routing,
+request and response objects and middleware: measured on a real kube-scheduler those cost
+each pod more than the scoring itself (docs/results.md, "What the extender costs
+kube-scheduler"). Every other path, and the verbs with a query (``?explain=1``), go through
+FastAPI. Both ways run the same ``handle``, so the answers are the same to the byte.
+
 Each answer carries ``Server-Timing: read;dur=<ms>, app;dur=<ms>``: the time spent receiving
 the body (which includes waiting for a client that writes headers and body separately) and the
 time from the body in hand to the answer built. The latency histogram of ``/metrics`` records
@@ -25,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +45,7 @@ from starlette.requests import ClientDisconnect
 from extender.limits import LimitError, body_too_large, check_json_depth, check_node_count
 from extender.protocol import (
     ExtenderArgs,
+    PrioritizeAnswers,
     ProtocolError,
     filter_result,
     parse_extender_args,
@@ -88,11 +96,21 @@ class Scored:
     model: ModelState | None
 
 
-async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
-    """The whole request body, or a 413 LimitError as soon as it passes ``limit_bytes``."""
-    declared = request.headers.get("content-length")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ReadBody = Callable[[int], Awaitable[bytes]]
+
+
+def _check_declared_length(declared: str | None, limit_bytes: int) -> None:
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise body_too_large(limit_bytes, int(declared))
+
+
+async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
+    """The whole request body, or a 413 LimitError as soon as it passes ``limit_bytes``."""
+    _check_declared_length(request.headers.get("content-length"), limit_bytes)
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.stream():
@@ -103,21 +121,67 @@ async def read_body_capped(request: Request, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def _json(
-    payload: object,
-    status_code: int = 200,
-    duration_s: float | None = None,
-    read_s: float = 0.0,
-) -> Response:
-    headers = None
-    if duration_s is not None:
-        app_ms, read_ms = (duration_s - read_s) * 1000.0, read_s * 1000.0
-        headers = {"Server-Timing": f"read;dur={read_ms:.3f}, app;dur={app_ms:.3f}"}
+async def receive_body_capped(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
+    """``read_body_capped`` on bare ASGI: the same limits, ClientDisconnect when the peer goes."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            _check_declared_length(value.decode("latin-1"), limit_bytes)
+            break
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit_bytes:
+            raise body_too_large(limit_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _json(payload: object, status_code: int = 200) -> Response:
     return Response(
         orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
         status_code=status_code,
         media_type=JSON,
-        headers=headers,
+    )
+
+
+@dataclass(frozen=True)
+class VerbAnswer:
+    """A verb's answer, encoded: what both the ASGI fast path and FastAPI send."""
+
+    status_code: int
+    body: bytes
+    server_timing: str
+
+    def response(self) -> Response:
+        return Response(
+            self.body,
+            status_code=self.status_code,
+            media_type=JSON,
+            headers={"Server-Timing": self.server_timing},
+        )
+
+    async def send(self, send: Send) -> None:
+        headers = [
+            (b"content-type", JSON.encode()),
+            (b"content-length", str(len(self.body)).encode()),
+            (b"server-timing", self.server_timing.encode()),
+        ]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _encoded(payload: object, status_code: int, duration_s: float, read_s: float) -> VerbAnswer:
+    app_ms, read_ms = (duration_s - read_s) * 1000.0, read_s * 1000.0
+    return VerbAnswer(
+        status_code,
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+        f"read;dur={read_ms:.3f}, app;dur={app_ms:.3f}",
     )
 
 
@@ -130,7 +194,13 @@ def _filter_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> obje
 
 
 def _prioritize_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
-    return prioritize_result_arrays(scored.assessment.names, scored.assessment.score)
+    assessment = scored.assessment
+    candidates, view = assessment.cycle.candidates, assessment.cycle.view
+    if not candidates.all_in_view:  # a name the extender does not know: built plainly
+        return prioritize_result_arrays(assessment.names, assessment.score)
+    # Encoded here from the node set's prebuilt entries; orjson passes a Fragment as it is.
+    answers = view.layout_memo(PrioritizeAnswers, lambda: PrioritizeAnswers(view.names))
+    return orjson.Fragment(answers.json(candidates.positions, assessment.score))
 
 
 def _explain_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> object:
@@ -162,15 +232,32 @@ def _neutral_prioritize(args: ExtenderArgs | None) -> object:
 
 Answer = Callable[[ExtenderArgs, Scored, Runtime], object]
 Neutral = Callable[[ExtenderArgs | None], object]
+ServeVerb = Callable[[str, Scope, Receive, Send], Awaitable[None]]
 
 
-def create_app(runtime: Runtime) -> FastAPI:
+class ExtenderApp(FastAPI):
+    """FastAPI, except that kube-scheduler's verbs skip it: ``POST`` to a verb's path with no
+    query string goes straight to ``serve_verb``; everything else to FastAPI's routing."""
+
+    def __init__(self, serve_verb: ServeVerb, verb_paths: frozenset[str], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._serve_verb = serve_verb
+        self._verb_paths = verb_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in self._verb_paths
+            and not scope.get("query_string")
+        ):
+            await self._serve_verb(scope["path"], scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+
+def create_app(runtime: Runtime) -> ExtenderApp:
     """The FastAPI app serving ``runtime``; starting and stopping the runtime is the caller's."""
-    app = FastAPI(
-        title="power-aware-scheduler extender",
-        description="kube-scheduler extender v1: filter and prioritize by predicted power",
-    )
-    app.state.runtime = runtime
     metrics = runtime.metrics
     decisions = metrics.decisions
     limits = runtime.config.limits
@@ -212,12 +299,14 @@ def create_app(runtime: Runtime) -> FastAPI:
             metrics.errors.labels(verb=verb, kind="internal").inc()
             log.exception("%s: counting the decision for /metrics failed", verb)
 
-    async def handle(request: Request, verb: str, answer: Answer, neutral: Neutral) -> Response:
+    async def handle(
+        read_body: ReadBody, verb: str, answer: Answer, neutral: Neutral
+    ) -> VerbAnswer:
         started = time.perf_counter()
         read_s = 0.0
         args: ExtenderArgs | None = None
         try:
-            body = await read_body_capped(request, limits.max_body_bytes)
+            body = await read_body(limits.max_body_bytes)
             read_s = time.perf_counter() - started
             check_json_depth(body, limits.max_json_depth)
             args = parse_extender_args(body)
@@ -243,38 +332,71 @@ def create_app(runtime: Runtime) -> FastAPI:
             payload, code = neutral(args), 200
         duration_s = time.perf_counter() - started
         try:
-            response = _json(payload, code, duration_s, read_s)
+            encoded = _encoded(payload, code, duration_s, read_s)
         except Exception:  # an answer that cannot be encoded must not become a 500 either
             metrics.errors.labels(verb=verb, kind="internal").inc()
             log.exception("%s: answer could not be encoded", verb)
-            response = _json(neutral(args), 200, duration_s, read_s)
-        metrics.observe_request(verb, response.status_code, duration_s)
+            encoded = _encoded(neutral(args), 200, duration_s, read_s)
+        metrics.observe_request(verb, encoded.status_code, duration_s)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request",
                 extra={
                     "verb": verb,
-                    "code": response.status_code,
+                    "code": encoded.status_code,
                     "pod": pod_key(args.pod) if args else None,
                     "nodes": len(args.candidate_names) if args else None,
                     "duration_ms": round(duration_s * 1000.0, 3),
                 },
             )
-        return response
+        return encoded
+
+    verbs: dict[str, tuple[str, Answer, Neutral]] = {
+        "/filter": ("filter", _filter_answer, _neutral_filter),
+        "/prioritize": ("prioritize", _prioritize_answer, _neutral_prioritize),
+        "/explain": ("explain", _explain_answer, _neutral_prioritize),
+    }
+
+    async def serve_verb(path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        verb, answer, neutral = verbs[path]
+
+        async def read_body(limit_bytes: int) -> bytes:
+            return await receive_body_capped(scope, receive, limit_bytes)
+
+        encoded = await handle(read_body, verb, answer, neutral)
+        await encoded.send(send)
+
+    app = ExtenderApp(
+        serve_verb,
+        frozenset(verbs),
+        title="power-aware-scheduler extender",
+        description="kube-scheduler extender v1: filter and prioritize by predicted power",
+    )
+    app.state.runtime = runtime
+
+    # The same verbs as FastAPI routes: what a query string (?explain=1) reaches, and what
+    # the app's route table and OpenAPI document list.
+    async def routed(request: Request, path: str) -> Response:
+        verb, answer, neutral = verbs[path]
+
+        async def read_body(limit_bytes: int) -> bytes:
+            return await read_body_capped(request, limit_bytes)
+
+        return (await handle(read_body, verb, answer, neutral)).response()
 
     @app.post("/filter")
     async def filter_verb(request: Request) -> Response:
-        return await handle(request, "filter", _filter_answer, _neutral_filter)
+        return await routed(request, "/filter")
 
     @app.post("/prioritize")
     async def prioritize_verb(request: Request) -> Response:
         if request.query_params.get("explain") in ("1", "true", "yes"):
-            return await handle(request, "explain", _explain_answer, _neutral_prioritize)
-        return await handle(request, "prioritize", _prioritize_answer, _neutral_prioritize)
+            return await routed(request, "/explain")
+        return await routed(request, "/prioritize")
 
     @app.post("/explain")
     async def explain_verb(request: Request) -> Response:
-        return await handle(request, "explain", _explain_answer, _neutral_prioritize)
+        return await routed(request, "/explain")
 
     def observed(verb: str, build: Callable[[], Response]) -> Response:
         started = time.perf_counter()

@@ -25,6 +25,7 @@ does I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,53 @@ class CandidateState:
     valid_from_s: float
     valid_until_s: float
 
+    def with_assumed(self, assumed_cores: np.ndarray, curves: CurveTable | None) -> CandidateState:
+        """This state (a view's, computed with no assumed load) with `assumed_cores` added.
+
+        Bindings are few next to nodes: P(u + a) is looked up again only where a > 0.
+        """
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = assumed_cores / self.allocatable
+        loaded = np.flatnonzero(assumed_cores > 0)
+        if loaded.size == 0:
+            return dataclasses.replace(self, a=_frozen(a))
+        util_from = self.u + a
+        power_before = self.power_before.copy()
+        loaded = loaded[self.has_telemetry[loaded] & self.has_curve[loaded]]
+        if curves is not None and loaded.size:
+            power_before[loaded] = curves.power_w(self.curve_idx[loaded], util_from[loaded])
+        return dataclasses.replace(
+            self, a=_frozen(a), util_from=_frozen(util_from), power_before=_frozen(power_before)
+        )
+
+    def at(self, resolved: Candidates) -> CandidateState:
+        """This state (a view's) at `resolved`'s positions; names the view lacks get none."""
+
+        def gather(array: np.ndarray, missing: float | bool | int) -> np.ndarray:
+            return _frozen(resolved.gather(array, missing))
+
+        has_telemetry = gather(self.has_telemetry, False)
+        has_curve = gather(self.has_curve, False)
+        return CandidateState(
+            names=resolved.names,
+            known=resolved.has_node_info,
+            allocatable=resolved.allocatable_cpu,
+            observed_at_s=gather(self.observed_at_s, -np.inf),
+            has_telemetry=has_telemetry,
+            util_missing=gather(self.util_missing, False),
+            u=gather(self.u, np.nan),
+            a=gather(self.a, np.nan),
+            curve_idx=gather(self.curve_idx, -1),
+            has_curve=has_curve,
+            predicted=_frozen(np.flatnonzero(has_telemetry & has_curve)),
+            util_from=gather(self.util_from, np.nan),
+            power_before=gather(self.power_before, np.nan),
+            known_count=int(np.count_nonzero(resolved.has_node_info)),
+            telemetry_count=int(np.count_nonzero(has_telemetry)),
+            valid_from_s=self.valid_from_s,
+            valid_until_s=self.valid_until_s,
+        )
+
 
 def resolve_candidates(
     view: ClusterView, candidates: Sequence[str] | Sequence[NodeInfo]
@@ -86,23 +134,56 @@ def candidate_state(
     now_s: float,
     telemetry_ttl_s: float | None,
 ) -> CandidateState:
-    """The pod-independent part of a cycle; for names, remembered on the view per list.
+    """The pod-independent part of a cycle: the view's own state, gathered at the candidates.
 
-    kube-scheduler sends the same candidates for pod after pod, and the view (telemetry and
-    assumed load) changes far less often than pods arrive: then only the pod's own demand is
-    left to compute. Candidates from request objects are new each request: not remembered.
+    kube-scheduler does not send one candidate list: it sends the nodes it found feasible,
+    from a start that rotates pod after pod (`percentageOfNodesToScore`), so lists rarely
+    repeat. What does not depend on the pod is therefore computed for every node of the view
+    at once (`view_state`) and a request gathers its candidates from it: a few array takes.
+    Candidates from request objects (`nodeCacheCapable: false`) carry their own allocatable
+    CPU and are computed on their own.
     """
     if resolved.nodes is not None:
         return _candidate_state(
             view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s
         )
-    key = ("candidate_state", id(resolved), id(curves), telemetry_ttl_s)
+    whole = view_state(view, curves, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
+    return whole.at(resolved)
+
+
+def view_state(
+    view: ClusterView,
+    curves: CurveTable | None,
+    *,
+    now_s: float,
+    telemetry_ttl_s: float | None,
+) -> CandidateState:
+    """The pod-independent state of every view node (aligned to `view.names`), remembered.
+
+    Two layers, each cached where it lives: what depends on the nodes, their telemetry and the
+    curves (u, which nodes are scorable, P(u)) belongs to the telemetry and is shared by the
+    views that bindings rebuild; what a binding changes (a, P(u + a)) is recomputed per view,
+    and only at the nodes that have assumed load.
+    """
+    key = ("view_state", id(curves), telemetry_ttl_s)
     cached = view.recall(key)
     if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
         return cached
-    state = _candidate_state(view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
-    # The key holds ids: keep the objects alive with the entry so that no id is reused.
-    view.remember(key, state, resolved, curves)
+    baseline = view.telemetry_memo(
+        ("baseline", id(curves), telemetry_ttl_s),
+        lambda: _candidate_state(
+            view,
+            curves,
+            view.all_candidates(),
+            now_s=now_s,
+            telemetry_ttl_s=telemetry_ttl_s,
+            assumed=False,
+        ),
+        valid=lambda state: state.valid_from_s <= now_s < state.valid_until_s,
+        keep_alive=curves,
+    )
+    state = baseline.with_assumed(view.assumed_cpu, curves)
+    view.remember(key, state, curves)
     return state
 
 
@@ -113,13 +194,15 @@ def _candidate_state(
     *,
     now_s: float,
     telemetry_ttl_s: float | None,
+    assumed: bool = True,
 ) -> CandidateState:
     count = len(resolved.names)
     known = resolved.has_node_info
     allocatable = resolved.allocatable_cpu
     util = resolved.gather(view.cpu_util, np.nan)
     observed_at_s = resolved.gather(view.observed_at_s, -np.inf)
-    assumed_cores = resolved.gather(view.assumed_cpu, 0.0)
+    # Without (a view's baseline): the views that bindings rebuild add it (`with_assumed`).
+    assumed_cores = resolved.gather(view.assumed_cpu, 0.0) if assumed else np.zeros(count)
 
     with np.errstate(invalid="ignore", divide="ignore"):
         # NaN compares False, so these also reject missing allocatable CPU and utilisation.

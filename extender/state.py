@@ -17,6 +17,7 @@ passed since binding (by then the metrics show it) or until the pod is gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -24,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,6 +42,7 @@ DEFAULT_ASSUMED_WINDOW_S = 120.0
 MAX_CACHED_CANDIDATE_LISTS = 8
 _NAME_SEPARATOR = "\n"  # never in a node name (a DNS subdomain)
 MAX_DERIVED_PER_VIEW = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,25 @@ class _NodeArrays:
     # Slot 0 holds one (curve table, rows) pair; one atomic store replaces it.
     _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
     _attributes: dict = field(default_factory=dict, repr=False)
+    # key -> (telemetry arrays, value, keep-alive): what is derived from one telemetry.
+    _telemetry_derived: dict = field(default_factory=dict, repr=False)
+    # key -> value: what is derived from the node set alone (ClusterView.layout_memo).
+    _layout_derived: dict = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def all_candidates(self) -> Candidates:
+        """Every node of the layout as a candidate list, in view order."""
+        count = len(self.names)
+        return Candidates(
+            names=self.names,
+            joined_names="",
+            positions=_frozen(np.arange(count, dtype=np.intp)),
+            in_view=_frozen(np.ones(count, dtype=bool)),
+            all_in_view=True,
+            has_node_info=self.has_node_info,
+            allocatable_cpu=self.allocatable_cpu,
+            _layout=self,
+        )
 
     def node_values(self, attribute: NodeAttribute) -> np.ndarray:
         """`attribute` of every view node (`missing` for telemetry-only names), cached."""
@@ -299,6 +320,51 @@ class ClusterView:
             with contextlib.suppress(StopIteration, KeyError, RuntimeError):
                 del derived[next(iter(derived))]
         derived[key] = (value, keep_alive)
+
+    def all_candidates(self) -> Candidates:
+        """Every node of the view as a candidate list, in view order (shared by the layout)."""
+        return self._layout.all_candidates
+
+    def layout_memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()`, once per node layout (node set and node info): shared by every view
+        until a node comes, goes or changes. `key` must be unique to the caller (a module-level
+        object or a class); the value must be immutable."""
+        derived = self._layout._layout_derived
+        value = derived.get(key, _MISSING)
+        if value is _MISSING:
+            value = derived[key] = compute()
+        return value
+
+    def telemetry_memo(
+        self,
+        key: Hashable,
+        compute: Callable[[], T],
+        *,
+        valid: Callable[[T], bool],
+        keep_alive: object = None,
+    ) -> T:
+        """`compute()`, shared by every view with this view's nodes and telemetry.
+
+        Views are rebuilt after every binding; what depends only on the nodes and their
+        telemetry (and objects `key` names by id, held by `keep_alive`) survives those rebuilds
+        here. A value `valid` refuses is computed again; the last few keys are kept.
+        """
+        derived = self._layout._telemetry_derived
+        telemetry = (self.cpu_util, self.observed_at_s)
+        entry = derived.get(key)
+        if (
+            entry is not None
+            and entry[0][0] is telemetry[0]
+            and entry[0][1] is telemetry[1]
+            and valid(entry[1])
+        ):
+            return entry[1]
+        value = compute()
+        if len(derived) >= MAX_DERIVED_PER_VIEW and key not in derived:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del derived[next(iter(derived))]
+        derived[key] = (telemetry, value, keep_alive)
+        return value
 
     def curve_rows(self, curves: CurveTable) -> np.ndarray:
         """Row of each view node in `curves` (-1 = no curve), cached for the latest table.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -277,6 +279,50 @@ def test_oversized_body_gets_413_and_the_server_keeps_serving(service) -> None:
     assert streamed.status_code == 413
     assert client.post("/prioritize", content=body("nocache", "prioritize")).status_code == 200
     assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "explain"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(body("cache-capable", "prioritize"), id="names"),
+        pytest.param(body("nocache", "filter"), id="nodes"),
+        pytest.param(b"{", id="bad-json"),
+        pytest.param(b'{"Pod": {}, "NodeNames": ["node-a"]' + b" " * 70_000 + b"}", id="too-big"),
+    ],
+)
+def test_the_verbs_fast_path_answers_what_fastapi_answers(service, verb: str, raw: bytes) -> None:
+    # A verb's POST without a query string skips FastAPI; with one it is routed by FastAPI.
+    # kube-scheduler must not be able to tell the two apart (Server-Timing aside).
+    client, _, _ = service
+    fast = client.post(f"/{verb}", content=raw)
+    routed = client.post(f"/{verb}?via=fastapi", content=raw)
+    assert fast.status_code == routed.status_code
+    assert fast.headers["content-type"] == routed.headers["content-type"] == "application/json"
+    assert int(fast.headers["content-length"]) == len(fast.content)
+    assert "app;dur=" in fast.headers["server-timing"]
+    if verb == "explain":  # the explanation carries times; compare its shape
+        assert fast.json().keys() == routed.json().keys()
+    else:
+        assert fast.content == routed.content
+
+
+def test_a_client_that_leaves_mid_body_is_counted_and_the_server_keeps_serving(service) -> None:
+    client, runtime, _ = service
+    name = "power_aware_extender_request_errors_total"
+    labels = {"verb": "prioritize", "kind": "client_disconnect"}
+    before = runtime.metrics.registry.get_sample_value(name, labels) or 0.0
+    host, port = str(client.base_url.host), int(client.base_url.port or 80)
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /prioritize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + body("cache-capable", "prioritize")[:100]
+        )
+    deadline = time.monotonic() + 10
+    while runtime.metrics.registry.get_sample_value(name, labels) != before + 1:
+        assert time.monotonic() < deadline, "the disconnect was not counted"
+        time.sleep(0.02)
+    assert client.post("/prioritize", content=body("nocache", "prioritize")).status_code == 200
 
 
 def test_errors_are_counted_by_verb_and_kind(service) -> None:

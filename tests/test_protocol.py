@@ -11,6 +11,7 @@ import pytest
 
 from extender.protocol import (
     ExtenderArgs,
+    PrioritizeAnswers,
     ProtocolError,
     encode,
     filter_result,
@@ -207,6 +208,27 @@ def test_prioritize_from_arrays_matches_and_checks() -> None:
         prioritize_result_arrays(hosts, np.array([-1, 0, 7]))
     with pytest.raises(ValueError, match="3 hosts but 2 scores"):
         prioritize_result_arrays(hosts, np.array([1, 2]))
+
+
+def test_prioritize_answers_encode_any_candidates_byte_for_byte() -> None:
+    hosts = (*(f"node-{i}" for i in range(40)), 'quote"and\\slash', "ünïcode")
+    answers = PrioritizeAnswers(hosts)
+    rng = np.random.default_rng(11)
+    for size in (0, 1, 7, len(hosts), 60):  # 60: a name sent twice is answered twice
+        positions = rng.integers(0, len(hosts), size)
+        scores = rng.integers(0, 11, size)
+        expected = prioritize_result(
+            zip([hosts[p] for p in positions], scores.tolist(), strict=True)
+        )
+        assert answers.json(positions, scores) == encode(expected)
+    with pytest.raises(ValueError, match="3 hosts but 2 scores"):
+        answers.json(np.array([0, 1, 2]), np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"0\.\.10, got 0\.\.12"):
+        answers.json(np.array([0, 1]), np.array([0, 12]))
+    with pytest.raises(TypeError, match="dtype float64"):
+        answers.json(np.array([0, 1]), np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"positions must be 0\.\.41"):
+        answers.json(np.array([0, 42]), np.array([0, 1]))
 
 
 def test_unresolvable_failures_are_repeated_in_their_own_field() -> None:

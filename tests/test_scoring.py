@@ -590,3 +590,36 @@ def test_repeated_candidates_reuse_pod_independent_work_only_while_it_holds(
     early = scored(1.0, NOW_S)
     assert early.has_telemetry.tolist() == [True, True]
     assert early.score.tolist() == first.score.tolist()
+
+
+def test_the_view_wide_state_gives_what_each_list_would_compute_alone(
+    predictor: Predictor,
+) -> None:
+    """Bindings rebuild the view, lists rotate, a name is unknown, telemetry turns stale: the
+    state gathered from the view's equals what the candidates compute on their own (the path
+    of request Node objects, which computes per list from the view's raw arrays)."""
+    nodes = {name: {"util": 0.1 + 0.1 * i} for i, name in enumerate(CURVES)}
+    nodes["mid"]["telemetry"] = False
+    state = make_state(nodes)
+    curves = curves_for(predictor, state)
+    rng = np.random.default_rng(3)
+    names = list(CURVES)
+    for step in range(12):
+        now_s = NOW_S + step * 10.0  # past NOW_S + 85 the telemetry is stale
+        if step % 3:
+            node = names[int(rng.integers(len(names)))]
+            state.pod_bound(node, f"uid-{step}", float(rng.uniform(0.5, 2.0)), now_s)
+        start = int(rng.integers(len(names)))
+        chosen = [*names[start:], *names[:start]][:5]
+        view = state.view(now_s)
+        gathered = assess(
+            view, curves, [*chosen, "not-a-node"], 1.5, now_s=now_s, telemetry_ttl_s=TTL_S
+        )
+        objects = [NodeInfo(name, 8.0, {}, {}) for name in chosen]
+        alone = assess(view, curves, objects, 1.5, now_s=now_s, telemetry_ttl_s=TTL_S)
+        for field in ("a", "power_before_w", "increase_w", "has_telemetry"):
+            np.testing.assert_array_equal(
+                getattr(gathered, field)[:5], getattr(alone, field), err_msg=f"step {step}: {field}"
+            )
+        assert not gathered.has_telemetry[5] and gathered.score[5] == 0  # the unknown name
+    assert state.view(NOW_S + 110).assumed_cpu.sum() > 0  # bindings were live throughout

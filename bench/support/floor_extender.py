@@ -1,12 +1,13 @@
-"""The floor of one extender round trip: an extender that parses and answers, and scores nothing.
+"""The floor of an extender round trip: an extender that parses and answers, and decides nothing.
 
 `bench.scheduler_throughput` runs kube-scheduler against it to measure what the protocol itself
 costs on this machine: the scheduler encoding the pod and the candidates' names, one HTTP
-round trip, the Python server reading the body with the extender's own parser
-(`extender.protocol.parse_extender_args`) and writing `{"Host", "Score": 0}` per candidate
-back. No model, no cluster view, no plugin: whatever an extender served by Python over HTTP
-does on top, it cannot be cheaper than this, so the throughput measured against it bounds
-every such extender's.
+round trip per verb, the Python server reading the body with the extender's own parser
+(`extender.protocol.parse_extender_args`) and writing back `{"Host", "Score": 0}` per candidate
+(`/prioritize`) or every candidate passing (`/filter`, `extender.protocol.filter_result`). No
+model, no cluster view, no plugin: whatever an extender served by Python over HTTP does on top,
+it cannot be cheaper than this, so the throughput measured against it bounds every such
+extender's with the same verbs.
 
 It is served as the extender is: uvicorn (httptools, uvloop when installed) in its own process,
 on a socket bound before it starts.
@@ -23,7 +24,7 @@ import orjson
 import uvicorn
 
 from bench.support.server import bind_free_socket
-from extender.protocol import ProtocolError, parse_extender_args
+from extender.protocol import ProtocolError, filter_result, parse_extender_args
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -31,7 +32,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
-    """ASGI: POST /prioritize answers every candidate with score 0; anything else 404."""
+    """ASGI: /prioritize scores every candidate 0, /filter passes them all; anything else 404."""
     if scope["type"] == "lifespan":
         while (message := await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
@@ -43,15 +44,20 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         message = await receive()
         body += message.get("body", b"")
         more = message.get("more_body", False)
-    if scope["path"].endswith("/prioritize"):
+    verb = scope["path"].rsplit("/", 1)[-1]
+    if verb in ("prioritize", "filter"):
         try:
-            names = parse_extender_args(body).candidate_names
+            args = parse_extender_args(body)
         except ProtocolError as error:
             status, answer = 400, orjson.dumps({"error": str(error)})
         else:
-            status, answer = 200, orjson.dumps([{"Host": name, "Score": 0} for name in names])
+            status = 200
+            if verb == "prioritize":
+                answer = orjson.dumps([{"Host": n, "Score": 0} for n in args.candidate_names])
+            else:
+                answer = orjson.dumps(filter_result(args, {}))
     else:
-        status, answer = 404, b'{"error": "only /prioritize"}'
+        status, answer = 404, b'{"error": "only /prioritize and /filter"}'
     await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
     await send({"type": "http.response.body", "body": answer})
 
