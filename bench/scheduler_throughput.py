@@ -375,29 +375,40 @@ def measure(
 
 
 def summarise(runs: list[Run]) -> dict[str, Any]:
+    """Per node count: each mode's median pods/s and its ratio to no extender.
+
+    A ratio is the median over rounds of that round's ratio: the modes of one round run back
+    to back, so a machine whose speed drifts between rounds (a shared one does) moves both
+    sides of each ratio together.
+    """
     summary: dict[str, Any] = {}
     for nodes in sorted({r.nodes for r in runs}):
         by_mode = {mode: [r for r in runs if r.nodes == nodes and r.mode == mode] for mode in MODES}
         medians = {m: float(np.median([r.pods_per_s for r in rs])) for m, rs in by_mode.items()}
+        baseline = by_mode["no extender"]
+        ratio = {mode: _median_round_ratio(rs, baseline) for mode, rs in by_mode.items()}
         last = {m: rs[-1] for m, rs in by_mode.items()}
         summary[str(nodes)] = {
             "pods_per_s": medians,
-            "ratio": round(medians["extender"] / medians["no extender"], 3),
-            "ratio_prioritize_only": round(medians["prioritize only"] / medians["no extender"], 3),
-            "ratio_floor": round(medians["protocol floor"] / medians["no extender"], 3),
-            "ratio_floor_both_verbs": round(
-                medians["floor, both verbs"] / medians["no extender"], 3
-            ),
+            "ratio": ratio["extender"],
+            "ratio_prioritize_only": ratio["prioritize only"],
+            "ratio_floor": ratio["protocol floor"],
+            "ratio_floor_both_verbs": ratio["floor, both verbs"],
             "scheduler_ms": {m: last[m].scheduler_ms for m in MODES},
             "extender_ms": last["extender"].extender_ms,
         }
     return summary
 
 
+def _median_round_ratio(runs: list[Run], baseline_runs: list[Run]) -> float:
+    baseline = {run.round: run.pods_per_s for run in baseline_runs}
+    return round(float(np.median([run.pods_per_s / baseline[run.round] for run in runs])), 3)
+
+
 def print_summary(summary: dict[str, Any], client_qps: int) -> None:
     print(
         f"\nkube-scheduler v1.36 throughput (client QPS {client_qps}), pods/s from first to "
-        "last binding (median of rounds)"
+        "last binding (median of rounds; each ratio the median of its rounds' ratios)"
     )
     print(
         f"{'nodes':>6} {'no extender':>12} {'extender':>10} {'ratio':>6} "

@@ -420,6 +420,8 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self._request_children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        # Requests answered 200 per verb, as plain ints for the runtime's own checks.
+        self.answered: dict[str, int] = {}
         self.errors = Counter(
             f"{PREFIX}_request_errors",
             "Requests that could not be answered normally, by verb and kind "
@@ -477,6 +479,8 @@ class ServiceMetrics:
         requests, latency = children
         requests.inc()
         latency.observe(duration_s)
+        if code == 200:
+            self.answered[verb] = self.answered.get(verb, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 MAX_NODES_LOGGED = 20  # node names in one log line; /status lists more
 MAX_NODES_LISTED = 500  # node names in one /status list
+# Requests of one verb, with none of the other, before the extender says that kube-scheduler's
+# extender entry and the profile disagree about the filter verb.
+VERB_CHECK_AFTER_REQUESTS = 100
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Runtime:
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
         self._last_no_telemetry_warning_s = -math.inf
+        self._verb_problem_logged: str | None = None
         self._fallback_named: tuple[str | None, set[str]] = (None, set())
         self._fallback_lock = threading.Lock()  # the watcher and the refresher both name them
         self.metrics = ServiceMetrics(
@@ -318,8 +322,24 @@ class Runtime:
         while not self._stop.wait(self.config.curve_refresh_interval_s):
             try:
                 self.refresh_curves()
+                self.check_verbs()
             except Exception:  # the loop must outlive any one failure
                 log.exception("curve refresher: unexpected error")
+
+    def verb_problem(self) -> str | None:
+        """What the verbs kube-scheduler calls say about its extender entry, or None."""
+        return verb_problem(
+            [plugin.name for plugin in self.profile.filters],
+            filter_requests=self.metrics.answered.get("filter", 0),
+            prioritize_requests=self.metrics.answered.get("prioritize", 0),
+        )
+
+    def check_verbs(self) -> None:
+        """Log `verb_problem` once, when it first shows."""
+        problem = self.verb_problem()
+        if problem is not None and problem != self._verb_problem_logged:
+            self._verb_problem_logged = problem
+            log.warning(problem)
 
     # ---- what the request path and the status endpoints read -------------------------------
 
@@ -497,6 +517,8 @@ class Runtime:
                 "weights": self.profile.weights,
                 "assumed_window_s": self.state.assumed_window_s,
             },
+            "requests_answered": dict(self.metrics.answered),
+            "verb_problem": self.verb_problem(),
             "live_sources": [_source_status(s) for s in self.live_sources],
             "plugins": {
                 plugin.name: status
@@ -553,6 +575,30 @@ def _core_scaling_text(model: ModelState, names: list[str]) -> str:
     )
     unscaled = "".join(f", {count} not ({reason})" for reason, count in sorted(counts.items()))
     return f"{scaled} scaled by their CPU count against {anchor}{unscaled}"
+
+
+def verb_problem(
+    filters: Sequence[str], *, filter_requests: int, prioritize_requests: int
+) -> str | None:
+    """Whether kube-scheduler's extender entry and the profile disagree on the filter verb.
+
+    Filters with no `filterVerb` never run (the power cap, for one, is not enforced); a
+    `filterVerb` with no filters costs each pod a round trip for nothing. Said only once one
+    verb has been called `VERB_CHECK_AFTER_REQUESTS` times and the other never.
+    """
+    guide = "(docs/operations.md, section 15)"
+    if filters and filter_requests == 0 and prioritize_requests >= VERB_CHECK_AFTER_REQUESTS:
+        return (
+            f"kube-scheduler calls /prioritize but never /filter, so the profile's filters "
+            f"({', '.join(filters)}) do not run: add filterVerb: filter to its extender entry, "
+            f"or remove them from the profile {guide}"
+        )
+    if not filters and filter_requests >= VERB_CHECK_AFTER_REQUESTS:
+        return (
+            "kube-scheduler calls /filter but the profile has no filters: every pod pays a "
+            f"round trip for nothing; remove filterVerb from its extender entry {guide}"
+        )
+    return None
 
 
 def _profile(config: ExtenderConfig) -> Profile:

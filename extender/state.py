@@ -5,8 +5,11 @@ itself when it learns of a binding); the request path reads an immutable `Cluste
 Writers are cheap (a dict update and a version bump under one lock). The view is rebuilt only
 when something changed since the last one, or when a recently bound pod's assumed load expires,
 so that a request costs array arithmetic rather than walking dictionaries. Name lookups are
-cached with the node layout (kube-scheduler sends the same candidate list pod after pod), and a
-view can remember what the request path derived from it (`ClusterView.remember`).
+cached with the node layout (below 100 nodes kube-scheduler sends every node that passes its
+filters, pod after pod; on larger clusters only as many as it searched for, from a start
+that rotates, so lists repeat less), and what the request path derives is remembered where
+it stays true: with the view (`ClusterView.remember`), with its telemetry (`telemetry_memo`,
+across the views that bindings rebuild) or with its node layout (`layout_memo`).
 
 Recently bound pods matter because node metrics lag: a pod bound a second ago shows no load in
 `cpu_util` yet, and an extender that ignores it sends a whole burst of pods to the same node.
@@ -37,8 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUMED_WINDOW_S = 120.0
-# Candidate lists remembered per node layout: kube-scheduler repeats the same few (all nodes,
-# or the nodes that passed its filters), a 5000-name one costs ~100 KiB.
+# Candidate lists remembered per node layout: below 100 nodes kube-scheduler repeats the same
+# few (all nodes, or the nodes that passed its filters); a 5000-name one costs ~100 KiB.
 MAX_CACHED_CANDIDATE_LISTS = 8
 _NAME_SEPARATOR = "\n"  # never in a node name (a DNS subdomain)
 MAX_DERIVED_PER_VIEW = 8

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from extender.runtime import VERB_CHECK_AFTER_REQUESTS, verb_problem
 from extender.state import NodeInfo
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.server import extender_service, write_snapshot
@@ -220,3 +221,38 @@ def test_status_says_what_each_accuracy_figure_is(tmp_path: Path, snapshot: Path
     assert scaled["nodes"] == 1
     assert scaled["mape_pct"] == {"median": 12.0, "max": 12.0, "max_node": "node-s"}
     assert "scaled to the power the node was measured at" in scaled["means"]
+
+
+def test_status_and_log_say_when_the_filter_verb_and_the_profile_disagree(
+    bundle, snapshot: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The default profile filters; a scheduler entry without filterVerb never runs them.
+    request = (FIXTURE / "prioritize-request.json").read_bytes()
+    with (
+        caplog.at_level("WARNING", logger="extender.runtime"),
+        extender_service(bundle.directory, snapshot) as (url, _runtime),
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
+        for _ in range(VERB_CHECK_AFTER_REQUESTS - 1):
+            assert client.post("/prioritize", content=request).status_code == 200
+        assert client.get("/status").json()["verb_problem"] is None  # not yet: too few
+        assert client.post("/prioritize", content=request).status_code == 200
+        problem = client.get("/status").json()["verb_problem"]
+        assert "never /filter" in problem and "PowerCap" in problem and "filterVerb" in problem
+        deadline = time.monotonic() + 10  # the refresher (every second) logs it, once
+        while not any("never /filter" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the disagreement was not logged"
+            time.sleep(0.05)
+        filter_request = (FIXTURE / "filter-request.json").read_bytes()
+        assert client.post("/filter", content=filter_request).status_code == 200
+        status = client.get("/status").json()
+        assert status["verb_problem"] is None
+        assert status["requests_answered"]["prioritize"] == VERB_CHECK_AFTER_REQUESTS
+    assert sum("never /filter" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_filter_verb_without_filters_is_called_a_round_trip_for_nothing() -> None:
+    assert verb_problem([], filter_requests=0, prioritize_requests=10_000) is None
+    assert verb_problem(["PowerCap"], filter_requests=1, prioritize_requests=10_000) is None
+    idle = verb_problem([], filter_requests=VERB_CHECK_AFTER_REQUESTS, prioritize_requests=0)
+    assert idle is not None and "remove filterVerb" in idle

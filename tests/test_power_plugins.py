@@ -93,6 +93,17 @@ def test_nodes_off_waking_or_draining_fail_unresolvably_with_a_reason(predictor)
     assert [r["power_state"] for r in result.explain()] == ["off", "waking", "draining", "on"]
 
 
+def test_a_node_powering_off_is_filtered_from_the_next_request_on(predictor) -> None:
+    # With no node off, waking or draining anywhere the filter passes every candidate without
+    # looking at them; that shortcut must end as soon as a node's state changes.
+    state = state_of({name: power_state("on") for name in ("a", "b", "c")})
+    assert run(predictor, state, DEFAULT_PROFILE).failed == {}
+    state.upsert_node(NodeInfo("b", 8.0, {}, power_state("draining")["annotations"]))
+    assert set(run(predictor, state, DEFAULT_PROFILE).failed) == {"b"}
+    state.upsert_node(NodeInfo("b", 8.0, {}, power_state("on")["annotations"]))
+    assert run(predictor, state, DEFAULT_PROFILE).failed == {}
+
+
 def test_unmanaged_and_unknown_power_states_pass_and_the_unknown_is_logged(
     predictor, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -187,6 +187,16 @@ def test_powerless_nodes_fail_the_filter(predictor: Predictor) -> None:
     assert result.unresolvable == {"flat"}
 
 
+def test_a_node_turning_powerless_is_filtered_from_the_next_request_on(
+    predictor: Predictor,
+) -> None:
+    # No powerless node anywhere: the filter passes all without looking; until one changes.
+    state = make_state({"steep": {}, "flat": {}})
+    assert run(predictor, state, ["steep", "flat"]).failed == {}
+    state.upsert_node(NodeInfo("flat", 8.0, {"energy-status": "powerless"}, {}))
+    assert set(run(predictor, state, ["steep", "flat"]).failed) == {"flat"}
+
+
 def test_max_power_annotation_fails_with_both_numbers(predictor: Predictor) -> None:
     # steep: 190 W at u=0.3, 227.5 W after one core.
     state = make_state(

@@ -108,6 +108,12 @@ POWERLESS_REASON = "energy-status is powerless (0-15 % stored energy)"
 # Keys of what is derived once per candidate list (labels change with the node layout only).
 _POWERLESS_VERDICT = object()
 _POINTS = object()
+_ANY_POWERLESS = object()  # layout_memo key: is any node of the cluster powerless?
+
+
+def _any_powerless(view: ClusterView) -> bool:
+    level = view.node_values(ENERGY_LEVEL)
+    return bool((view.has_node_info & (level == EnergyLevel.POWERLESS)).any())
 
 
 def _powerless_verdict(candidates: Candidates) -> FilterVerdict:
@@ -130,6 +136,14 @@ class EnergyLevelPlugin(Plugin):
     node_attributes = (ENERGY_LEVEL,)
 
     def filter(self, cycle: Cycle) -> FilterVerdict:
+        # Most of the time no node of the cluster is powerless: then nothing per candidate
+        # is needed (the answer holds until a node changes). Node objects sent with the
+        # request carry their own labels: those are read as they are.
+        view = cycle.view
+        if cycle.candidates.nodes is None and not view.layout_memo(
+            _ANY_POWERLESS, lambda: _any_powerless(view)
+        ):
+            return PASS_ALL
         return cycle.candidates.memo(_POWERLESS_VERDICT, _powerless_verdict)
 
     def score(self, cycle: Cycle) -> np.ndarray:

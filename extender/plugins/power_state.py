@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extender.plugins.base import FilterVerdict, Plugin
+from extender.plugins.base import PASS_ALL, FilterVerdict, Plugin
 from extender.state import NodeAttribute, NodeInfo
 from livedata.labels import (
     POWER_DRAINING,
@@ -72,6 +72,11 @@ FAILING_REASONS: Mapping[int, str] = {
     PowerStateCode.WAKING: f"{POWER_STATE_ANNOTATION} is {POWER_WAKING}: the node is booting",
 }
 _FAILING = np.array(sorted(FAILING_REASONS), dtype=np.int8)
+_ANY_FAILING = object()  # layout_memo key: does any node of the cluster fail the filter?
+
+
+def _any_failing(states: np.ndarray) -> bool:
+    return bool(np.isin(states, _FAILING).any())
 
 
 def power_state_of(annotations: Mapping[str, str] | None) -> PowerStateCode:
@@ -106,6 +111,14 @@ class PowerState(Plugin):
     node_attributes = (POWER_STATE,)
 
     def filter(self, cycle: Cycle) -> FilterVerdict:
+        # Most of the time no node of the cluster is off, waking or draining: then nothing
+        # per candidate is needed (the answer holds until a node changes). Node objects sent
+        # with the request carry their own annotations: those are read as they are.
+        view = cycle.view
+        if cycle.candidates.nodes is None and not view.layout_memo(
+            _ANY_FAILING, lambda: _any_failing(view.node_values(POWER_STATE))
+        ):
+            return PASS_ALL
         state = cycle.node_values(POWER_STATE)
         failing = np.flatnonzero(np.isin(state, _FAILING)).tolist()
         if not failing:
