@@ -182,6 +182,9 @@ class _NodeArrays:
     has_node_info: np.ndarray
     allocatable_cpu: np.ndarray
     nodes: tuple[NodeInfo, ...]  # the nodes with node info, in view order (they come first)
+    # The dict behind `positions` (a read-only proxy): its `get` is a quarter cheaper, on
+    # every candidate of every request.
+    _lookup: dict = field(default_factory=dict, repr=False)
     # (count, first name, last name) -> Candidates: a cheap key, checked by full comparison.
     _candidates: dict = field(default_factory=dict, repr=False)
     _candidates_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -218,9 +221,8 @@ class _NodeArrays:
         return values
 
     def index_of(self, names: Sequence[str]) -> np.ndarray:
-        return np.fromiter(
-            map(self.positions.get, names, repeat(-1)), dtype=np.intp, count=len(names)
-        )
+        lookup = self._lookup.get
+        return np.fromiter(map(lookup, names, repeat(-1)), dtype=np.intp, count=len(names))
 
     def candidates(self, names: Sequence[str]) -> Candidates:
         key = (len(names), names[0], names[-1]) if names else (0, "", "")
@@ -658,12 +660,14 @@ class ClusterState:
         allocatable = np.full(count, np.nan, dtype=np.float64)
         for i, node in enumerate(self._nodes.values()):
             allocatable[i] = node.allocatable_cpu
+        lookup = {name: i for i, name in enumerate(names)}
         arrays = _NodeArrays(
             names=names,
-            positions=MappingProxyType({name: i for i, name in enumerate(names)}),
+            positions=MappingProxyType(lookup),
             has_node_info=_frozen(has_node_info),
             allocatable_cpu=_frozen(allocatable),
             nodes=tuple(self._nodes.values()),
+            _lookup=lookup,
         )
         self._node_arrays = (self._layout_version, arrays)
         return arrays
