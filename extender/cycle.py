@@ -147,8 +147,16 @@ def candidate_state(
         return _candidate_state(
             view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s
         )
+    # A list that does come again (every node, on a small cluster) is gathered once per view.
+    key = ("candidate_state", id(resolved), id(curves), telemetry_ttl_s)
+    cached = view.recall(key)
+    if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
+        return cached
     whole = view_state(view, curves, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
-    return whole.at(resolved)
+    state = whole.at(resolved)
+    # The key holds ids: keep the objects alive with the entry so that no id is reused.
+    view.remember(key, state, resolved, curves)
+    return state
 
 
 def view_state(
