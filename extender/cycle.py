@@ -147,15 +147,20 @@ def candidate_state(
         return _candidate_state(
             view, curves, resolved, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s
         )
-    # A list that does come again (every node, on a small cluster) is gathered once per view.
-    key = ("candidate_state", id(resolved), id(curves), telemetry_ttl_s)
+    # A list that does come again (every node, on a small cluster) is gathered once per view
+    # and curve table (a new table replaces the entry rather than keeping the old one alive).
+    key = ("candidate_state", id(resolved), telemetry_ttl_s)
     cached = view.recall(key)
-    if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
-        return cached
+    if cached is not None:
+        cached_curves, cached_state = cached
+        if cached_curves is curves and (
+            cached_state.valid_from_s <= now_s < cached_state.valid_until_s
+        ):
+            return cached_state
     whole = view_state(view, curves, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
     state = whole.at(resolved)
-    # The key holds ids: keep the objects alive with the entry so that no id is reused.
-    view.remember(key, state, resolved, curves)
+    # The key holds the list's id: keep the list alive with the entry so its id is not reused.
+    view.remember(key, (curves, state), resolved)
     return state
 
 
@@ -173,25 +178,36 @@ def view_state(
     views that bindings rebuild; what a binding changes (a, P(u + a)) is recomputed per view,
     and only at the nodes that have assumed load.
     """
-    key = ("view_state", id(curves), telemetry_ttl_s)
+    # One per TTL, for one curve table (held in the entry, so its id is never reused).
+    key = ("view_state", telemetry_ttl_s)
     cached = view.recall(key)
-    if cached is not None and cached.valid_from_s <= now_s < cached.valid_until_s:
-        return cached
-    baseline = view.telemetry_memo(
-        ("baseline", id(curves), telemetry_ttl_s),
-        lambda: _candidate_state(
-            view,
+    if cached is not None:
+        cached_curves, cached_state = cached
+        if cached_curves is curves and (
+            cached_state.valid_from_s <= now_s < cached_state.valid_until_s
+        ):
+            return cached_state
+    # One baseline per TTL, for the curves it was computed with: a new curve table (every
+    # bundle swap) replaces it rather than keeping the old table alive beside it.
+    _, baseline = view.telemetry_memo(
+        ("baseline", telemetry_ttl_s),
+        lambda: (
             curves,
-            view.all_candidates(),
-            now_s=now_s,
-            telemetry_ttl_s=telemetry_ttl_s,
-            assumed=False,
+            _candidate_state(
+                view,
+                curves,
+                view.all_candidates(),
+                now_s=now_s,
+                telemetry_ttl_s=telemetry_ttl_s,
+                assumed=False,
+            ),
         ),
-        valid=lambda state: state.valid_from_s <= now_s < state.valid_until_s,
-        keep_alive=curves,
+        valid=lambda entry: (
+            entry[0] is curves and entry[1].valid_from_s <= now_s < entry[1].valid_until_s
+        ),
     )
     state = baseline.with_assumed(view.assumed_cpu, curves)
-    view.remember(key, state, curves)
+    view.remember(key, (curves, state))
     return state
 
 

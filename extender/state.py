@@ -191,7 +191,7 @@ class _NodeArrays:
     # Slot 0 holds one (curve table, rows) pair; one atomic store replaces it.
     _curve_rows: list = field(default_factory=lambda: [(None, None)], repr=False)
     _attributes: dict = field(default_factory=dict, repr=False)
-    # key -> (telemetry arrays, value, keep-alive): what is derived from one telemetry.
+    # key -> (telemetry arrays, value): what is derived from one telemetry.
     _telemetry_derived: dict = field(default_factory=dict, repr=False)
     # key -> value: what is derived from the node set alone (ClusterView.layout_memo).
     _layout_derived: dict = field(default_factory=dict, repr=False)
@@ -341,18 +341,13 @@ class ClusterView:
         return value
 
     def telemetry_memo(
-        self,
-        key: Hashable,
-        compute: Callable[[], T],
-        *,
-        valid: Callable[[T], bool],
-        keep_alive: object = None,
+        self, key: Hashable, compute: Callable[[], T], *, valid: Callable[[T], bool]
     ) -> T:
         """`compute()`, shared by every view with this view's nodes and telemetry.
 
         Views are rebuilt after every binding; what depends only on the nodes and their
-        telemetry (and objects `key` names by id, held by `keep_alive`) survives those rebuilds
-        here. A value `valid` refuses is computed again; the last few keys are kept.
+        telemetry survives those rebuilds here. A value `valid` refuses is computed again and
+        replaces it (one value per key; the last few keys are kept).
         """
         derived = self._layout._telemetry_derived
         telemetry = (self.cpu_util, self.observed_at_s)
@@ -368,7 +363,7 @@ class ClusterView:
         if len(derived) >= MAX_DERIVED_PER_VIEW and key not in derived:
             with contextlib.suppress(StopIteration, KeyError, RuntimeError):
                 del derived[next(iter(derived))]
-        derived[key] = (telemetry, value, keep_alive)
+        derived[key] = (telemetry, value)
         return value
 
     def curve_rows(self, curves: CurveTable) -> np.ndarray:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -633,3 +635,28 @@ def test_the_view_wide_state_gives_what_each_list_would_compute_alone(
             )
         assert not gathered.has_telemetry[5] and gathered.score[5] == 0  # the unknown name
     assert state.view(NOW_S + 110).assumed_cpu.sum() > 0  # bindings were live throughout
+
+
+def test_a_new_curve_table_replaces_the_cached_state_rather_than_piling_up(
+    predictor: Predictor,
+) -> None:
+    """Every bundle swap brings a curve table of the whole fleet (megabytes at 5,000 nodes):
+    the request path's caches must let the old ones go, on one view as on the views after it."""
+    state = make_state({"steep": {}, "flat": {}})
+    tables: list[weakref.ref[CurveTable]] = []
+    for step in range(12):
+        curves = curves_for(predictor, state)
+        tables.append(weakref.ref(curves))
+        result = assess(
+            state.view(NOW_S), curves, ["steep", "flat"], 1.0, now_s=NOW_S, telemetry_ttl_s=TTL_S
+        )
+        steep_u = 0.3 + (1.0 / 8.0 if step > 6 else 0.0)  # a core bound on 8 after step 6
+        assert result.power_before_w.tolist() == pytest.approx(
+            [100.0 + 300.0 * steep_u, 80.0 + 100.0 * 0.3], abs=1
+        )
+        del curves, result
+        if step == 6:
+            state.pod_bound("steep", "uid-1", 1.0, NOW_S - 1)  # and a view rebuilt midway
+    gc.collect()
+    alive = sum(ref() is not None for ref in tables)
+    assert alive <= 1, f"{alive} of 12 curve tables still held"
