@@ -150,13 +150,9 @@ def candidate_state(
     # A list that does come again (every node, on a small cluster) is gathered once per view
     # and curve table (a new table replaces the entry rather than keeping the old one alive).
     key = ("candidate_state", id(resolved), telemetry_ttl_s)
-    cached = view.recall(key)
+    cached = _still_valid(view.recall(key), curves, now_s)
     if cached is not None:
-        cached_curves, cached_state = cached
-        if cached_curves is curves and (
-            cached_state.valid_from_s <= now_s < cached_state.valid_until_s
-        ):
-            return cached_state
+        return cached
     whole = view_state(view, curves, now_s=now_s, telemetry_ttl_s=telemetry_ttl_s)
     state = whole.at(resolved)
     # The key holds the list's id: keep the list alive with the entry so its id is not reused.
@@ -180,13 +176,9 @@ def view_state(
     """
     # One per TTL, for one curve table (held in the entry, so its id is never reused).
     key = ("view_state", telemetry_ttl_s)
-    cached = view.recall(key)
+    cached = _still_valid(view.recall(key), curves, now_s)
     if cached is not None:
-        cached_curves, cached_state = cached
-        if cached_curves is curves and (
-            cached_state.valid_from_s <= now_s < cached_state.valid_until_s
-        ):
-            return cached_state
+        return cached
     # One baseline per TTL, for the curves it was computed with: a new curve table (every
     # bundle swap) replaces it rather than keeping the old table alive beside it.
     _, baseline = view.telemetry_memo(
@@ -202,13 +194,23 @@ def view_state(
                 assumed=False,
             ),
         ),
-        valid=lambda entry: (
-            entry[0] is curves and entry[1].valid_from_s <= now_s < entry[1].valid_until_s
-        ),
+        valid=lambda entry: _still_valid(entry, curves, now_s) is not None,
     )
     state = baseline.with_assumed(view.assumed_cpu, curves)
     view.remember(key, (curves, state))
     return state
+
+
+def _still_valid(
+    entry: tuple[CurveTable | None, CandidateState] | None, curves: CurveTable | None, now_s: float
+) -> CandidateState | None:
+    """The state of a cached (curves, state) entry, if computed with `curves` and valid now."""
+    if entry is None:
+        return None
+    entry_curves, state = entry
+    if entry_curves is curves and state.valid_from_s <= now_s < state.valid_until_s:
+        return state
+    return None
 
 
 def _candidate_state(
