@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -43,6 +42,7 @@ import yaml
 
 from envtest.assets import REPO, Assets, find_assets
 from envtest.pki import Pki, make_pki
+from envtest.ports import free_port
 
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service's address: the first of SERVICE_CIDR
@@ -67,12 +67,6 @@ BOOTSTRAP_KINDS = frozenset(
 
 class ControlPlaneError(RuntimeError):
     """A component did not start (or stop) as expected; the message carries its log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 25) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ import time
 import httpx
 import pytest
 
+from envtest.ports import free_port
 from tests.support.server import REPO_ROOT
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def restore_default_sigint() -> None:

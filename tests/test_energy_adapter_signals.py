@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
+from envtest.ports import free_port
+from tests.support.processes import ControllerProcess, write_kubeconfig
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from envtest.assets import assets_dir
-from envtest.control_plane import free_port
+from envtest.ports import free_port
 from tests.support.manifests import (
     ALL_OBJECTS,
     BASE,

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envtest.control_plane import free_port
+from envtest.ports import free_port
 from tests.support.manifests import (
     LARGE_FLEET,
     LARGE_FLEET_OBJECTS,

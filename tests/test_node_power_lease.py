@@ -36,6 +36,7 @@ from kubernetes.client.rest import ApiException
 from controllers.node_power.controller import NodePowerController
 from controllers.node_power.lease import UNAVAILABLE, LeaderElector, LeaseSettings, micro_time
 from envtest import ControlPlane
+from envtest.ports import free_port
 from tests.support.fault_proxy import FaultProxy, kubeconfig_through
 from tests.support.power_cluster import (
     PowerCluster,
@@ -43,7 +44,7 @@ from tests.support.power_cluster import (
     wait_until,
 )
 from tests.support.power_cluster import settings as controller_settings
-from tests.support.processes import ControllerProcess, free_port, write_kubeconfig
+from tests.support.processes import ControllerProcess, write_kubeconfig
 
 DURATION_S, DEADLINE_S, RETRY_S = 15.0, 10.0, 2.0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pprint
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,9 @@ from pathlib import Path
 
 import requests
 
+from envtest.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def subprocess_env() -> dict[str, str]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -39,6 +38,8 @@ from pathlib import Path
 from types import TracebackType
 
 import yaml
+
+from envtest.ports import free_port
 
 PROMETHEUS_BIN = "prometheus"
 PROMTOOL_BIN = "promtool"
@@ -70,13 +71,6 @@ def ensure_prometheus() -> None:
     """Raise PrometheusMissingError unless both binaries are on PATH."""
     if not prometheus_available():
         raise PrometheusMissingError(PROMETHEUS_MISSING)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bench.support.server import ExtenderProcess
 from envtest import ControlPlane, NodeAgent
-from envtest.control_plane import free_port
+from envtest.ports import free_port
 from livedata.labels import ENERGY_LABEL, POWER_STATE_ANNOTATION
 from tests.support.bundles import PowerCurveSpec, make_bundle
 from tests.support.exporters import wait_until

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -67,13 +66,6 @@ class ControllerProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
