@@ -199,7 +199,11 @@ def _prioritize_answer(args: ExtenderArgs, scored: Scored, runtime: Runtime) -> 
     if not candidates.all_in_view:  # a name the extender does not know: built plainly
         return prioritize_result_arrays(assessment.names, assessment.score)
     # Encoded here from the node set's prebuilt entries; orjson passes a Fragment as it is.
-    answers = view.layout_memo(PrioritizeAnswers, lambda: PrioritizeAnswers(view.names))
+    answers = view.layout_memo(
+        PrioritizeAnswers,
+        lambda: PrioritizeAnswers(view.names),
+        carry=lambda previous: PrioritizeAnswers(view.names, previous),
+    )
     return orjson.Fragment(answers.json(candidates.positions, assessment.score))
 
 

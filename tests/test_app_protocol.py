@@ -364,3 +364,46 @@ def test_an_internal_error_gets_a_neutral_answer_a_log_and_a_count(
         "Host": "node-b",
         "Score": 10,
     }
+
+
+def test_answers_after_nodes_change_are_what_a_fresh_service_answers(tmp_path: Path) -> None:
+    """A node layout carries what the one before derived: the answers must not show it."""
+    from extender.state import NodeInfo
+
+    bundle = make_bundle(tmp_path / "bundle", CURVES)
+    first_nodes = [_node(n) for n in ("node-a", "node-b", "node-c", "node-d")]
+    first_nodes.append(_node("node-e", {"energy-status": "powerless"}))
+    changes = [  # as the Kubernetes watch writes them
+        NodeInfo("node-e", ALLOCATABLE_CPU, {"energy-status": "well-powered"}),
+        NodeInfo("node-b", ALLOCATABLE_CPU, {"energy-status": "powerless"}),
+        NodeInfo("node-f", ALLOCATABLE_CPU, {}),  # a new node: every node-set table changes
+        NodeInfo("node-a", ALLOCATABLE_CPU, {"energy-status": "vulnerable"}),
+    ]
+    request = json.loads(body("cache-capable", "prioritize"))
+    request["NodeNames"] = ["node-e", "node-d", "node-c", "node-b", "node-a"]
+    raw = json.dumps(request)
+
+    def answers(client: httpx.Client) -> tuple[bytes, bytes]:
+        return client.post("/filter", content=raw).content, client.post(
+            "/prioritize", content=raw
+        ).content
+
+    snapshot = write_snapshot(tmp_path / "first.json", first_nodes)
+    with (
+        extender_service(bundle.directory, snapshot) as (url, runtime),
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
+        answers(client)  # the first layout derives everything
+        nodes = {entry["name"]: entry for entry in first_nodes}
+        for number, node in enumerate(changes):
+            runtime.state.upsert_node(node)
+            nodes[node.name] = _node(node.name, dict(node.labels))
+            served = answers(client)
+            fresh_file = write_snapshot(tmp_path / f"fresh-{number}.json", list(nodes.values()))
+            with (
+                extender_service(bundle.directory, fresh_file) as (fresh_url, _),
+                httpx.Client(base_url=fresh_url, timeout=10) as fresh,
+            ):
+                assert served == answers(fresh), f"after {node.name} changed"
+    filtered = json.loads(served[0])
+    assert set(filtered["FailedNodes"]) == {"node-b"}  # the changes reached the answers

@@ -269,3 +269,26 @@ def test_prioritize_from_arrays_answers_a_repeated_candidate_list_from_its_table
         prioritize_result_arrays(hosts, np.zeros(49, dtype=np.int64))
     with pytest.raises(ValueError, match=r"0\.\.10, got 0\.\.11"):
         prioritize_result_arrays(hosts, np.array([0] * 49 + [11]))
+
+
+def test_prioritize_answers_from_a_previous_node_set_are_the_same_bytes() -> None:
+    hosts = tuple(f"node-{i}" for i in range(30))
+    previous = PrioritizeAnswers(hosts)
+    same = PrioritizeAnswers(hosts, previous)
+    assert same._entries is previous._entries  # nothing rebuilt
+    rng = np.random.default_rng(5)
+    for changed in (
+        (*hosts[:10], "new-node", *hosts[10:]),  # a node came
+        hosts[1:],  # one went: every row moves
+        tuple(reversed(hosts)),
+        ("only-new-1", "only-new-2"),
+    ):
+        carried = PrioritizeAnswers(changed, previous)
+        fresh = PrioritizeAnswers(changed)
+        positions = rng.integers(0, len(changed), 50)
+        scores = rng.integers(0, 11, 50)
+        assert carried.json(positions, scores) == fresh.json(positions, scores)
+        expected = prioritize_result(
+            zip([changed[p] for p in positions], scores.tolist(), strict=True)
+        )
+        assert carried.json(positions, scores) == encode(expected)

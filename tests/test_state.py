@@ -380,3 +380,104 @@ def test_signals_reach_the_next_view_and_change_its_version() -> None:
     assert after.version > before.version and after.signal("carbon") is snapshot
     state.set_signal("carbon", snapshot)  # the same object again: no change
     assert state.view(T0) is after
+
+
+# ---- a new layout carries what the previous one derived ----------------------------------
+
+
+def _counting_attribute(calls: list[str]) -> NodeAttribute:
+    def cores_label(node: NodeInfo) -> float:
+        calls.append(node.name)
+        return float(node.labels.get("cores", "nan"))
+
+    return NodeAttribute("cores", cores_label, np.float64, -1.0)
+
+
+def _fresh_values(state: ClusterState, attribute: NodeAttribute, now_s: float) -> list[float]:
+    """The attribute as a state that never saw an earlier layout derives it."""
+    view = state.view(now_s)
+    fresh = ClusterState(node_attributes=(attribute,))
+    fresh.replace_nodes(state.view(now_s)._layout.nodes)
+    for name in view.names[len(view._layout.nodes) :]:
+        fresh.set_telemetry(name, {"cpu_util": 0.1}, now_s)
+    assert fresh.view(now_s).names == view.names
+    return fresh.view(now_s).node_values(attribute).tolist()
+
+
+def test_a_new_layout_reads_only_the_nodes_that_changed() -> None:
+    calls: list[str] = []
+    attribute = _counting_attribute(calls)
+    state = ClusterState(node_attributes=(attribute,))
+    state.replace_nodes(NodeInfo(f"n{i}", 4.0, {"cores": str(i)}) for i in range(6))
+    state.view(T0).node_values(attribute)
+    steps = [
+        lambda: state.upsert_node(NodeInfo("n2", 4.0, {"cores": "20"})),  # a label changed
+        lambda: state.upsert_node(NodeInfo("n9", 4.0, {"cores": "9"})),  # a node came
+        lambda: state.remove_node("n0"),  # one went: every position moves
+        lambda: state.set_telemetry("t", {"cpu_util": 0.1}, T0),  # a telemetry-only name
+        lambda: state.upsert_node(NodeInfo("n4", 4.0, {})),  # a label went
+        lambda: state.upsert_node(NodeInfo("t", 2.0, {"cores": "2"})),  # same names, new info
+    ]
+    read_again = [["n2"], ["n9"], [], [], ["n4"], ["t"]]
+    for step, expected_calls in zip(steps, read_again, strict=True):
+        step()
+        calls.clear()
+        values = state.view(T0).node_values(attribute).tolist()
+        assert calls == expected_calls
+        np.testing.assert_array_equal(values, _fresh_values(state, attribute, T0))
+    view = state.view(T0)
+    assert view.names == ("n1", "n2", "n3", "n4", "n5", "n9", "t")
+    assert view.has_node_info.all() and view.allocatable_cpu[-1] == 2.0
+
+
+def test_a_layout_keeps_one_generation_and_lets_it_go_once_carried() -> None:
+    import gc
+    import weakref
+
+    calls: list[str] = []
+    attribute = _counting_attribute(calls)
+    state = ClusterState(node_attributes=(attribute,))
+    state.replace_nodes(NodeInfo(f"n{i}", 4.0, {"cores": "1"}) for i in range(3))
+    first = state.view(T0)
+    first.node_values(attribute)
+    first.layout_memo("key", lambda: 1)
+    layouts = [weakref.ref(first._layout)]
+    del first
+    for i in range(3):
+        state.upsert_node(NodeInfo("n0", 4.0, {"cores": str(i + 2)}))
+        view = state.view(T0)
+        layouts.append(weakref.ref(view._layout))
+        assert view.layout_memo("key", lambda: 1, carry=lambda old: old + 1) == i + 2
+        assert view._layout._previous[0] is not None  # not everything carried yet
+        view.node_values(attribute)
+        assert view._layout._previous[0] is None  # now it is: the old layout may go
+        del view
+        gc.collect()
+        assert all(ref() is None for ref in layouts[:-1])
+    # A layout whose successor derived nothing is kept, but never the one before it.
+    state.upsert_node(NodeInfo("n1", 4.0, {"cores": "7"}))
+    state.view(T0)
+    state.upsert_node(NodeInfo("n1", 4.0, {"cores": "8"}))
+    latest = state.view(T0)
+    gc.collect()
+    assert latest._layout._previous[0]._previous[0] is None
+    assert latest.node_values(attribute).tolist() == [4.0, 8.0, 1.0]
+
+
+def test_a_node_info_change_keeps_the_telemetry_arrays_and_curve_rows() -> None:
+    state = cluster()
+    state.set_telemetry("node-a", {"cpu_util": 0.3}, T0)
+    before = state.view(T0)
+    table = CountingCurves(["node-c", "node-a"])
+    before.curve_rows(table)
+    state.upsert_node(NodeInfo("node-b", 32.0, {}, {}))
+    changed = state.view(T0 + 1)
+    assert changed.cpu_util is before.cpu_util and changed.names is before.names
+    assert changed.curve_rows(table).tolist() == [1, -1, 0] and table.lookups == 1
+    assert changed.allocatable_cpu.tolist() == [8.0, 32.0, 4.0]
+    # A node that comes changes the names: everything aligned to them is built again.
+    state.upsert_node(NodeInfo("node-d", 2.0, {}, {}))
+    grown = state.view(T0 + 2)
+    assert grown.cpu_util is not before.cpu_util
+    assert grown.cpu_util[0] == 0.3 and math.isnan(grown.cpu_util[3])
+    assert grown.curve_rows(table).tolist() == [1, -1, 0, -1] and table.lookups == 2
