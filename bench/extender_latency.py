@@ -20,7 +20,11 @@ In the same run, the baselines:
   one onnxruntime call per candidate node per request in place of the curve tables), 500 names;
 - both designs in-process without HTTP (parse, score, answer, encode), and the naive design's
   model calls alone on the served bundle, the shipped bundle's trained models and a
-  boosted-trees model.
+  boosted-trees model;
+- in process through the app's ASGI entry, a 500-name prioritize right after one node's
+  annotations change: as served (the new node layout carries what the previous one derived
+  for the unchanged nodes), against every node-derived table built from scratch, and against
+  no change at all.
 
 Targets on a 2-core machine: 500 names p99 <= 2 ms, 5000 names p99 <= 10 ms, and >= 50x
 faster than naive at 500 nodes, read as server-side p50 of the naive service over the served
@@ -36,6 +40,7 @@ starts before the body is read, also counts the gap between the two writes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import json
 import logging
@@ -43,8 +48,9 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -57,6 +63,7 @@ from bench.naive_extender import NaiveRuntime, run_naive_extender
 from bench.support.bundles import DEFAULT_FEATURES, DEFAULT_FILL, KubeletMount, edit_manifest
 from bench.support.http import OneWriteClient, Result, measure
 from bench.support.server import REPO_ROOT, run_extender, write_snapshot
+from extender.app import ExtenderApp, create_app
 from extender.config import DEFAULT_BUNDLE_DIR as SHIPPED_BUNDLE
 from extender.config import ExtenderConfig
 from extender.protocol import encode, parse_extender_args, prioritize_result_arrays
@@ -199,6 +206,65 @@ def in_process_request_us(runtime: Runtime, body: bytes, repeats: int) -> float:
         one_request()
     p50_us, _ = percentiles_us(one_request, repeats)
     return p50_us
+
+
+def asgi_prioritize(loop: asyncio.AbstractEventLoop, app: ExtenderApp, body: bytes) -> bytes:
+    """One POST /prioritize through the app's ASGI entry on `loop` (no server, no HTTP)."""
+    answer: dict[str, bytes] = {}
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.body":
+            answer["body"] = message["body"]  # type: ignore[assignment]
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/prioritize",
+        "query_string": b"",
+        "headers": [(b"content-length", str(len(body)).encode())],
+    }
+    loop.run_until_complete(app(scope, receive, send))  # type: ignore[arg-type]
+    return answer["body"]
+
+
+NO_CHANGE = "no node changed"
+CHANGE_CARRIED = "one node changed (as served)"
+CHANGE_REBUILT = "one node changed, built from scratch"
+
+
+def node_change_us(runtime: Runtime, bodies: list[bytes], repeats: int) -> dict[str, float]:
+    """p50 (us) of a 500-name prioritize through the app, in-process, in three situations.
+
+    A node's info changing (a label, an annotation the controllers write) makes a new node
+    layout. As served, the new layout takes what the previous one derived for the unchanged
+    nodes; the baseline drops the previous layout first, so that everything the nodes alone
+    decide (attributes, answer entries, lookups) is built from scratch for the request.
+    """
+    app = create_app(runtime)
+    state = runtime.state
+    nodes = list(state.view(runtime.clock())._layout.nodes)
+    loop = asyncio.new_event_loop()
+    for body in bodies:  # warm-up: every node-derived table exists
+        asgi_prioritize(loop, app, body)
+    figures = {}
+    for situation in (NO_CHANGE, CHANGE_CARRIED, CHANGE_REBUILT):
+        samples = []
+        for turn in range(repeats):
+            if situation != NO_CHANGE:
+                node = nodes[turn % len(nodes)]
+                changed = {**node.annotations, "bench/turn": f"{situation}-{turn}"}
+                state.upsert_node(replace(node, annotations=changed))
+            if situation == CHANGE_REBUILT:
+                state._node_arrays = None  # the baseline: no previous layout to carry from
+            start = time.perf_counter()
+            asgi_prioritize(loop, app, bodies[turn % len(bodies)])
+            samples.append(time.perf_counter() - start)
+        figures[situation] = float(np.percentile(samples, 50)) * 1e6
+    loop.close()
+    return figures
 
 
 def in_process_runtime(runtime_class: type[Runtime], bundle_dir: Path, snapshot: Path) -> Runtime:
@@ -393,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
                 in_process_runtime(NaiveRuntime, bundle_dir, snapshot), body_500, 20
             ),
         }
+        log.info("timing the first request after one node changes, in-process")
+        node_change = node_change_us(
+            in_process_runtime(Runtime, bundle_dir, snapshot), windows, args.requests
+        )
         log.info("timing the naive design's model calls alone")
         cluster = json.loads(snapshot.read_text())["nodes"][:500]
         naive = {"fleet bundle (served)": naive_request_ms(Predictor.load(bundle_dir), cluster, 10)}
@@ -455,6 +525,15 @@ def main(argv: list[str] | None = None) -> int:
             f"  model calls alone, {label}: {naive_ms:.1f} ms per request -> "
             f"{naive_ms / served_server_p50:.0f}x the served server p50"
         )
+    print("\na node's labels or annotations changing, 500 names, in-process (p50):")
+    for situation, micros in node_change.items():
+        print(f"  {situation:<38} {micros / 1e3:6.2f} ms")
+    print(
+        f"  a change costs the request after it "
+        f"{(node_change[CHANGE_CARRIED] - node_change[NO_CHANGE]) / 1e3:.2f} ms as served, "
+        f"{(node_change[CHANGE_REBUILT] - node_change[NO_CHANGE]) / 1e3:.2f} ms built from "
+        f"scratch ({CLUSTER_NODES} nodes)"
+    )
     floor_p50 = p50(floor.client_ms)
     print(
         f"HTTP floor (GET /healthz) client p50 {floor_p50:.3f} ms: prioritize 500 names costs "
