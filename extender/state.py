@@ -231,12 +231,16 @@ class _NodeArrays:
 
     def _release_previous_when_carried(self) -> None:
         previous = self._previous[0]
-        if (
-            previous is not None
-            and previous._attributes.keys() <= self._attributes.keys()
-            and previous._layout_derived.keys() <= self._layout_derived.keys()
-        ):
-            self._previous[0] = None
+        if previous is None:
+            return
+        # Background sources derive from views too: a dict another thread grows while it is
+        # compared raises, and then the previous layout simply stays until the next check.
+        with contextlib.suppress(RuntimeError):
+            if (
+                previous._attributes.keys() <= self._attributes.keys()
+                and previous._layout_derived.keys() <= self._layout_derived.keys()
+            ):
+                self._previous[0] = None
 
     def memo(self, key: Hashable, compute: Callable[[], T], carry: Callable[[T], T] | None) -> T:
         """See ClusterView.layout_memo."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from types import MappingProxyType
 
 import numpy as np
@@ -481,3 +482,45 @@ def test_a_node_info_change_keeps_the_telemetry_arrays_and_curve_rows() -> None:
     assert grown.cpu_util is not before.cpu_util
     assert grown.cpu_util[0] == 0.3 and math.isnan(grown.cpu_util[3])
     assert grown.curve_rows(table).tolist() == [1, -1, 0, -1] and table.lookups == 2
+
+
+def test_node_changes_while_readers_derive_give_each_layout_its_own_values() -> None:
+    calls: list[str] = []
+    attribute = _counting_attribute(calls)
+    state = ClusterState(node_attributes=(attribute,))
+    names = [f"n{i}" for i in range(20)]
+    state.replace_nodes(NodeInfo(name, 4.0, {"cores": "1"}) for name in names)
+    errors: list[BaseException] = []
+    writing = threading.Event()
+    writing.set()
+
+    def write() -> None:
+        try:
+            for i in range(240):  # each node's label counts how often it was written
+                name = names[i % len(names)]
+                state.upsert_node(NodeInfo(name, 4.0, {"cores": str(i // len(names) + 2)}))
+                time.sleep(0.0005)  # let the readers derive from most layouts
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            writing.clear()
+
+    def read() -> None:
+        try:
+            while writing.is_set():
+                view = state.view(T0)
+                values = view.node_values(attribute)
+                expected = [float(node.labels["cores"]) for node in view._layout.nodes]
+                assert values.tolist() == expected
+                view.layout_memo("any", lambda: True, carry=lambda old: old)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert state.view(T0).node_values(attribute).tolist() == [13.0] * len(names)
+    assert len(calls) < 240 * len(names) / 10  # most layouts carried, not read whole
