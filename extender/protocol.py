@@ -275,7 +275,7 @@ class PrioritizeAnswers:
 
     def __init__(self, hosts: Sequence[str], previous: PrioritizeAnswers | None = None) -> None:
         """Entries for `hosts`; those of hosts `previous` has are taken from it, not rebuilt
-        (a node set that changed by a node or two costs about a millisecond at 5,000)."""
+        (one host added to 5,000 costs about 2 ms, against about 14 ms built afresh)."""
         self.hosts = tuple(hosts)
         self.host_count = len(self.hosts)
         if previous is not None and previous.hosts == self.hosts:

@@ -181,7 +181,7 @@ class _NodeArrays:
     A new layout mostly differs from the one before by a node or two (a label, an annotation
     the controllers wrote): it keeps the previous layout (`_previous`, one generation only)
     and carries what was derived there for the nodes whose info is the same object, so that
-    a change costs the request after it about a millisecond at 5,000 nodes, not tens.
+    a change costs the request after it about 1 ms at 5,000 nodes rather than about 16.
     """
 
     names: tuple[str, ...]
