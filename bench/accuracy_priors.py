@@ -14,7 +14,14 @@ scored; `lowload`: 0-50 % shown, 60-100 % scored):
 - `nearest k`: the mean shape of the k bank servers most alike at the shown points (each
   normalised by its rise from idle to the highest shown point), scaled the same way;
 - `shipped prior`: `training.shape_prior.ShapePrior.conditional_shape`, as the model's pass 3
-  draws it (`bench.accuracy_specpower.prior_from_exact_points`).
+  draws it (`bench.accuracy_specpower.prior_from_exact_points`);
+- with `--learners`, two general-purpose learners fitted on the bank (scikit-learn's extra
+  trees, 300 of them, at least 3 servers a leaf): `forest on the shape` maps the shown shape
+  (each shown point's rise from idle, as a share of the highest shown point's, and idle as a
+  share of that point) to the rise at the scored points; `forest on shape and facts` adds what a
+  cluster tells of the node (`training.node_facts`): its CPU's generation, cores per socket,
+  sockets, and watts per core at the highest shown point (the BMC's highest reading). They ask
+  whether a more flexible prior, or the facts, would extrapolate better than the shipped one.
 
 Each is judged three ways, over the servers of `--sample` (old: servers of 2007-2016; modern:
 2017-2025), with the other sample's prior side always in the bank (the shipped prior knows
@@ -29,20 +36,24 @@ every server's generation, and draws on the judged server's own when it has enou
 
 Printed: MAPE median / p90 at the scored loads, and the share of servers each beats `line` on.
 
-    python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH]
+    python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH] [--learners]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sklearn.ensemble import ExtraTreesRegressor
 
 from bench.accuracy_specpower import (
+    HARDWARE_COLUMNS,
     LOAD_COLUMNS,
     SCORED_LOADS_PCT,
     SHOWN_GRID_POINTS,
@@ -63,8 +74,9 @@ NEAREST_K = (1, 3, 5)
 JUDGINGS = ("by processor", "leave one out", "scored side")
 
 # A prior: (bank curves [m, 11] W, the node's exact curve [11] W, the sampling whose grid
-# points it shows, the bank's generations, the node's) -> predicted watts at the sampling's
-# scored grid points. Only the shipped prior reads the generations.
+# points it shows, the bank's generations, the node's, the bank's processor models, the bank's
+# hardware [m, 2], the node's [2]) -> predicted watts at the sampling's scored grid points.
+# Only the shipped prior and the learners read what follows the sampling.
 Prior = Callable[..., np.ndarray]
 
 
@@ -125,10 +137,86 @@ def shipped_prior(
     bank_generations: list[str | None] | None = None,
     generation: str | None = None,
     bank_models: list[str] | None = None,
+    *_: object,
 ) -> np.ndarray:
     _, scored = grid_points(sampling)
     prior = ShapePrior.from_curves(bank_w, generations=bank_generations, groups=bank_models)
     return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored], generation)
+
+
+GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
+
+
+class ForestPrior:
+    """Extra trees learned on the bank: shown shape (and facts) -> rise at the scored points.
+
+    Fitted once per bank and sampling (judging by processor, every server of one model shares
+    its bank), the last few kept."""
+
+    KEPT = 128
+
+    def __init__(self, with_facts: bool, n_trees: int = 300) -> None:
+        self.with_facts = with_facts
+        self.n_trees = n_trees
+        self._fitted: OrderedDict[tuple[str, str], ExtraTreesRegressor] = OrderedDict()
+
+    def features(
+        self,
+        curves_w: np.ndarray,
+        top: int,
+        inner: list[int],
+        generations: list[str | None],
+        hardware: np.ndarray | None,
+    ) -> np.ndarray:
+        curves_w = np.atleast_2d(curves_w)
+        columns = [
+            _rise_shapes(curves_w, top)[:, inner],
+            curves_w[:, :1] / curves_w[:, top : top + 1],
+        ]
+        if self.with_facts:
+            if hardware is None:
+                raise ValueError("the forest on shape and facts needs each server's hardware")
+            hardware = np.atleast_2d(hardware)
+            cores, sockets = hardware[:, 0], hardware[:, 1]
+            columns += [
+                np.array([GENERATION_CODE.get(g, 0.5) for g in generations])[:, None],
+                np.log(cores / sockets)[:, None],
+                sockets[:, None],
+                np.log(curves_w[:, top] / cores)[:, None],
+            ]
+        return np.hstack(columns)
+
+    def __call__(
+        self,
+        bank_w: np.ndarray,
+        curve_w: np.ndarray,
+        sampling: str,
+        bank_generations: list[str | None] | None = None,
+        generation: str | None = None,
+        bank_models: list[str] | None = None,
+        bank_hardware: np.ndarray | None = None,
+        hardware: np.ndarray | None = None,
+    ) -> np.ndarray:
+        shown, scored = grid_points(sampling)
+        top = max(shown)
+        inner = [j for j in shown if 0 < j < top]
+        bank_generations = bank_generations or [None] * len(bank_w)
+        key = (sampling, hashlib.sha1(np.ascontiguousarray(bank_w).tobytes()).hexdigest())
+        model = self._fitted.get(key)
+        if model is None:
+            model = ExtraTreesRegressor(
+                n_estimators=self.n_trees, min_samples_leaf=3, random_state=0
+            )
+            model.fit(
+                self.features(bank_w, top, inner, bank_generations, bank_hardware),
+                _rise_shapes(bank_w, top)[:, scored],
+            )
+            self._fitted[key] = model
+            if len(self._fitted) > self.KEPT:
+                self._fitted.popitem(last=False)
+        node = self.features(curve_w, top, inner, [generation], hardware)
+        rise_at_scored = model.predict(node)[0]
+        return curve_w[0] + rise_at_scored * (curve_w[top] - curve_w[0])
 
 
 PRIORS: dict[str, Prior] = {
@@ -136,6 +224,10 @@ PRIORS: dict[str, Prior] = {
     "mean shape": mean_shape_prior,
     **{f"nearest {k}": nearest_prior(k) for k in NEAREST_K},
     "shipped prior": shipped_prior,
+}
+LEARNERS: dict[str, Prior] = {
+    "forest on the shape": ForestPrior(with_facts=False),
+    "forest on shape and facts": ForestPrior(with_facts=True),
 }
 
 
@@ -150,6 +242,7 @@ class Sample:
     judged: np.ndarray  # [n] bool: of the judged sample (the others only teach)
     # per server, the generation its CPU model tells (what a cluster would know of a node)
     told: list[str | None] | None = None
+    hardware: np.ndarray | None = None  # [n, 2] cores and sockets (HARDWARE_COLUMNS)
 
 
 def read(csv: Path, split_csv: Path) -> Sample:
@@ -170,6 +263,9 @@ def read(csv: Path, split_csv: Path) -> Sample:
         + [g for o in others for g in o.generations],
         judged=np.arange(len(sample) + n_others) < len(sample),
         told=[cpu_generation(p) for p in sample["processor"]] + [None] * n_others,
+        hardware=np.vstack(
+            [sample[HARDWARE_COLUMNS].to_numpy(np.float64), *(o.hardware for o in others)]
+        ),
     )
 
 
@@ -188,14 +284,18 @@ def banks(sample: Sample, judging: str) -> list[tuple[int, np.ndarray]]:
     raise ValueError(f"unknown judging {judging!r}; known: {', '.join(JUDGINGS)}")
 
 
-def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
-    """Per prior, each judged server's MAPE at the sampling's scored loads."""
+def judge(
+    sample: Sample, sampling: str, judging: str, priors: dict[str, Prior] | None = None
+) -> dict[str, np.ndarray]:
+    """Per prior (default `PRIORS`), each judged server's MAPE at the sampling's scored loads."""
+    priors = PRIORS if priors is None else priors
     _, scored = grid_points(sampling)
-    errors: dict[str, list[float]] = {name: [] for name in PRIORS}
+    errors: dict[str, list[float]] = {name: [] for name in priors}
     for i, in_bank in banks(sample, judging):
         curve_w = sample.curves_w[i]
         bank_generations = [g for g, b in zip(sample.generations, in_bank, strict=True) if b]
-        for name, prior in PRIORS.items():
+        hardware = sample.hardware
+        for name, prior in priors.items():
             predicted_w = prior(
                 sample.curves_w[in_bank],
                 curve_w,
@@ -203,16 +303,19 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
                 bank_generations,
                 sample.told[i] if sample.told is not None else None,
                 list(sample.models[in_bank]),
+                hardware[in_bank] if hardware is not None else None,
+                hardware[i] if hardware is not None else None,
             )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}
 
 
-def print_sampling(sample: Sample, sampling: str) -> None:
+def print_sampling(sample: Sample, sampling: str, priors: dict[str, Prior] | None = None) -> None:
+    priors = PRIORS if priors is None else priors
     shown = ", ".join(f"{j * 10}" for j in SHOWN_GRID_POINTS[sampling])
     scored = ", ".join(str(pct) for pct in SCORED_LOADS_PCT[sampling])
     print(f"\n{sampling}: exact watts at {shown} %, predicted at {scored} %")
-    results = {judging: judge(sample, sampling, judging) for judging in JUDGINGS}
+    results = {judging: judge(sample, sampling, judging, priors) for judging in JUDGINGS}
     counts = {judging: len(next(iter(r.values()))) for judging, r in results.items()}
     print(
         "| prior | "
@@ -220,7 +323,7 @@ def print_sampling(sample: Sample, sampling: str) -> None:
         + " |"
     )
     print("| --- |" + " --- |" * len(JUDGINGS))
-    for name in PRIORS:
+    for name in priors:
         cells = []
         for judging in JUDGINGS:
             errors, line = results[judging][name], results[judging]["line"]
@@ -243,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         default="lowload",
         help=f"comma-separated, or all: {', '.join(SHOWN_GRID_POINTS)} (default lowload)",
     )
+    parser.add_argument(
+        "--learners",
+        action="store_true",
+        help="also judge two forests learned on each bank (shape; shape and node facts): "
+        "about a minute a sampling on two cores",
+    )
     args = parser.parse_args(argv)
     try:
         samplings = _choices(args.sampling, tuple(SHOWN_GRID_POINTS), "--sampling")
@@ -258,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{int((~sample.judged).sum())} servers of the other sample's prior side; MAPE "
         "median / p90 at the scored loads"
     )
+    priors = {**PRIORS, **LEARNERS} if args.learners else PRIORS
     for sampling in samplings:
-        print_sampling(sample, sampling)
+        print_sampling(sample, sampling, priors)
     return 0
 
 

@@ -80,6 +80,9 @@ log = logging.getLogger("bench.accuracy_specpower")
 
 DEFAULT_CSV = Path("../shared/data/specpower/ssj2008-sample.csv")
 LOAD_COLUMNS = ["watts_idle"] + [f"watts_{pct}" for pct in range(10, 101, 10)]
+# What a cluster tells of a server's hardware that SPECpower records too (node_cpu_info's
+# cores and packages: `training.node_facts`), in this order.
+HARDWARE_COLUMNS = ["cores", "chips"]
 SCORED_LOADS_PCT = {
     "levels": (10, 30, 50, 70, 90),
     "even": (10, 30, 50, 70, 90),
@@ -112,6 +115,7 @@ def prior_side(csv: Path, split_csv: Path, generation: str) -> PriorSide:
         curves_w=sample[LOAD_COLUMNS].to_numpy(np.float64)[chosen],
         models=sample["result"].map(split["processor_model"]).to_numpy()[chosen],
         generations=[generation] * int(chosen.sum()),
+        hardware=sample[HARDWARE_COLUMNS].to_numpy(np.float64)[chosen],
     )
 
 
@@ -120,6 +124,7 @@ class PriorSide:
     curves_w: np.ndarray  # [m, 11]
     models: np.ndarray  # processor model per server
     generations: list[str]
+    hardware: np.ndarray  # [m, 2] cores and sockets (HARDWARE_COLUMNS)
 
 
 def other_prior_sides(csv: Path) -> list[PriorSide]:
@@ -186,6 +191,7 @@ def load_servers(csv: Path, split_csv: Path) -> Servers:
             curves_w[side == "prior"],
             sample["result"].map(split["processor_model"]).to_numpy()[side == "prior"],
             [sample_generation(csv)] * int(np.sum(side == "prior")),
+            sample[HARDWARE_COLUMNS].to_numpy(np.float64)[side == "prior"],
         ),
         *other_prior_sides(csv),
     ]
