@@ -235,3 +235,84 @@ def test_near_twins_never_vouch_for_each_other_in_the_band() -> None:
     by_server = ShapePrior.from_curves(bank_w)
     by_model = ShapePrior.from_curves(bank_w, groups=models)
     assert band_width(by_model) > 2 * band_width(by_server)
+
+
+def _turbo_bank(rng: np.random.Generator, n: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """Servers alike at 0-50 % whose upper half only their hardware tells: many cores per
+    socket climb steeply (turbo), few flatten."""
+    low_w = 100 + 200 * GRID_UTIL**0.8
+    curves_w, hardware = [], []
+    for _ in range(n):
+        cores_per_socket = float(rng.choice([8, 64]))
+        curve_w = low_w.copy()
+        curve_w[6:] = low_w[5] + (GRID_UTIL[6:] - 0.5) * (800 if cores_per_socket > 32 else 200)
+        curves_w.append(curve_w * rng.uniform(0.8, 1.2))
+        hardware.append((2 * cores_per_socket, 2.0))
+    return np.array(curves_w), np.array(hardware)
+
+
+def test_the_facts_forest_reads_above_the_highest_load_what_the_shape_cannot_tell() -> None:
+    bank_w, hardware = _turbo_bank(np.random.default_rng(3))
+    models = [f"cpu-{i}" for i in range(len(bank_w))]
+    prior = ShapePrior.from_curves(bank_w, groups=models, hardware=hardware)
+    shown = np.array([True] * 6 + [False] * 5)
+    node_w = 100 + 200 * GRID_UTIL**0.8
+    steep_w = node_w.copy()
+    steep_w[6:] = node_w[5] + (GRID_UTIL[6:] - 0.5) * 800
+    rise_per_unit = (steep_w[6:] - steep_w[5]) / (steep_w[5] - steep_w[0])
+
+    def rise(p: ShapePrior, facts: NodeFacts | None) -> np.ndarray:
+        return p.rise_interval(node_w[:6], 5, shown, facts)[0]
+
+    steep_facts = NodeFacts(cpu_cores=128, cpu_sockets=2)
+    told = rise(prior, steep_facts)
+    np.testing.assert_allclose(told, rise_per_unit, rtol=0.1)
+    # the same node without its cores and sockets: the shape alone cannot tell, so the rise
+    # is between the two kinds
+    assert rise(prior, None)[-1] < 0.8 * rise_per_unit[-1]
+    # facts without a bank that knows its servers' hardware change nothing
+    shape_only = ShapePrior.from_curves(bank_w, groups=models)
+    np.testing.assert_array_equal(rise(shape_only, steep_facts), rise(shape_only, None))
+    # implausible facts (no sockets, more sockets than cores) are not read
+    for odd in (NodeFacts(cpu_cores=128, cpu_sockets=0), NodeFacts(cpu_cores=1, cpu_sockets=2)):
+        np.testing.assert_array_equal(rise(prior, odd), rise(prior, None))
+    # pass 3 of a fit draws the same: its curve above 50 % follows the facts
+    low, high = prior.rise_interval(node_w[:6], 5, shown, steep_facts)[1:]
+    assert (low <= told).all() and (told <= high).all()
+    increments = prior.conditional_shape(node_w[:6], 5, shown, steep_facts)
+    shape = np.concatenate([[0.0], np.cumsum(increments)])
+    drawn_w = node_w[0] + (node_w[5] - node_w[0]) * shape / shape[5]
+    np.testing.assert_allclose(drawn_w[6:], steep_w[6:], rtol=0.05)
+
+
+def test_a_bank_hardware_table_must_fit_its_curves() -> None:
+    bank_w, hardware = _turbo_bank(np.random.default_rng(4), n=10)
+    with pytest.raises(ValueError, match="cores and sockets for each of the 10 curves"):
+        ShapePrior.from_curves(bank_w, hardware=hardware[:9])
+    with pytest.raises(ValueError, match="sockets >= 1 and cores >= sockets"):
+        ShapePrior.from_curves(bank_w, hardware=np.column_stack([hardware[:, 1], hardware[:, 0]]))
+    unknown = hardware.copy()
+    unknown[3] = np.nan  # a server whose hardware was not recorded is simply not learned from
+    assert ShapePrior.from_curves(bank_w, hardware=unknown).bank_hardware.shape == (10, 2)
+
+
+def test_the_shipped_prior_knows_every_servers_cores_and_sockets() -> None:
+    prior = default_shape_prior()
+    assert prior.bank_hardware is not None and np.isfinite(prior.bank_hardware).all()
+    modern = prior.for_generation("modern")
+    assert modern.bank_hardware is not None and len(modern.bank_hardware) == modern.n_servers
+
+
+@pytest.mark.parametrize("top", [2, 5, 9])
+def test_the_facts_forest_extrapolates_from_any_highest_load(top: int) -> None:
+    # down to one grid point above the highest (a mostly-idle node that once reached 90 %)
+    bank_w, hardware = _turbo_bank(np.random.default_rng(6))
+    prior = ShapePrior.from_curves(bank_w, hardware=hardware)
+    shown = np.arange(11) <= top
+    node_w = bank_w[0]
+    facts = NodeFacts(cpu_cores=hardware[0, 0], cpu_sockets=hardware[0, 1])
+    rise, low, high = prior.rise_interval(node_w[: top + 1], top, shown, facts)
+    assert rise.shape == low.shape == high.shape == (10 - top,)
+    assert (np.diff(rise) >= 0).all() and (low <= rise).all() and (rise <= high).all()
+    increments = prior.conditional_shape(node_w[: top + 1], top, shown, facts)
+    assert increments.shape == (10,) and increments.sum() == pytest.approx(1.0)

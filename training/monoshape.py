@@ -30,9 +30,10 @@ Fitting one node (`fit_monotone_curve`, a few milliseconds at 10k rows) runs thr
    showed (`ShapePrior.conditional_shape`): each gap between two of them shared out, and the
    rise above the highest, as a ridge regression on the node's shown shape predicts (learned
    on the prior's servers), mixed with what the servers that looked like this node did
-   (`ShapePrior.local_mean_increments`' kernel); pass 2 repeated around it. So the node's
-   shape where it has data informs the deciles it never showed, beyond what any one server of
-   the prior did; above the highest load, that is its extrapolation.
+   (`ShapePrior.local_mean_increments`' kernel), or, when the node's facts tell its cores and
+   sockets, as a forest on its shown shape and that hardware predicts; pass 2 repeated around
+   it. So the node's shape where it has data informs the deciles it never showed, beyond what
+   any one server of the prior did; above the highest load, that is its extrapolation.
 
 `MonoShapeRegressor` wraps it as a scikit-learn estimator over the manifest's four features
 and registers its own skl2onnx converter, so `training.export` converts and checks it like
@@ -163,7 +164,7 @@ def extrapolation_interval(
     prediction is surely too low, or too high)."""
     if top >= N_DECILES:
         return None
-    _, low_rise, high_rise = prior.rise_interval(steady_w[: top + 1], top, observed)
+    _, low_rise, high_rise = prior.rise_interval(steady_w[: top + 1], top, observed, facts)
     top_w, rise_w = steady_w[top], max(steady_w[top] - steady_w[0], 1e-6)
     predicted_w = np.maximum(steady_w[top + 1 :], 1e-6)
     # the prior's band, around the prediction (the fit may sit a little off the prior's rise)
@@ -368,7 +369,7 @@ def fit_monotone_curve(
     top = int(np.clip(np.round(high_u * 10), 2, N_DECILES))
     steady_w = curve[0] + np.concatenate([[0.0], np.cumsum(curve[1:] + temp_part)])
     steady_w = steady_w + cpu_temp_basis([idle_temp_c])[0] @ cpu_temp_w
-    local_mean = prior.conditional_shape(steady_w[: top + 1], top, observed)
+    local_mean = prior.conditional_shape(steady_w[: top + 1], top, observed, facts)
     curve, dynamic_w = solve_bins(local_mean, dynamic_w)
 
     fitted = MonotoneCurve(

@@ -23,6 +23,10 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
 - each server's generation (`old`: 2007-2016, `modern`: 2017-2025), so a node whose CPU
   model tells its generation (`training.node_facts`) is drawn from its own
   (`for_generation`): curves of 2017 on idle lower and climb steeper at the top;
+- each server's cores and sockets (`bank_hardware`), so above the highest load of a node whose
+  facts tell its own, the rise is a forest's on its shape and that hardware (`_FactsRise`),
+  calibrated against the line and banded the same way: how steep turbo makes the top depends
+  on how many cores share a socket and how much each draws;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
@@ -50,8 +54,10 @@ from io import StringIO
 
 import numpy as np
 import pandas as pd
+from sklearn.ensemble import ExtraTreesRegressor
+from sklearn.model_selection import GroupKFold
 
-from training.node_facts import GENERATIONS, processor_model
+from training.node_facts import GENERATIONS, NodeFacts, processor_model
 
 SHAPES_FILE = "specpower_shapes.csv"
 SHAPES_FILES = {"old": SHAPES_FILE, "modern": "specpower_modern_shapes.csv"}
@@ -85,6 +91,20 @@ RISE_RIDGE_SHARE = 0.5
 INTERVAL_QUANTILES = (0.1, 0.9)
 # A generation's own prior needs this many servers; below, the prior of every server is used.
 MIN_GENERATION_SERVERS = 20
+# Above a node's highest load, when the cluster tells its cores and sockets (`NodeFacts`): a
+# forest of extra trees from its shown shape and its hardware to its rise (`_FactsRise`), in
+# place of the ridge regression and kernel. From SPECpower's exact watts at 0-50 %, judged by
+# processor model, the prior then predicts 60-100 % at 4.16 / 9.05 % (old servers) and
+# 4.96 / 11.63 % (modern) median / p90, against 4.44 / 10.72 % and 6.21 / 12.51 % told the CPU
+# model only (`python -m bench.accuracy_priors`). scikit-learn's usual settings, not tuned on
+# those scores. Its left-out predictions (processor models split over `FACTS_FOREST_FOLDS`
+# folds) calibrate it against the line and give the band.
+FACTS_FOREST_TREES = 100
+FACTS_FOREST_MIN_LEAF = 3
+FACTS_FOREST_FOLDS = 5
+# A bank needs this many servers with cores and sockets known to learn the forest.
+MIN_FACTS_SERVERS = 30
+_GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
 
 
 def load_shapes_table(periods: tuple[str, ...] = ("old",)) -> pd.DataFrame:
@@ -127,6 +147,8 @@ class ShapePrior:
     # each server's processor model (`training.node_facts.processor_model`; empty: unknown,
     # each server then its own): near-twins are left out together when the band is learned
     bank_groups: tuple[str, ...] = ()
+    # [m, 2] each server's cores (all sockets) and sockets; NaN where unknown, None: no server's
+    bank_hardware: np.ndarray | None = None
     # `_ShownShapeRegression`s learned so far, per pattern of shown grid points and top
     _regressions: dict = field(default_factory=dict, init=False, repr=False)
     _by_generation: dict = field(default_factory=dict, init=False, repr=False)
@@ -138,11 +160,13 @@ class ShapePrior:
         components: int = DEFAULT_COMPONENTS,
         generations: list[str | None] | None = None,
         groups: list[str] | None = None,
+        hardware: np.ndarray | None = None,
     ) -> ShapePrior:
         """Learn the prior from servers' curves in watts at `GRID_UTIL` ([m, 11], m >= 3), and
-        optionally each server's generation (`for_generation` then knows them) and processor
+        optionally each server's generation (`for_generation` then knows them), processor
         model (`groups`: left out together when the band above a node's highest load is
-        learned)."""
+        learned) and hardware (`hardware`, [m, 2]: cores and sockets, NaN where unknown; a
+        node whose facts tell its own is then extrapolated by `_FactsRise`)."""
         curves_w = np.asarray(curves_w, dtype=np.float64)
         if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
             raise ValueError(
@@ -188,6 +212,7 @@ class ShapePrior:
             dynamic_from_idle=(float(intercept), float(slope)),
             bank_generations=tuple(generations or [None] * len(curves_w)),
             bank_groups=tuple(str(g) for g in groups) if groups is not None else (),
+            bank_hardware=_checked_hardware(hardware, len(curves_w)),
         )
 
     @classmethod
@@ -203,7 +228,12 @@ class ShapePrior:
             * table["watts_max"].to_numpy(np.float64)[:, None]
         )
         groups = [processor_model(p) for p in table["processor"]] if "processor" in table else None
-        return cls.from_curves(curves_w, components, table_generations(table), groups)
+        hardware = (
+            table[["cores", "chips"]].to_numpy(np.float64)
+            if {"cores", "chips"} <= set(table.columns)
+            else None
+        )
+        return cls.from_curves(curves_w, components, table_generations(table), groups, hardware)
 
     def for_generation(self, generation: str | None) -> ShapePrior:
         """The prior of this generation's servers only (`old` or `modern`), when it has at
@@ -220,6 +250,7 @@ class ShapePrior:
                     self.bank_watts[mine],
                     generations=[generation] * int(mine.sum()),
                     groups=list(self.groups[mine]),
+                    hardware=None if self.bank_hardware is None else self.bank_hardware[mine],
                 )
                 if mine.sum() >= MIN_GENERATION_SERVERS and mine.sum() < self.n_servers
                 else self
@@ -295,7 +326,13 @@ class ShapePrior:
         weights = np.exp(-0.5 * (distance2 - distance2.min()) / LOCAL_BANDWIDTH**2)
         return weights / weights.sum()
 
-    def conditional_shape(self, curve_w: np.ndarray, top: int, observed: np.ndarray) -> np.ndarray:
+    def conditional_shape(
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        facts: NodeFacts | None = None,
+    ) -> np.ndarray:
         """Mean increments of a shape through the node's own curve where its data are.
 
         `curve_w`, `top` and `observed` as for `local_mean_increments`. The shape follows the
@@ -306,14 +343,15 @@ class ShapePrior:
         (`local_mean_increments`' kernel): `GAP_RIDGE_SHARE` and `RISE_RIDGE_SHARE` of the
         regression. So the node's own shape where it has data (its steps between shown points
         and their differences, its watts, its idle share) informs the deciles it never
-        showed, not only which servers it resembles.
+        showed, not only which servers it resembles. When `facts` tell the node's cores and
+        sockets, the rise above `top` is the facts forest's instead (`_FactsRise`).
         """
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
         if top < 2:
             return self.mean_increments
         anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
         regression = self._shown_shape_regression(anchors, top)
-        gap_shares, rise = regression.predict(curve_w)
+        gap_shares, _ = regression.predict(curve_w)
         weights = self._kernel_weights(curve_w, top, observed)
         shape = np.zeros(len(GRID_UTIL))
         shape[: top + 1] = np.maximum.accumulate(
@@ -328,14 +366,17 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            calibration = self._rise_calibration(anchors, top, observed)
-            rise = calibration.rise(rise, weights @ regression.bank_rise, top)
-            shape[top + 1 :] = shape[top] + rise
+            prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts)
+            shape[top + 1 :] = shape[top] + calibration.rise(prior_rise, top)
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
 
     def rise_interval(
-        self, curve_w: np.ndarray, top: int, observed: np.ndarray
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        facts: NodeFacts | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """How sure the prior is above grid point `top`: ([10 - top] the rise it predicts at
         each grid point above, and the `INTERVAL_QUANTILES` band around it), each per unit of
@@ -344,19 +385,58 @@ class ShapePrior:
         The band is how the prior's own servers came out against what it predicted for each
         of them from their points up to `top`, learned without it (`_RiseCalibration`): their
         ratios of actual to predicted rise, quantiles taken, applied to this node's
-        prediction."""
+        prediction. `facts` as for `conditional_shape`."""
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
         if top >= N_DECILES or top < 2:
             empty = np.zeros(0)
             return empty, empty, empty
+        prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts)
+        rise = calibration.rise(prior_rise, top)
+        return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
+
+    def _rise_above_top(
+        self, curve_w: np.ndarray, top: int, observed: np.ndarray, facts: NodeFacts | None
+    ) -> tuple[np.ndarray, _RiseCalibration]:
+        """The prior's own rise above `top` (before the line) and the calibration that
+        combines it with the line: the facts forest's when the node's cores and sockets are
+        known and the bank has enough servers with theirs, else the ridge regression mixed
+        with the kernel mean of similar servers."""
+        hardware = _node_hardware(facts)
+        if hardware is not None:
+            forest = self._facts_rise(top)
+            if forest is not None:
+                generation = facts.generation if facts is not None else None
+                return forest.predict(curve_w, hardware, generation), forest.calibration
         anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
         regression = self._shown_shape_regression(anchors, top)
         _, regressed = regression.predict(curve_w)
-        calibration = self._rise_calibration(anchors, top, observed)
-        rise = calibration.rise(
-            regressed, self._kernel_weights(curve_w, top, observed) @ regression.bank_rise, top
-        )
-        return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
+        kernel_mean = self._kernel_weights(curve_w, top, observed) @ regression.bank_rise
+        return _prior_rise(regressed, kernel_mean), self._rise_calibration(anchors, top, observed)
+
+    def _facts_rise(self, top: int) -> _FactsRise | None:
+        """The facts forest above grid point `top` (learned once: it reads the node's curve at
+        every grid point up to `top`, shown or filled by pass 2, so one per `top` serves every
+        pattern of shown points), or None when the bank has fewer than `MIN_FACTS_SERVERS`
+        servers with cores and sockets."""
+        key = ("facts", top)
+        if key not in self._regressions:
+            known = (
+                np.zeros(self.n_servers, dtype=bool)
+                if self.bank_hardware is None
+                else np.isfinite(self.bank_hardware).all(axis=1)
+            )
+            self._regressions[key] = (
+                _FactsRise.learn(
+                    self.bank_watts[known],
+                    self.bank_hardware[known],
+                    [self.bank_generations[i] for i in np.flatnonzero(known)],
+                    self.groups[known],
+                    top,
+                )
+                if known.sum() >= MIN_FACTS_SERVERS
+                else None
+            )
+        return self._regressions[key]
 
     def _rise_calibration(
         self, anchors: tuple[int, ...], top: int, observed: np.ndarray
@@ -495,6 +575,121 @@ class _ShownShapeRegression:
         return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
+def _checked_hardware(hardware: np.ndarray | None, n_servers: int) -> np.ndarray | None:
+    """[m, 2] cores and sockets as floats (NaN: unknown), or None; a clear error otherwise."""
+    if hardware is None:
+        return None
+    hardware = np.asarray(hardware, dtype=np.float64)
+    if hardware.shape != (n_servers, 2):
+        raise ValueError(
+            f"hardware must give cores and sockets for each of the {n_servers} curves, got an "
+            f"array of shape {hardware.shape}"
+        )
+    known = np.isfinite(hardware).all(axis=1)
+    cores, sockets = hardware[known, 0], hardware[known, 1]
+    if not ((sockets >= 1).all() and (cores >= sockets).all()):
+        raise ValueError("every server's hardware needs sockets >= 1 and cores >= sockets")
+    return hardware
+
+
+def _node_hardware(facts: NodeFacts | None) -> np.ndarray | None:
+    """[2] the node's cores and sockets when its facts tell both (plausibly), else None."""
+    if facts is None or facts.cpu_cores is None or facts.cpu_sockets is None:
+        return None
+    cores, sockets = float(facts.cpu_cores), float(facts.cpu_sockets)
+    if not (np.isfinite(cores) and np.isfinite(sockets) and 1 <= sockets <= cores):
+        return None
+    return np.array([cores, sockets])
+
+
+@dataclass(frozen=True, eq=False)
+class _FactsRise:
+    """Extra trees, across the prior's servers, from a curve's shape up to grid point `top` and
+    what the cluster tells of its hardware to its rise above `top`.
+
+    Features: the shape at every grid point between idle and `top` (rise from idle as a share
+    of the rise to `top`; a node's from its pass-2 curve, so also where it showed no load),
+    idle over watts at `top`, the generation (0 old, 1 modern, 0.5
+    unknown), log cores per socket, sockets, and log watts per core at `top`. Target: the rise
+    above `top` per unit of the rise from idle to `top`, as `_ShownShapeRegression.bank_rise`.
+    Turbo makes the top of a curve depend on how many cores share a socket's power and how much
+    each draws, which a half curve's shape alone does not show; trees find those interactions
+    where a ridge regression in them did not (`bench.accuracy_priors`: the shipped prior with
+    and without cores and sockets).
+    """
+
+    top: int
+    model: ExtraTreesRegressor
+    calibration: _RiseCalibration
+
+    @staticmethod
+    def features(
+        curves_w: np.ndarray,
+        hardware: np.ndarray,
+        generations: list[str | None],
+        top: int,
+    ) -> np.ndarray:
+        curves_w, hardware = np.atleast_2d(curves_w), np.atleast_2d(hardware)
+        top_w = np.maximum(curves_w[:, top], 1e-3)
+        rise_w = np.maximum(curves_w[:, top] - curves_w[:, 0], 1e-9)
+        inner = list(range(1, top))
+        cores, sockets = hardware[:, 0], hardware[:, 1]
+        return np.column_stack(
+            [
+                (curves_w[:, inner] - curves_w[:, :1]) / rise_w[:, None],
+                curves_w[:, 0] / top_w,
+                [_GENERATION_CODE.get(g, 0.5) for g in generations],  # type: ignore[arg-type]
+                np.log(cores / sockets),
+                sockets,
+                np.log(top_w / cores),
+            ]
+        )
+
+    @classmethod
+    def learn(
+        cls,
+        bank_w: np.ndarray,
+        hardware: np.ndarray,
+        generations: list[str | None],
+        groups: np.ndarray,
+        top: int,
+    ) -> _FactsRise:
+        """Learn the forest on the bank, and its calibration against the line from each
+        server's prediction by a forest learned without its processor model (the models split
+        over `FACTS_FOREST_FOLDS` folds, so near-twins never vouch for each other)."""
+        x = cls.features(bank_w, hardware, generations, top)
+        rise = np.maximum(
+            (bank_w[:, top + 1 :] - bank_w[:, top : top + 1])
+            / np.maximum(bank_w[:, top : top + 1] - bank_w[:, :1], 1e-9),
+            1e-4,
+        )
+        left_out = np.empty_like(rise)
+        folds = min(FACTS_FOREST_FOLDS, len(np.unique(groups)))
+        for train, held in GroupKFold(n_splits=folds).split(x, rise, groups):
+            left_out[held] = _forest(x[train], rise[train]).predict(x[held]).reshape(len(held), -1)
+        return cls(
+            top=top,
+            model=_forest(x, rise),
+            calibration=_RiseCalibration.learn(np.maximum(left_out, 1e-4), rise, top),
+        )
+
+    def predict(
+        self, curve_w: np.ndarray, hardware: np.ndarray, generation: str | None
+    ) -> np.ndarray:
+        """One node's curve at 0..top (watts) and hardware -> its rise above top per unit."""
+        x = self.features(curve_w[: self.top + 1], hardware, [generation], self.top)
+        return np.maximum(self.model.predict(x).reshape(-1), 1e-4)
+
+
+def _forest(x: np.ndarray, rise: np.ndarray) -> ExtraTreesRegressor:
+    """Extra trees learned on `x` -> `rise` ([m, points above top]; one point above: learned
+    as one target, so it predicts [n], which callers reshape)."""
+    forest = ExtraTreesRegressor(
+        n_estimators=FACTS_FOREST_TREES, min_samples_leaf=FACTS_FOREST_MIN_LEAF, random_state=0
+    )
+    return forest.fit(x, rise.ravel() if rise.shape[1] == 1 else rise)
+
+
 def _line_rise(top: int) -> np.ndarray:
     """The straight line through idle and grid point `top`, extended: its rise above `top` at
     each grid point, per unit of the rise from idle to `top`."""
@@ -534,10 +729,9 @@ class _RiseCalibration:
         low, high = np.quantile(actual_rise / combined, INTERVAL_QUANTILES, axis=0)
         return cls(line_weight, np.minimum(low, 1.0), np.maximum(high, 1.0))
 
-    def rise(self, regressed: np.ndarray, kernel_mean: np.ndarray, top: int) -> np.ndarray:
-        """One node's rise above `top` (non-decreasing), from its regressed rise and the
-        kernel mean of the servers like it."""
-        prior_rise = _prior_rise(regressed, kernel_mean)
+    def rise(self, prior_rise: np.ndarray, top: int) -> np.ndarray:
+        """One node's rise above `top` (non-decreasing), from the prior's own (`_prior_rise`
+        or the facts forest's)."""
         log_rise = (1 - self.line_weight) * np.log(prior_rise) + self.line_weight * np.log(
             _line_rise(top)
         )
