@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from bench.accuracy_specpower import (
+    HARDWARE_COLUMNS,
     LOAD_COLUMNS,
     SCORED_LOADS_PCT,
     SHOWN_GRID_POINTS,
@@ -45,6 +46,7 @@ from bench.accuracy_specpower import (
     resolve_sample,
     sample_found,
     sample_generation,
+    server_facts,
     shapes_table,
     steady_feature_rows,
     steady_power,
@@ -90,6 +92,12 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
         bank_generations = [sample_generation(csv)] * int(prior_side.sum()) + [
             g for s in others for g in s.generations
         ]
+        bank_hardware = np.vstack(
+            [
+                sample[HARDWARE_COLUMNS].to_numpy(np.float64)[prior_side],
+                *(s.hardware for s in others),
+            ]
+        )
         by_model: dict[str, ShapePrior] = {}
         for model in np.unique(models[prior_side]):
             keep = bank_models != model
@@ -97,6 +105,7 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
                 bank_w[keep],
                 generations=[g for g, k in zip(bank_generations, keep, strict=True) if k],
                 groups=list(bank_models[keep]),
+                hardware=bank_hardware[keep],
             )
         priors = [by_model[m] for m in models[chosen]]
     return Side(
@@ -105,10 +114,7 @@ def load_side(csv: Path, split_csv: Path, side: str) -> Side:
         table=table,
         models=models[chosen],
         priors=priors,
-        facts=[
-            NodeFacts(cpu_model=p, cpu_cores=float(c), cpu_sockets=float(k))
-            for p, c, k in zip(table["processor"], table["cores"], table["chips"], strict=True)
-        ],
+        facts=[server_facts(row) for _, row in table.iterrows()],
     )
 
 
@@ -164,7 +170,7 @@ def score(side: Side, spec, data: dict[str, NodeData], sampling: str, facts: boo
                 side.curves_w[i],
                 sampling,
                 loads_u,
-                node_facts.generation if node_facts is not None else None,
+                node_facts,
             )
             exact.append(mape_pct(exact_w, truth_w))
     return np.array(ours), np.array(line), (np.array(exact) if exact else None)

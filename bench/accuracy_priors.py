@@ -14,14 +14,11 @@ scored; `lowload`: 0-50 % shown, 60-100 % scored):
 - `nearest k`: the mean shape of the k bank servers most alike at the shown points (each
   normalised by its rise from idle to the highest shown point), scaled the same way;
 - `shipped prior`: `training.shape_prior.ShapePrior.conditional_shape`, as the model's pass 3
-  draws it (`bench.accuracy_specpower.prior_from_exact_points`);
-- with `--learners`, two general-purpose learners fitted on the bank (scikit-learn's extra
-  trees, 300 of them, at least 3 servers a leaf): `forest on the shape` maps the shown shape
-  (each shown point's rise from idle, as a share of the highest shown point's, and idle as a
-  share of that point) to the rise at the scored points; `forest on shape and facts` adds what a
-  cluster tells of the node (`training.node_facts`): its CPU's generation, cores per socket,
-  sockets, and watts per core at the highest shown point (the BMC's highest reading). They ask
-  whether a more flexible prior, or the facts, would extrapolate better than the shipped one.
+  draws it (`bench.accuracy_specpower.prior_from_exact_points`), told what a cluster tells of
+  the node (`training.node_facts`): its CPU model (so its generation), cores and sockets; above
+  the highest shown point it then extrapolates with its facts forest;
+- `shipped prior, generation only`: the same, told the CPU model alone (a cluster without
+  `node_cpu_info`'s cores and packages): the ridge regressions and kernel above that point.
 
 Each is judged three ways, over the servers of `--sample` (old: servers of 2007-2016; modern:
 2017-2025), with the other sample's prior side always in the bank (the shipped prior knows
@@ -36,7 +33,7 @@ every server's generation, and draws on the judged server's own when it has enou
 
 Printed: MAPE median / p90 at the scored loads, and the share of servers each beats `line` on.
 
-    python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH] [--learners]
+    python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH]
 """
 
 from __future__ import annotations
@@ -50,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.ensemble import ExtraTreesRegressor
 
 from bench.accuracy_specpower import (
     HARDWARE_COLUMNS,
@@ -66,17 +62,19 @@ from bench.accuracy_specpower import (
     resolve_sample,
     sample_found,
     sample_generation,
+    server_facts,
 )
-from training.node_facts import generation as cpu_generation
+from training.node_facts import NodeFacts
 from training.shape_prior import GRID_UTIL, ShapePrior
 
 NEAREST_K = (1, 3, 5)
 JUDGINGS = ("by processor", "leave one out", "scored side")
 
 # A prior: (bank curves [m, 11] W, the node's exact curve [11] W, the sampling whose grid
-# points it shows, the bank's generations, the node's, the bank's processor models, the bank's
-# hardware [m, 2], the node's [2]) -> predicted watts at the sampling's scored grid points.
-# Only the shipped prior and the learners read what follows the sampling.
+# points it shows, the bank's generations, what the cluster tells of the node (`NodeFacts`:
+# its CPU model, cores, sockets), the bank's processor models, the bank's hardware [m, 2]:
+# cores and sockets) -> predicted watts at the sampling's scored grid points. Only the shipped
+# priors read what follows the sampling.
 Prior = Callable[..., np.ndarray]
 
 
@@ -130,104 +128,72 @@ def nearest_prior(k: int) -> Prior:
     return predict
 
 
+class _BankPriors:
+    """The shipped prior learned on each bank once (judging by processor, every server of one
+    model shares its bank; the prior learns its facts forest lazily, per pattern of shown
+    points), the last `KEPT` kept."""
+
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self._priors: OrderedDict[str, ShapePrior] = OrderedDict()
+
+    def __call__(
+        self,
+        bank_w: np.ndarray,
+        generations: list[str | None] | None,
+        models: list[str] | None,
+        hardware: np.ndarray | None,
+    ) -> ShapePrior:
+        key = hashlib.sha1(np.ascontiguousarray(bank_w).tobytes()).hexdigest()
+        prior = self._priors.get(key)
+        if prior is None:
+            prior = ShapePrior.from_curves(
+                bank_w, generations=generations, groups=models, hardware=hardware
+            )
+            self._priors[key] = prior
+            if len(self._priors) > self.KEPT:
+                self._priors.popitem(last=False)
+        return prior
+
+
+_bank_priors = _BankPriors()
+
+
 def shipped_prior(
     bank_w: np.ndarray,
     curve_w: np.ndarray,
     sampling: str,
     bank_generations: list[str | None] | None = None,
-    generation: str | None = None,
+    facts: NodeFacts | None = None,
     bank_models: list[str] | None = None,
-    *_: object,
+    bank_hardware: np.ndarray | None = None,
 ) -> np.ndarray:
+    """As the model's pass 3 draws it, told what the cluster tells of the node."""
     _, scored = grid_points(sampling)
-    prior = ShapePrior.from_curves(bank_w, generations=bank_generations, groups=bank_models)
-    return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored], generation)
+    prior = _bank_priors(bank_w, bank_generations, bank_models, bank_hardware)
+    return prior_from_exact_points(prior, curve_w, sampling, GRID_UTIL[scored], facts)
 
 
-GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
-
-
-class ForestPrior:
-    """Extra trees learned on the bank: shown shape (and facts) -> rise at the scored points.
-
-    Fitted once per bank and sampling (judging by processor, every server of one model shares
-    its bank), the last few kept."""
-
-    KEPT = 128
-
-    def __init__(self, with_facts: bool, n_trees: int = 300) -> None:
-        self.with_facts = with_facts
-        self.n_trees = n_trees
-        self._fitted: OrderedDict[tuple[str, str], ExtraTreesRegressor] = OrderedDict()
-
-    def features(
-        self,
-        curves_w: np.ndarray,
-        top: int,
-        inner: list[int],
-        generations: list[str | None],
-        hardware: np.ndarray | None,
-    ) -> np.ndarray:
-        curves_w = np.atleast_2d(curves_w)
-        columns = [
-            _rise_shapes(curves_w, top)[:, inner],
-            curves_w[:, :1] / curves_w[:, top : top + 1],
-        ]
-        if self.with_facts:
-            if hardware is None:
-                raise ValueError("the forest on shape and facts needs each server's hardware")
-            hardware = np.atleast_2d(hardware)
-            cores, sockets = hardware[:, 0], hardware[:, 1]
-            columns += [
-                np.array([GENERATION_CODE.get(g, 0.5) for g in generations])[:, None],
-                np.log(cores / sockets)[:, None],
-                sockets[:, None],
-                np.log(curves_w[:, top] / cores)[:, None],
-            ]
-        return np.hstack(columns)
-
-    def __call__(
-        self,
-        bank_w: np.ndarray,
-        curve_w: np.ndarray,
-        sampling: str,
-        bank_generations: list[str | None] | None = None,
-        generation: str | None = None,
-        bank_models: list[str] | None = None,
-        bank_hardware: np.ndarray | None = None,
-        hardware: np.ndarray | None = None,
-    ) -> np.ndarray:
-        shown, scored = grid_points(sampling)
-        top = max(shown)
-        inner = [j for j in shown if 0 < j < top]
-        bank_generations = bank_generations or [None] * len(bank_w)
-        key = (sampling, hashlib.sha1(np.ascontiguousarray(bank_w).tobytes()).hexdigest())
-        model = self._fitted.get(key)
-        if model is None:
-            model = ExtraTreesRegressor(
-                n_estimators=self.n_trees, min_samples_leaf=3, random_state=0
-            )
-            model.fit(
-                self.features(bank_w, top, inner, bank_generations, bank_hardware),
-                _rise_shapes(bank_w, top)[:, scored],
-            )
-            self._fitted[key] = model
-            if len(self._fitted) > self.KEPT:
-                self._fitted.popitem(last=False)
-        node = self.features(curve_w, top, inner, [generation], hardware)
-        rise_at_scored = model.predict(node)[0]
-        return curve_w[0] + rise_at_scored * (curve_w[top] - curve_w[0])
+def shipped_prior_generation_only(
+    bank_w: np.ndarray,
+    curve_w: np.ndarray,
+    sampling: str,
+    bank_generations: list[str | None] | None = None,
+    facts: NodeFacts | None = None,
+    *bank: object,
+) -> np.ndarray:
+    """The shipped prior for a cluster that tells the CPU model but not cores and sockets."""
+    model_only = NodeFacts(cpu_model=facts.cpu_model) if facts is not None else None
+    return shipped_prior(bank_w, curve_w, sampling, bank_generations, model_only, *bank)  # type: ignore[arg-type]
 
 
 PRIORS: dict[str, Prior] = {
     "line": line_prior,
     "mean shape": mean_shape_prior,
     **{f"nearest {k}": nearest_prior(k) for k in NEAREST_K},
+    "shipped prior, generation only": shipped_prior_generation_only,
     "shipped prior": shipped_prior,
-}
-LEARNERS: dict[str, Prior] = {
-    "forest on the shape": ForestPrior(with_facts=False),
-    "forest on shape and facts": ForestPrior(with_facts=True),
 }
 
 
@@ -240,8 +206,8 @@ class Sample:
     scored_side: np.ndarray  # [n] bool: on the committed split's held-out side
     generations: list[str | None]  # per server: its sample's period (what the bank knows)
     judged: np.ndarray  # [n] bool: of the judged sample (the others only teach)
-    # per server, the generation its CPU model tells (what a cluster would know of a node)
-    told: list[str | None] | None = None
+    # per judged server, what a cluster would tell of it (its CPU model, cores, sockets)
+    facts: list[NodeFacts | None] | None = None
     hardware: np.ndarray | None = None  # [n, 2] cores and sockets (HARDWARE_COLUMNS)
 
 
@@ -262,7 +228,7 @@ def read(csv: Path, split_csv: Path) -> Sample:
         generations=[sample_generation(csv)] * len(sample)
         + [g for o in others for g in o.generations],
         judged=np.arange(len(sample) + n_others) < len(sample),
-        told=[cpu_generation(p) for p in sample["processor"]] + [None] * n_others,
+        facts=[server_facts(row) for _, row in sample.iterrows()] + [None] * n_others,
         hardware=np.vstack(
             [sample[HARDWARE_COLUMNS].to_numpy(np.float64), *(o.hardware for o in others)]
         ),
@@ -284,38 +250,33 @@ def banks(sample: Sample, judging: str) -> list[tuple[int, np.ndarray]]:
     raise ValueError(f"unknown judging {judging!r}; known: {', '.join(JUDGINGS)}")
 
 
-def judge(
-    sample: Sample, sampling: str, judging: str, priors: dict[str, Prior] | None = None
-) -> dict[str, np.ndarray]:
-    """Per prior (default `PRIORS`), each judged server's MAPE at the sampling's scored loads."""
-    priors = PRIORS if priors is None else priors
+def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
+    """Per prior, each judged server's MAPE at the sampling's scored loads."""
     _, scored = grid_points(sampling)
-    errors: dict[str, list[float]] = {name: [] for name in priors}
+    errors: dict[str, list[float]] = {name: [] for name in PRIORS}
     for i, in_bank in banks(sample, judging):
         curve_w = sample.curves_w[i]
         bank_generations = [g for g, b in zip(sample.generations, in_bank, strict=True) if b]
         hardware = sample.hardware
-        for name, prior in priors.items():
+        for name, prior in PRIORS.items():
             predicted_w = prior(
                 sample.curves_w[in_bank],
                 curve_w,
                 sampling,
                 bank_generations,
-                sample.told[i] if sample.told is not None else None,
+                sample.facts[i] if sample.facts is not None else None,
                 list(sample.models[in_bank]),
                 hardware[in_bank] if hardware is not None else None,
-                hardware[i] if hardware is not None else None,
             )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}
 
 
-def print_sampling(sample: Sample, sampling: str, priors: dict[str, Prior] | None = None) -> None:
-    priors = PRIORS if priors is None else priors
+def print_sampling(sample: Sample, sampling: str) -> None:
     shown = ", ".join(f"{j * 10}" for j in SHOWN_GRID_POINTS[sampling])
     scored = ", ".join(str(pct) for pct in SCORED_LOADS_PCT[sampling])
     print(f"\n{sampling}: exact watts at {shown} %, predicted at {scored} %")
-    results = {judging: judge(sample, sampling, judging, priors) for judging in JUDGINGS}
+    results = {judging: judge(sample, sampling, judging) for judging in JUDGINGS}
     counts = {judging: len(next(iter(r.values()))) for judging, r in results.items()}
     print(
         "| prior | "
@@ -323,7 +284,7 @@ def print_sampling(sample: Sample, sampling: str, priors: dict[str, Prior] | Non
         + " |"
     )
     print("| --- |" + " --- |" * len(JUDGINGS))
-    for name in priors:
+    for name in PRIORS:
         cells = []
         for judging in JUDGINGS:
             errors, line = results[judging][name], results[judging]["line"]
@@ -346,12 +307,6 @@ def main(argv: list[str] | None = None) -> int:
         default="lowload",
         help=f"comma-separated, or all: {', '.join(SHOWN_GRID_POINTS)} (default lowload)",
     )
-    parser.add_argument(
-        "--learners",
-        action="store_true",
-        help="also judge two forests learned on each bank (shape; shape and node facts): "
-        "about a minute a sampling on two cores",
-    )
     args = parser.parse_args(argv)
     try:
         samplings = _choices(args.sampling, tuple(SHOWN_GRID_POINTS), "--sampling")
@@ -367,9 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{int((~sample.judged).sum())} servers of the other sample's prior side; MAPE "
         "median / p90 at the scored loads"
     )
-    priors = {**PRIORS, **LEARNERS} if args.learners else PRIORS
     for sampling in samplings:
-        print_sampling(sample, sampling, priors)
+        print_sampling(sample, sampling)
     return 0
 
 

@@ -62,7 +62,7 @@ from training.export import onnx_predict_w
 from training.families import DEFAULT_FAMILIES
 from training.fit import FitSettings, fit_fleet, heldout_start_index
 from training.fit.cli import setup_logging
-from training.node_facts import generation as cpu_generation
+from training.node_facts import NodeFacts
 from training.report import IdleToMaxLine
 from training.shape_prior import GRID_UTIL, SHARE_COLUMNS, ShapePrior
 from training.synth import (
@@ -209,6 +209,7 @@ def load_servers(csv: Path, split_csv: Path) -> Servers:
                 for g in np.array(s.generations, dtype=object)[k]
             ],
             groups=[m for s, k in zip(sides, keep, strict=True) for m in s.models[k]],
+            hardware=np.vstack([s.hardware[k] for s, k in zip(sides, keep, strict=True)]),
         ),
         n_prior=int(sum(k.sum() for k in keep)),
     )
@@ -249,12 +250,22 @@ def steady_feature_rows(spec: FleetSpec, loads_u: np.ndarray) -> np.ndarray:
     )
 
 
+def server_facts(row: pd.Series) -> NodeFacts:
+    """What a cluster would tell of a SPECpower server (a shapes-table row): its processor,
+    cores and sockets."""
+    return NodeFacts(
+        cpu_model=str(row["processor"]),
+        cpu_cores=float(row["cores"]),
+        cpu_sockets=float(row["chips"]),
+    )
+
+
 def prior_from_exact_points(
     prior: ShapePrior,
     curve_w: np.ndarray,
     sampling: str,
     loads_u: np.ndarray,
-    generation: str | None = None,
+    facts: NodeFacts | None = None,
 ) -> np.ndarray:
     """The prior's prediction at `loads_u` (grid points) from a server's exact watts at the
     grid points `sampling` shows (`SHOWN_GRID_POINTS`), as `training.monoshape`'s pass 3 draws
@@ -264,10 +275,12 @@ def prior_from_exact_points(
     top = max(shown)
     observed = np.zeros(len(GRID_UTIL), dtype=bool)
     observed[list(shown)] = True
-    prior = prior.for_generation(generation)
+    prior = prior.for_generation(facts.generation if facts is not None else None)
     # Between shown points the node's data say nothing: straight lines, as a fit would leave.
     seen_w = np.interp(GRID_UTIL[: top + 1], GRID_UTIL[list(shown)], curve_w[list(shown)])
-    shape = np.concatenate([[0.0], np.cumsum(prior.conditional_shape(seen_w, top, observed))])
+    shape = np.concatenate(
+        [[0.0], np.cumsum(prior.conditional_shape(seen_w, top, observed, facts))]
+    )
     shape_w = seen_w[0] + (seen_w[top] - seen_w[0]) * shape / shape[top]
     return np.interp(loads_u, GRID_UTIL, shape_w)
 
@@ -348,7 +361,7 @@ def run_case(
                     servers.curves_w[i],
                     sampling,
                     loads_u,
-                    cpu_generation(servers.table["processor"].iloc[i]) if args.facts else None,
+                    server_facts(servers.table.iloc[i]) if args.facts else None,
                 )
                 exact_prior.append(mape_pct(exact_w, truth_w))
     summary = run.report["summary"]

@@ -9,7 +9,7 @@ import pytest
 
 from bench import accuracy_priors, accuracy_specpower
 from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV
-from training.node_facts import generation
+from training import shape_prior
 from training.shape_prior import GRID_UTIL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,33 +42,6 @@ def test_the_nearest_server_lends_its_shape_not_its_watts() -> None:
         assert accuracy_specpower.mape_pct(mean_w, node_w[scored]) > 0.5
 
 
-def test_the_forest_learns_from_the_facts_what_the_shown_shape_cannot_tell() -> None:
-    # every bank server shows the same shape at 0-50 %; above it, servers with many cores per
-    # socket climb steeply (turbo) and the others flatten. Only the facts tell them apart.
-    rng = np.random.default_rng(3)
-    low = concave_curve_w(100, 200, 0.8)
-    bank_w, hardware = [], []
-    for _ in range(60):
-        cores_per_socket = float(rng.choice([8, 64]))
-        curve_w = low.copy()
-        steep = cores_per_socket > 32
-        curve_w[6:] = low[5] + (GRID_UTIL[6:] - 0.5) * (400 if steep else 150)
-        bank_w.append(curve_w * rng.uniform(0.8, 1.2))
-        hardware.append((2 * cores_per_socket, 2.0))
-    bank_w, hardware = np.array(bank_w), np.array(hardware)
-    steep_node_w = bank_w[np.flatnonzero(hardware[:, 0] > 64)[0]]
-    steep_hardware = np.array([128.0, 2.0])
-    args = (bank_w, steep_node_w, "lowload", ["modern"] * 60, "modern", None, hardware)
-    with_facts = accuracy_priors.ForestPrior(with_facts=True)(*args, steep_hardware)
-    shape_only = accuracy_priors.ForestPrior(with_facts=False)(*args, steep_hardware)
-    truth_w = steep_node_w[ABOVE_HALF]
-    assert accuracy_specpower.mape_pct(with_facts, truth_w) < 1.0
-    assert accuracy_specpower.mape_pct(shape_only, truth_w) > 5.0
-    # the facts forest needs them, and says so
-    with pytest.raises(ValueError, match="hardware"):
-        accuracy_priors.ForestPrior(with_facts=True)(bank_w, steep_node_w, "lowload")
-
-
 def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> None:
     sample = accuracy_priors.Sample(
         curves_w=np.stack([concave_curve_w(50 + i, 150, 0.7) for i in range(5)]),
@@ -94,6 +67,9 @@ def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> Non
 @pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
 def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
     monkeypatch.chdir(REPO)
+    # the rows are tested here, not the figures: small facts forests, in a cache of their own
+    monkeypatch.setattr(shape_prior, "FACTS_FOREST_TREES", 10)
+    monkeypatch.setattr(accuracy_priors, "_bank_priors", accuracy_priors._BankPriors())
     assert accuracy_priors.main(["--sampling", "all", "--split", str(SPLIT_CSV)]) == 0
     out = capsys.readouterr().out
     assert "116 servers of 62 processor models" in out
@@ -101,28 +77,6 @@ def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
     assert out.count("scored side (39 servers)") == 2
     for name in accuracy_priors.PRIORS:
         assert out.count(f"| {name} |") == 2
-
-
-@pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
-def test_learners_add_their_rows_with_the_nodes_hardware(monkeypatch, capsys) -> None:
-    monkeypatch.chdir(REPO)
-    # fewer trees than the bench's 300: the rows and the facts' plumbing are what is tested
-    monkeypatch.setattr(
-        accuracy_priors,
-        "LEARNERS",
-        {
-            "forest on the shape": accuracy_priors.ForestPrior(False, n_trees=10),
-            "forest on shape and facts": accuracy_priors.ForestPrior(True, n_trees=10),
-        },
-    )
-    assert accuracy_priors.main(["--sampling", "lowload", "--learners"]) == 0
-    out = capsys.readouterr().out
-    for name in [*accuracy_priors.PRIORS, "forest on the shape", "forest on shape and facts"]:
-        assert out.count(f"| {name} |") == 1
-    sample = accuracy_priors.read(DEFAULT_CSV, SPLIT_CSV)
-    assert sample.hardware is not None and sample.hardware.shape == (len(sample.curves_w), 2)
-    # every server has its cores and sockets, the other sample's prior side included
-    assert (sample.hardware >= 1).all() and (sample.hardware[:, 0] >= sample.hardware[:, 1]).all()
 
 
 @pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
@@ -135,10 +89,10 @@ def test_the_shipped_prior_on_the_scored_side_is_what_the_scored_bench_prints(mo
     direct = [
         accuracy_specpower.mape_pct(
             accuracy_specpower.prior_from_exact_points(
-                servers.prior, curve_w, "lowload", loads_u, generation(processor)
+                servers.prior, curve_w, "lowload", loads_u, accuracy_specpower.server_facts(row)
             ),
             curve_w[ABOVE_HALF],
         )
-        for curve_w, processor in zip(servers.curves_w, servers.table["processor"], strict=True)
+        for curve_w, (_, row) in zip(servers.curves_w, servers.table.iterrows(), strict=True)
     ]
     np.testing.assert_allclose(judged, direct)

@@ -33,7 +33,7 @@ from training.synth import fleet_telemetry
 
 log = logging.getLogger("bench.sim.scenario")
 
-BUNDLE_RECIPE = "synth-fit-v2"  # change when the history or fit recipe changes (v2: monoshape)
+BUNDLE_RECIPE = "synth-fit-v3"  # change when the history or fit recipe changes (v3: facts forest)
 HISTORY_STEP_S = 60.0
 
 
