@@ -130,8 +130,8 @@ def nearest_prior(k: int) -> Prior:
 
 class _BankPriors:
     """The shipped prior learned on each bank once (judging by processor, every server of one
-    model shares its bank; the prior learns its facts forest lazily, per pattern of shown
-    points), the last `KEPT` kept."""
+    model shares its bank; the prior learns its facts forests lazily, one per highest shown
+    load), the last `KEPT` kept."""
 
     KEPT = 64
 
@@ -257,7 +257,7 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
     for i, in_bank in banks(sample, judging):
         curve_w = sample.curves_w[i]
         bank_generations = [g for g, b in zip(sample.generations, in_bank, strict=True) if b]
-        hardware = sample.hardware
+        bank_hardware = sample.hardware[in_bank] if sample.hardware is not None else None
         for name, prior in PRIORS.items():
             predicted_w = prior(
                 sample.curves_w[in_bank],
@@ -266,7 +266,7 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
                 bank_generations,
                 sample.facts[i] if sample.facts is not None else None,
                 list(sample.models[in_bank]),
-                hardware[in_bank] if hardware is not None else None,
+                bank_hardware,
             )
             errors[name].append(mape_pct(predicted_w, curve_w[scored]))
     return {name: np.array(values) for name, values in errors.items()}

@@ -11,7 +11,8 @@ between the measured levels it was held at (0, 20, ..., 100 %), so the rows say 
 the loads between; otherwise a smooth monotone interpolation (PCHIP) through all 11 points.
 The telemetry carries the node facts a cluster would report (contract 1's optional columns:
 the server's processor, cores and sockets, the highest power read, a power-supply rating), so
-the prior draws on the node's generation; `--no-facts` leaves them out.
+the prior draws on the node's generation, and above its highest load on its cores and sockets;
+`--no-facts` leaves them out.
 
 The whole fleet goes through the real pipeline (`training.fit.fit_fleet`: family choice, ONNX,
 parity, bundle), then each node's model in the bundle (its own, or the fleet fallback it was
@@ -572,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         dest="facts",
         action="store_false",
         help="leave out the nodes' hardware facts (cpu_model, cores, ...): the prior then "
-        "cannot tell their generation",
+        "cannot tell their generation, nor their cores and sockets",
     )
     args = parser.parse_args(argv)
     try:
