@@ -541,9 +541,7 @@ class _ShownShapeRegression:
             shares[:, column] = (bank_w[:, j] - bank_w[:, below]) / np.maximum(
                 bank_w[:, above] - bank_w[:, below], 1e-9
             )
-        rise = (bank_w[:, top + 1 :] - bank_w[:, top : top + 1]) / np.maximum(
-            bank_w[:, top : top + 1] - bank_w[:, :1], 1e-9
-        )
+        rise = _rise_above(bank_w, top)
         x = cls.features(bank_w, anchors, top)
         mean_x, scale_x = x.mean(axis=0), x.std(axis=0) + 1e-9
         xs = (x - mean_x) / scale_x
@@ -658,11 +656,7 @@ class _FactsRise:
         server's prediction by a forest learned without its processor model (the models split
         over `FACTS_FOREST_FOLDS` folds, so near-twins never vouch for each other)."""
         x = cls.features(bank_w, hardware, generations, top)
-        rise = np.maximum(
-            (bank_w[:, top + 1 :] - bank_w[:, top : top + 1])
-            / np.maximum(bank_w[:, top : top + 1] - bank_w[:, :1], 1e-9),
-            1e-4,
-        )
+        rise = np.maximum(_rise_above(bank_w, top), 1e-4)
         left_out = np.empty_like(rise)
         folds = min(FACTS_FOREST_FOLDS, len(np.unique(groups)))
         for train, held in GroupKFold(n_splits=folds).split(x, rise, groups):
@@ -688,6 +682,14 @@ def _forest(x: np.ndarray, rise: np.ndarray) -> ExtraTreesRegressor:
         n_estimators=FACTS_FOREST_TREES, min_samples_leaf=FACTS_FOREST_MIN_LEAF, random_state=0
     )
     return forest.fit(x, rise.ravel() if rise.shape[1] == 1 else rise)
+
+
+def _rise_above(curves_w: np.ndarray, top: int) -> np.ndarray:
+    """[m, 10 - top] each curve's rise above grid point `top`, per unit of its rise from idle
+    to `top` (what the regressions and the forest learn to predict)."""
+    return (curves_w[:, top + 1 :] - curves_w[:, top : top + 1]) / np.maximum(
+        curves_w[:, top : top + 1] - curves_w[:, :1], 1e-9
+    )
 
 
 def _line_rise(top: int) -> np.ndarray:
