@@ -366,7 +366,7 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts)
+            prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts, weights)
             shape[top + 1 :] = shape[top] + calibration.rise(prior_rise, top)
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
@@ -395,12 +395,18 @@ class ShapePrior:
         return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
 
     def _rise_above_top(
-        self, curve_w: np.ndarray, top: int, observed: np.ndarray, facts: NodeFacts | None
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        facts: NodeFacts | None,
+        kernel_weights: np.ndarray | None = None,
     ) -> tuple[np.ndarray, _RiseCalibration]:
         """The prior's own rise above `top` (before the line) and the calibration that
         combines it with the line: the facts forest's when the node's cores and sockets are
         known and the bank has enough servers with theirs, else the ridge regression mixed
-        with the kernel mean of similar servers."""
+        with the kernel mean of similar servers (`kernel_weights`, when the caller has them
+        already)."""
         hardware = _node_hardware(facts)
         if hardware is not None:
             forest = self._facts_rise(top)
@@ -410,7 +416,9 @@ class ShapePrior:
         anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
         regression = self._shown_shape_regression(anchors, top)
         _, regressed = regression.predict(curve_w)
-        kernel_mean = self._kernel_weights(curve_w, top, observed) @ regression.bank_rise
+        if kernel_weights is None:
+            kernel_weights = self._kernel_weights(curve_w, top, observed)
+        kernel_mean = kernel_weights @ regression.bank_rise
         return _prior_rise(regressed, kernel_mean), self._rise_calibration(anchors, top, observed)
 
     def _facts_rise(self, top: int) -> _FactsRise | None:
