@@ -32,6 +32,10 @@ every server's generation, and draws on the judged server's own when it has enou
   `bench.accuracy_specpower` scores on).
 
 Printed: MAPE median / p90 at the scored loads, and the share of servers each beats `line` on.
+Then a reference no prior above can reach by design: each server that shares its processor
+model with another, predicted from those near-twins' shapes (`same_processor_reference`:
+what knowing the processor exactly tells; the rest is the chassis), beside the shipped prior
+judged by processor on the same servers.
 
     python3 -m bench.accuracy_priors [--sampling lowload|levels|all] [--csv PATH]
 """
@@ -272,6 +276,55 @@ def judge(sample: Sample, sampling: str, judging: str) -> dict[str, np.ndarray]:
     return {name: np.array(values) for name, values in errors.items()}
 
 
+def same_processor_reference(sample: Sample, sampling: str) -> tuple[np.ndarray, np.ndarray]:
+    """A reference no prior here can reach by design: each judged server predicted from the
+    *other* servers of its processor model (near-twins: the same processor in another
+    chassis), each one's shape drawn through the server's own shown points (`_through_shown`),
+    averaged. What knowing the processor exactly, turbo frequencies and all, tells about a curve;
+    the rest is the chassis (fans, memory, disks, power supply). Returns the positions among
+    the judged servers of those that have a near-twin, and their MAPE at the scored loads."""
+    _, scored = grid_points(sampling)
+    positions, errors = [], []
+    for position, i in enumerate(np.flatnonzero(sample.judged)):
+        twins = (sample.models == sample.models[i]) & (np.arange(len(sample.models)) != i)
+        if twins.any():
+            curve_w = sample.curves_w[i]
+            predicted_w = np.mean(
+                [_through_shown(twin_w, curve_w, sampling) for twin_w in sample.curves_w[twins]],
+                axis=0,
+            )
+            positions.append(position)
+            errors.append(mape_pct(predicted_w, curve_w[scored]))
+    return np.array(positions, dtype=int), np.array(errors)
+
+
+def _through_shown(shape_w: np.ndarray, curve_w: np.ndarray, sampling: str) -> np.ndarray:
+    """Another curve's shape (`shape_w`, watts) through the node's own shown points, at the
+    scored ones: between two shown points, the same share of the step between them; above the
+    highest, the same rise per unit of the rise from idle to it."""
+    shown, scored = grid_points(sampling)
+    top = max(shown)
+    predicted_w = []
+    for j in scored:
+        if j > top:
+            low, high, base = 0, top, top
+        else:
+            low = max(k for k in shown if k < j)
+            high = min(k for k in shown if k > j)
+            base = low
+        share = (shape_w[j] - shape_w[base]) / max(shape_w[high] - shape_w[low], 1e-9)
+        predicted_w.append(curve_w[base] + share * (curve_w[high] - curve_w[low]))
+    return np.array(predicted_w)
+
+
+def _cell(errors: np.ndarray, line: np.ndarray | None) -> str:
+    """MAPE median / p90, and the share of servers better than the line's."""
+    cell = f"{np.median(errors):.2f} / {np.percentile(errors, 90):.2f} %"
+    if line is not None:
+        cell += f", beats the line on {np.mean(errors < line) * 100:.0f} %"
+    return cell
+
+
 def print_sampling(sample: Sample, sampling: str) -> None:
     shown = ", ".join(f"{j * 10}" for j in SHOWN_GRID_POINTS[sampling])
     scored = ", ".join(str(pct) for pct in SCORED_LOADS_PCT[sampling])
@@ -288,11 +341,24 @@ def print_sampling(sample: Sample, sampling: str) -> None:
         cells = []
         for judging in JUDGINGS:
             errors, line = results[judging][name], results[judging]["line"]
-            cell = f"{np.median(errors):.2f} / {np.percentile(errors, 90):.2f} %"
-            if name != "line":
-                cell += f", beats the line on {np.mean(errors < line) * 100:.0f} %"
-            cells.append(cell)
+            cells.append(_cell(errors, None if name == "line" else line))
         print(f"| {name} | " + " | ".join(cells) + " |")
+    positions, twin_errors = same_processor_reference(sample, sampling)
+    if not len(positions):
+        return
+    by_processor = {name: errors[positions] for name, errors in results["by processor"].items()}
+    print(
+        f"\nnear-twins, a reference: the {len(positions)} servers that share their processor "
+        "model with another server, predicted from those servers' shapes through its shown points"
+    )
+    print("| on these servers | MAPE |\n| --- | --- |")
+    print(f"| the straight line | {_cell(by_processor['line'], None)} |")
+    print(
+        "| the same processor model's other servers | "
+        f"{_cell(twin_errors, by_processor['line'])} |"
+    )
+    for name in ("shipped prior", "shipped prior, generation only"):
+        print(f"| {name}, by processor | {_cell(by_processor[name], by_processor['line'])} |")
 
 
 def main(argv: list[str] | None = None) -> int:

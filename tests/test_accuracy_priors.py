@@ -64,6 +64,29 @@ def test_the_banks_keep_near_twins_apart_only_when_judging_by_processor() -> Non
         accuracy_priors.banks(sample, "by vendor")
 
 
+def test_a_near_twin_lends_its_shape_through_the_servers_own_shown_points() -> None:
+    # servers 0 and 1 share a processor model and a shape at different watts; server 2 has
+    # its own model (no near-twin) and server 3 shares model "b" but is not judged
+    shared_w = concave_curve_w(40, 120, 0.6)
+    other_w = concave_curve_w(70, 200, 1.4)
+    sample = accuracy_priors.Sample(
+        curves_w=np.stack([shared_w, 1.5 * shared_w, other_w, other_w]),
+        models=np.array(["a", "a", "c", "b"]),
+        scored_side=np.zeros(4, dtype=bool),
+        generations=[None] * 4,
+        judged=np.array([True, True, True, False]),
+    )
+    for sampling in ("lowload", "levels"):
+        positions, errors = accuracy_priors.same_processor_reference(sample, sampling)
+        assert positions.tolist() == [0, 1]
+        np.testing.assert_allclose(errors, 0.0, atol=1e-9)
+    # another shape through the node's own points: far from a different shape,
+    # and between two shown points it stays between their watts
+    predicted_w = accuracy_priors._through_shown(other_w, shared_w, "levels")
+    assert accuracy_specpower.mape_pct(predicted_w, shared_w[ODD]) > 1.0
+    assert (predicted_w > shared_w[ODD - 1]).all() and (predicted_w < shared_w[ODD + 1]).all()
+
+
 @pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
 def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
     monkeypatch.chdir(REPO)
@@ -77,6 +100,10 @@ def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
     assert out.count("scored side (39 servers)") == 2
     for name in accuracy_priors.PRIORS:
         assert out.count(f"| {name} |") == 2
+    # and the near-twin reference, on the servers that have one, beside the shipped prior
+    assert out.count("near-twins, a reference: the 74 servers") == 2
+    assert out.count("| the same processor model's other servers |") == 2
+    assert out.count("| shipped prior, by processor |") == 2
 
 
 @pytest.mark.skipif(not SAMPLE.is_file(), reason=f"{SAMPLE} (beside the repository) is missing")
