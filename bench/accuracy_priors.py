@@ -354,8 +354,7 @@ def print_sampling(sample: Sample, sampling: str) -> None:
     print("| on these servers | MAPE |\n| --- | --- |")
     print(f"| the straight line | {_cell(by_processor['line'], None)} |")
     print(
-        "| the same processor model's other servers | "
-        f"{_cell(twin_errors, by_processor['line'])} |"
+        f"| the same processor model's other servers | {_cell(twin_errors, by_processor['line'])} |"
     )
     for name in ("shipped prior", "shipped prior, generation only"):
         print(f"| {name}, by processor | {_cell(by_processor[name], by_processor['line'])} |")
