@@ -27,7 +27,9 @@ every server's generation, and draws on the judged server's own when it has enou
 - `by processor`: every server against a bank of the others *without its processor model*
   (the sample's near-twins, the same processor in another chassis, never judge each other);
 - `leave one out`: against all the others, near-twins included. This flatters every prior
-  that looks for similar servers; it is here because a quick check is easily done this way;
+  that looks for similar servers; for the shipped prior it is what a node whose processor
+  model the bank holds gets (half its rise above the highest shown point from those servers:
+  `ShapePrior.same_processor`);
 - `scored side`: the committed split's held-out servers against its prior side (what
   `bench.accuracy_specpower` scores on).
 

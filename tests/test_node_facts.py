@@ -73,6 +73,11 @@ def test_nfd_labels_become_a_cpuid_model_and_processor_names_fold_their_clock() 
     assert processor_model("Intel Xeon Platinum 8180 @2.50GHz") == processor_model(
         "Intel(R) Xeon(R) Platinum 8180 CPU"
     )
+    # node_exporter's EPYC names end in their core count, SPECpower's do not
+    assert processor_model("AMD EPYC 7763 64-Core Processor") == processor_model("AMD EPYC 7763")
+    assert processor_model("Ampere Altra 64-Bit Multi-Core Processor Q64-30") == (
+        "ampere altra 64-bit multi-core q64-30"
+    )
 
 
 def _rows(n: int = 4) -> pd.DataFrame:
@@ -141,7 +146,9 @@ def test_above_its_highest_load_a_node_gets_a_band_around_its_prediction() -> No
     # the 2023 two-socket server of the modern sample's README, shape: 163 W idle, 988 W full
     curve_w = np.array([163, 240, 290, 340, 410, 494, 580, 680, 790, 880, 988], dtype=float)
     features, power_w = _lowload_rows(curve_w, np.random.default_rng(1))
-    facts = NodeFacts(cpu_model="AMD EPYC 9654", cpu_cores=192, cpu_sockets=2)
+    # a processor the prior holds no server of: the band is the prior's own
+    facts = NodeFacts(cpu_model="AMD EPYC 9534", cpu_cores=128, cpu_sockets=2)
+    assert prior.same_processor(facts) is None
     curve, details = fit_monotone_curve(features, power_w, prior, facts)
     band = details.extrapolation
     assert details.top_grid_point == 5 and details.generation == "modern"
@@ -170,6 +177,11 @@ def test_above_its_highest_load_a_node_gets_a_band_around_its_prediction() -> No
     capped = band_with(NodeFacts(psu_rating_w=steady_w[-1]))
     assert np.all(np.array(capped.high) * steady_w[6:] <= steady_w[-1] * (1 + 1e-4))
     assert capped.high[-1] == pytest.approx(1.0, abs=1e-4) and capped.low == plain.low
+    # the band says when the prediction drew on servers of the node's own processor
+    assert band.same_processor_servers == plain.same_processor_servers == 0
+    twinned = band_with(NodeFacts(cpu_model="AMD EPYC 9654 96-Core Processor"))
+    assert twinned.same_processor_servers == 5
+    assert twinned.as_dict()["same_processor_servers"] == 5
 
 
 def test_a_node_that_showed_every_load_has_no_band() -> None:
@@ -283,6 +295,46 @@ def test_the_facts_forest_reads_above_the_highest_load_what_the_shape_cannot_tel
     shape = np.concatenate([[0.0], np.cumsum(increments)])
     drawn_w = node_w[0] + (node_w[5] - node_w[0]) * shape / shape[5]
     np.testing.assert_allclose(drawn_w[6:], steep_w[6:], rtol=0.05)
+
+
+def test_servers_of_the_nodes_own_processor_share_the_rise_above_its_highest_load() -> None:
+    # two processors alike at 0-50 %: "cpu-steep" servers climb 4x faster above it than
+    # "cpu-flat" ones, and nothing else the prior reads tells them apart
+    rng = np.random.default_rng(8)
+    low_w = 100 + 200 * GRID_UTIL**0.8
+    bank_w, models = [], []
+    for i in range(40):
+        curve_w = low_w.copy()
+        curve_w[6:] = low_w[5] + (GRID_UTIL[6:] - 0.5) * (800 if i % 2 else 200)
+        bank_w.append(curve_w * rng.uniform(0.9, 1.1))
+        models.append("intel 6338" if i % 2 else f"cpu-flat-{i}")
+    prior = ShapePrior.from_curves(np.array(bank_w), groups=models)
+    shown = np.array([True] * 6 + [False] * 5)
+    steep_rise = (GRID_UTIL[6:] - 0.5) * 800 / (low_w[5] - low_w[0])
+
+    def rise(cpu_model: str | None) -> np.ndarray:
+        return prior.rise_interval(low_w[:6], 5, shown, NodeFacts(cpu_model=cpu_model))[0]
+
+    unknown = rise(None)
+    assert (unknown < 0.8 * steep_rise).all()  # the shape alone cannot tell the two kinds
+    # named as node_exporter names it, the processor's own servers count for half
+    same = rise("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz")
+    assert prior.same_processor(NodeFacts(cpu_model="Intel Xeon Gold 6338")).sum() == 20
+    np.testing.assert_allclose(same, 0.5 * unknown + 0.5 * steep_rise, rtol=0.05)
+    # a processor the bank holds none of, or a bank that does not know its processors, as before
+    np.testing.assert_array_equal(rise("Intel Xeon Gold 6330"), unknown)
+    anonymous = ShapePrior.from_curves(np.array(bank_w))
+    assert anonymous.same_processor(NodeFacts(cpu_model="Intel Xeon Gold 6338")) is None
+    # pass 3 of a fit draws the same rise, and the band goes around it
+    rise_same, low, high = prior.rise_interval(
+        low_w[:6], 5, shown, NodeFacts(cpu_model="Intel Xeon Gold 6338")
+    )
+    assert (low <= rise_same).all() and (rise_same <= high).all()
+    increments = prior.conditional_shape(
+        low_w[:6], 5, shown, NodeFacts(cpu_model="Intel Xeon Gold 6338")
+    )
+    shape = np.concatenate([[0.0], np.cumsum(increments)])
+    np.testing.assert_allclose(shape[6:] / shape[5] - 1, rise_same, rtol=1e-6)
 
 
 def test_a_bank_hardware_table_must_fit_its_curves() -> None:

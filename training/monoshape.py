@@ -31,9 +31,11 @@ Fitting one node (`fit_monotone_curve`, a few milliseconds at 10k rows) runs thr
    rise above the highest, as a ridge regression on the node's shown shape predicts (learned
    on the prior's servers), mixed with what the servers that looked like this node did
    (`ShapePrior.local_mean_increments`' kernel), or, when the node's facts tell its cores and
-   sockets, as a forest on its shown shape and that hardware predicts; pass 2 repeated around
-   it. So the node's shape where it has data informs the deciles it never showed, beyond what
-   any one server of the prior did; above the highest load, that is its extrapolation.
+   sockets, as a forest on its shown shape and that hardware predicts (and half of that rise
+   is how the prior's servers of the node's own processor model rose, when it holds any);
+   pass 2 repeated around it. So the node's shape where it has data informs the deciles it never
+   showed, beyond what any one server of the prior did; above the highest load, that is its
+   extrapolation.
 
 `MonoShapeRegressor` wraps it as a scikit-learn estimator over the manifest's four features
 and registers its own skl2onnx converter, so `training.export` converts and checks it like
@@ -139,6 +141,9 @@ class ExtrapolationInterval:
     low: tuple[float, ...]  # lower bound / predicted power
     high: tuple[float, ...]  # upper bound / predicted power
     quantiles: tuple[float, float]  # which quantiles of the prior's own errors the band spans
+    # servers of the node's own processor model whose rise the prediction took half from
+    # (`ShapePrior.same_processor`); 0: none, the prior's own rise alone
+    same_processor_servers: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -146,6 +151,7 @@ class ExtrapolationInterval:
             "low": list(self.low),
             "high": list(self.high),
             "quantiles": list(self.quantiles),
+            "same_processor_servers": self.same_processor_servers,
         }
 
 
@@ -180,11 +186,13 @@ def extrapolation_interval(
         high_w = np.minimum(high_w, facts.psu_rating_w)
         low_w = np.minimum(low_w, high_w)
     low, high = low_w / predicted_w, high_w / predicted_w
+    same = prior.same_processor(facts)
     return ExtrapolationInterval(
         util=tuple(round(float(u), 2) for u in GRID_UTIL[top + 1 :]),
         low=tuple(round(float(r), 4) for r in low),
         high=tuple(round(float(r), 4) for r in high),
         quantiles=INTERVAL_QUANTILES,
+        same_processor_servers=0 if same is None else int(same.sum()),
     )
 
 

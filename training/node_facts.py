@@ -44,6 +44,9 @@ from livedata.metrics_table import (
 GENERATIONS = ("old", "modern")
 # Words that do not tell one processor model from another (brands, tiers, filler).
 _FILLER_WORDS = frozenset({"xeon", "cpu", "processor", "platinum", "gold", "silver", "bronze"})
+# node_exporter reads the kernel's model name, which for EPYC ends in the core count
+# (`AMD EPYC 7763 64-Core Processor`) where SPECpower's results do not.
+_CORE_COUNT_WORD = re.compile(r"\d+-core")
 # Intel family 6 model numbers (CPUID) of server parts from Skylake-SP (2017) on, and of the
 # Xeon E-2100 and later workstation parts; lower numbers are Nehalem to Broadwell (2008-2016).
 _INTEL_MODERN_FROM_MODEL = 85
@@ -65,12 +68,14 @@ def processor_model(processor: str) -> str:
     """A processor name without brands, clock speeds or turbo notes, so that one model is one
     name: `Intel(R) Xeon(R) CPU E5472`, `Intel Xeon E5472 3.0 GHz (Turbo ...)` -> `intel e5472`;
     `Intel Xeon Platinum 8180 @2.50GHz` -> `intel 8180`; `2.6 GHz AMD Opteron 2435` ->
-    `amd opteron 2435`."""
+    `amd opteron 2435`; `AMD EPYC 7763 64-Core Processor` -> `amd epyc 7763`."""
     name = processor.lower().replace("(r)", "").replace("(tm)", "").replace("®", "")
     name = name.split("(")[0]
     name = re.sub(r"@?\s*[\d.]+\s*ghz", "", name)
     name = name.replace(",", " ").replace("@", " ")
-    return " ".join(w for w in name.split() if w not in _FILLER_WORDS)
+    return " ".join(
+        w for w in name.split() if w not in _FILLER_WORDS and not _CORE_COUNT_WORD.fullmatch(w)
+    )
 
 
 def generation(cpu_model: str | None) -> str | None:

@@ -27,6 +27,10 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   facts tell its own, the rise is a forest's on its shape and that hardware (`_FactsRise`),
   calibrated against the line and banded the same way: how steep turbo makes the top depends
   on how many cores share a socket and how much each draws;
+- each server's processor model (`bank_groups`), so above the highest load of a node whose CPU
+  model names a processor the bank holds servers of (`same_processor`), their rise counts for
+  half (`SAME_PROCESSOR_SHARE`): the same processor's turbo frequencies and power limits,
+  though in another chassis;
 - how dynamic range grows with idle power across servers (`dynamic_w_from_idle`), for the
   fallback of a node with too few rows to fit: log D = a + b log idle;
 - how idle power and dynamic range grow with the CPU count (`fit_core_exponents`), for the
@@ -104,6 +108,14 @@ FACTS_FOREST_MIN_LEAF = 3
 FACTS_FOREST_FOLDS = 5
 # A bank needs this many servers with cores and sockets known to learn the forest.
 MIN_FACTS_SERVERS = 30
+# Above a node's highest load, when its CPU model names a processor the bank holds servers of
+# (`processor_model`), their rise counts for this share and the prior's (forest or ridge, with
+# the line) for the rest. Chosen on the prior sides of the committed splits (each server with
+# a near-twin there, the prior learned without its processor model; lowload, exact watts):
+# old servers 3.91 / 9.32 % -> 3.24 / 6.49 % median / p90, modern 5.57 / 11.57 % ->
+# 5.60 / 10.86 %; their rise alone (share 1) did worse on modern servers (p90 16.75 %): two
+# chassis of one processor differ above half load (docs/results.md, "Near-twins").
+SAME_PROCESSOR_SHARE = 0.5
 _GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
 
 
@@ -344,7 +356,8 @@ class ShapePrior:
         regression. So the node's own shape where it has data (its steps between shown points
         and their differences, its watts, its idle share) informs the deciles it never
         showed, not only which servers it resembles. When `facts` tell the node's cores and
-        sockets, the rise above `top` is the facts forest's instead (`_FactsRise`).
+        sockets, the rise above `top` is the facts forest's instead (`_FactsRise`); when its
+        CPU model names a processor the bank holds, that rise is half theirs (`_rise`).
         """
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
         if top < 2:
@@ -366,8 +379,8 @@ class ShapePrior:
                 shape[j] = shape[below] + share * (shape[above] - shape[below])
             shape[: top + 1] = np.maximum.accumulate(shape[: top + 1])
         if top < N_DECILES:
-            prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts, weights)
-            shape[top + 1 :] = shape[top] + calibration.rise(prior_rise, top)
+            rise, _ = self._rise(curve_w, top, observed, facts, weights)
+            shape[top + 1 :] = shape[top] + rise
         increments = np.maximum(np.diff(shape), 1e-4)
         return increments / increments.sum()
 
@@ -390,9 +403,42 @@ class ShapePrior:
         if top >= N_DECILES or top < 2:
             empty = np.zeros(0)
             return empty, empty, empty
-        prior_rise, calibration = self._rise_above_top(curve_w, top, observed, facts)
-        rise = calibration.rise(prior_rise, top)
+        rise, calibration = self._rise(curve_w, top, observed, facts)
         return rise, rise * calibration.low_ratio, rise * calibration.high_ratio
+
+    def _rise(
+        self,
+        curve_w: np.ndarray,
+        top: int,
+        observed: np.ndarray,
+        facts: NodeFacts | None,
+        kernel_weights: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, _RiseCalibration]:
+        """The rise above `top` per unit of the rise to it (non-decreasing), and the
+        calibration whose band goes around it: the prior's own combined with the line, then
+        mixed with the bank's servers of the node's own processor model where it holds any
+        (`SAME_PROCESSOR_SHARE`)."""
+        prior_rise, calibration = self._rise_above_top(
+            curve_w, top, observed, facts, kernel_weights
+        )
+        rise = calibration.rise(prior_rise, top)
+        same = self.same_processor(facts)
+        if same is not None:
+            same_rise = np.maximum(_rise_above(self.bank_watts[same], top), 0.0).mean(axis=0)
+            rise = np.maximum.accumulate(
+                (1 - SAME_PROCESSOR_SHARE) * rise + SAME_PROCESSOR_SHARE * same_rise
+            )
+        return rise, calibration
+
+    def same_processor(self, facts: NodeFacts | None) -> np.ndarray | None:
+        """[m] bool: the bank's servers of the processor model the node's CPU model names
+        (`processor_model`: `Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz` and SPECpower's `Intel
+        Xeon Gold 6338` are one), or None when the facts name none, the bank does not know its
+        servers' processors, or holds no server of this one."""
+        if facts is None or not facts.cpu_model or len(self.bank_groups) != self.n_servers:
+            return None
+        same = self.groups == processor_model(facts.cpu_model)
+        return same if same.any() else None
 
     def _rise_above_top(
         self,
