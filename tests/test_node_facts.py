@@ -12,6 +12,7 @@ from scipy.interpolate import PchipInterpolator
 from livedata.metrics_table import CONTRACT_COLUMNS, FACT_COLUMNS, FEATURES
 from predictor.curves import CurveBuilder, ExtrapolationBand
 from predictor.model import Predictor
+from training import shape_prior
 from training.dataset import MetricsInputError, clean_metrics
 from training.fit import FitSettings, fit_fleet
 from training.fit.node import iter_node_rows
@@ -335,6 +336,22 @@ def test_servers_of_the_nodes_own_processor_share_the_rise_above_its_highest_loa
     )
     shape = np.concatenate([[0.0], np.cumsum(increments)])
     np.testing.assert_allclose(shape[6:] / shape[5] - 1, rise_same, rtol=1e-6)
+
+
+def test_the_flat_forest_predicts_what_scikit_learn_does() -> None:
+    # the facts forest descends its trees as flat arrays (one node's prediction is a few dozen
+    # array operations, not a walk per tree): it must give scikit-learn's predictions, one
+    # output or several, on rows it learned from and rows it never saw
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(80, 5))
+    y = np.column_stack([x[:, 0] * x[:, 1], np.abs(x[:, 2]) + x[:, 3] ** 2])
+    unseen = rng.normal(size=(40, 5)) * 1.5
+    for outputs in (y[:, :1], y):
+        forest = shape_prior._forest(x, outputs)
+        flat = shape_prior._FlatForest.of(forest)
+        for rows in (x, unseen, unseen[:1]):
+            expected = forest.predict(rows).reshape(len(rows), -1)
+            np.testing.assert_allclose(flat.predict(rows), expected, rtol=0, atol=1e-12)
 
 
 def test_a_bank_hardware_table_must_fit_its_curves() -> None:

@@ -671,7 +671,7 @@ class _FactsRise:
     """
 
     top: int
-    model: ExtraTreesRegressor
+    model: _FlatForest
     calibration: _RiseCalibration
 
     @staticmethod
@@ -717,7 +717,7 @@ class _FactsRise:
             left_out[held] = _forest(x[train], rise[train]).predict(x[held]).reshape(len(held), -1)
         return cls(
             top=top,
-            model=_forest(x, rise),
+            model=_FlatForest.of(_forest(x, rise)),
             calibration=_RiseCalibration.learn(np.maximum(left_out, 1e-4), rise, top),
         )
 
@@ -736,6 +736,63 @@ def _forest(x: np.ndarray, rise: np.ndarray) -> ExtraTreesRegressor:
         n_estimators=FACTS_FOREST_TREES, min_samples_leaf=FACTS_FOREST_MIN_LEAF, random_state=0
     )
     return forest.fit(x, rise.ravel() if rise.shape[1] == 1 else rise)
+
+
+@dataclass(frozen=True, eq=False)
+class _FlatForest:
+    """A fitted forest's trees as flat arrays, descended all at once.
+
+    A fit asks the facts forest for one node at a time, twice per node that extrapolates;
+    scikit-learn's `predict` walks its trees one by one through joblib, about 14 ms for 100
+    trees and one row, which made it the largest cost of fitting a fleet
+    (`bench.training_scale`). Here every tree takes one step per pass, as numpy operations over
+    [rows, trees], so one row costs a few dozen array operations. It predicts what
+    `forest.predict` does: the same float32 features against the same thresholds, the mean of
+    the trees' leaves.
+    """
+
+    left: np.ndarray  # [all nodes] the left child's index, -1 at a leaf
+    right: np.ndarray  # [all nodes] the right child's index
+    feature: np.ndarray  # [all nodes] the feature a split compares (0 at a leaf)
+    threshold: np.ndarray  # [all nodes] go left when the feature is <= this
+    value: np.ndarray  # [all nodes, outputs] a leaf's mean target
+    roots: np.ndarray  # [trees] each tree's first node
+    depth: int  # the deepest tree's depth: steps until every row is at a leaf
+
+    @classmethod
+    def of(cls, forest: ExtraTreesRegressor) -> _FlatForest:
+        trees = [estimator.tree_ for estimator in forest.estimators_]
+        offsets = np.cumsum([0] + [t.node_count for t in trees[:-1]])
+
+        def children(side: str) -> np.ndarray:
+            return np.concatenate(
+                [
+                    np.where(getattr(t, side) < 0, -1, getattr(t, side) + offset)
+                    for t, offset in zip(trees, offsets, strict=True)
+                ]
+            )
+
+        return cls(
+            left=children("children_left"),
+            right=children("children_right"),
+            feature=np.concatenate([np.maximum(t.feature, 0) for t in trees]),
+            threshold=np.concatenate([t.threshold for t in trees]),
+            value=np.concatenate([t.value[:, :, 0] for t in trees]),
+            roots=offsets.astype(np.int64),
+            depth=max(t.max_depth for t in trees),
+        )
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """[n, features] -> [n, outputs]."""
+        # scikit-learn compares float32 features with float64 thresholds
+        x = np.atleast_2d(np.asarray(x, dtype=np.float32)).astype(np.float64)
+        node = np.repeat(self.roots[None, :], len(x), axis=0)  # [n, trees]
+        rows = np.arange(len(x))[:, None]
+        for _ in range(self.depth):
+            left = self.left[node]
+            go_left = x[rows, self.feature[node]] <= self.threshold[node]
+            node = np.where(left < 0, node, np.where(go_left, left, self.right[node]))
+        return self.value[node].mean(axis=1)
 
 
 def _rise_above(curves_w: np.ndarray, top: int) -> np.ndarray:
