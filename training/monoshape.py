@@ -31,8 +31,8 @@ Fitting one node (`fit_monotone_curve`, a few milliseconds at 10k rows) runs thr
    rise above the highest, as a ridge regression on the node's shown shape predicts (learned
    on the prior's servers), mixed with what the servers that looked like this node did
    (`ShapePrior.local_mean_increments`' kernel), or, when the node's facts tell its cores and
-   sockets, as a forest on its shown shape and that hardware predicts (and half of that rise
-   is how the prior's servers of the node's own processor model rose, when it holds any);
+   sockets, as a forest on its shown shape and that hardware predicts; when the prior holds
+   servers of the node's own processor model, half the rise above the highest is theirs;
    pass 2 repeated around it. So the node's shape where it has data informs the deciles it never
    showed, beyond what any one server of the prior did; above the highest load, that is its
    extrapolation.

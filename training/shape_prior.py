@@ -743,7 +743,7 @@ class _FlatForest:
     """A fitted forest's trees as flat arrays, descended all at once.
 
     A fit asks the facts forest for one node at a time, twice per node that extrapolates;
-    scikit-learn's `predict` walks its trees one by one through joblib, about 14 ms for 100
+    scikit-learn's `predict` walks its trees one by one through joblib, about 5 ms for 100
     trees and one row, which made it the largest cost of fitting a fleet
     (`bench.training_scale`). Here every tree takes one step per pass, as numpy operations over
     [rows, trees], so one row costs a few dozen array operations. It predicts what
