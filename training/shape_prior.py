@@ -415,12 +415,26 @@ class ShapePrior:
         kernel_weights: np.ndarray | None = None,
     ) -> tuple[np.ndarray, _RiseCalibration]:
         """The rise above `top` per unit of the rise to it (non-decreasing), and the
-        calibration whose band goes around it: the prior's own combined with the line, then
-        mixed with the bank's servers of the node's own processor model where it holds any
-        (`SAME_PROCESSOR_SHARE`)."""
-        prior_rise, calibration = self._rise_above_top(
-            curve_w, top, observed, facts, kernel_weights
-        )
+        calibration whose band goes around it. The prior's own rise is the facts forest's when
+        the node's cores and sockets are known and the bank has enough servers with theirs,
+        else the ridge regression mixed with the kernel mean of similar servers
+        (`kernel_weights`, when the caller has them already); the calibration combines it with
+        the line; then the bank's servers of the node's own processor model, where it holds
+        any, count for `SAME_PROCESSOR_SHARE`."""
+        hardware = _node_hardware(facts)
+        forest = self._facts_rise(top) if hardware is not None else None
+        if forest is not None:
+            generation = facts.generation if facts is not None else None
+            prior_rise = forest.predict(curve_w, hardware, generation)
+            calibration = forest.calibration
+        else:
+            anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
+            regression = self._shown_shape_regression(anchors, top)
+            _, regressed = regression.predict(curve_w)
+            if kernel_weights is None:
+                kernel_weights = self._kernel_weights(curve_w, top, observed)
+            prior_rise = _prior_rise(regressed, kernel_weights @ regression.bank_rise)
+            calibration = self._rise_calibration(anchors, top, observed)
         rise = calibration.rise(prior_rise, top)
         same = self.same_processor(facts)
         if same is not None:
@@ -439,33 +453,6 @@ class ShapePrior:
             return None
         same = self.groups == processor_model(facts.cpu_model)
         return same if same.any() else None
-
-    def _rise_above_top(
-        self,
-        curve_w: np.ndarray,
-        top: int,
-        observed: np.ndarray,
-        facts: NodeFacts | None,
-        kernel_weights: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, _RiseCalibration]:
-        """The prior's own rise above `top` (before the line) and the calibration that
-        combines it with the line: the facts forest's when the node's cores and sockets are
-        known and the bank has enough servers with theirs, else the ridge regression mixed
-        with the kernel mean of similar servers (`kernel_weights`, when the caller has them
-        already)."""
-        hardware = _node_hardware(facts)
-        if hardware is not None:
-            forest = self._facts_rise(top)
-            if forest is not None:
-                generation = facts.generation if facts is not None else None
-                return forest.predict(curve_w, hardware, generation), forest.calibration
-        anchors = tuple(sorted({0, top} | {j for j in range(1, top) if observed[j]}))
-        regression = self._shown_shape_regression(anchors, top)
-        _, regressed = regression.predict(curve_w)
-        if kernel_weights is None:
-            kernel_weights = self._kernel_weights(curve_w, top, observed)
-        kernel_mean = kernel_weights @ regression.bank_rise
-        return _prior_rise(regressed, kernel_mean), self._rise_calibration(anchors, top, observed)
 
     def _facts_rise(self, top: int) -> _FactsRise | None:
         """The facts forest above grid point `top` (learned once: it reads the node's curve at
