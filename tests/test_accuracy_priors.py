@@ -9,7 +9,7 @@ import pytest
 
 from bench import accuracy_priors, accuracy_specpower
 from bench.specpower_split import DEFAULT_CSV, SPLIT_CSV
-from training import shape_prior
+from training import prior_rise
 from training.shape_prior import GRID_UTIL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_a_near_twin_lends_its_shape_through_the_servers_own_shown_points() -> N
 def test_the_bench_judges_every_prior_three_ways(monkeypatch, capsys) -> None:
     monkeypatch.chdir(REPO)
     # the rows are tested here, not the figures: small facts forests, in a cache of their own
-    monkeypatch.setattr(shape_prior, "FACTS_FOREST_TREES", 10)
+    monkeypatch.setattr(prior_rise, "FACTS_FOREST_TREES", 10)
     monkeypatch.setattr(accuracy_priors, "_bank_priors", accuracy_priors._BankPriors())
     assert accuracy_priors.main(["--sampling", "all", "--split", str(SPLIT_CSV)]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from scipy.interpolate import PchipInterpolator
 from livedata.metrics_table import CONTRACT_COLUMNS, FACT_COLUMNS, FEATURES
 from predictor.curves import CurveBuilder, ExtrapolationBand
 from predictor.model import Predictor
-from training import shape_prior
+from training import prior_rise
 from training.dataset import MetricsInputError, clean_metrics
 from training.fit import FitSettings, fit_fleet
 from training.fit.node import iter_node_rows
@@ -347,8 +347,8 @@ def test_the_flat_forest_predicts_what_scikit_learn_does() -> None:
     y = np.column_stack([x[:, 0] * x[:, 1], np.abs(x[:, 2]) + x[:, 3] ** 2])
     unseen = rng.normal(size=(40, 5)) * 1.5
     for outputs in (y[:, :1], y):
-        forest = shape_prior._forest(x, outputs)
-        flat = shape_prior._FlatForest.of(forest)
+        forest = prior_rise.extra_trees(x, outputs)
+        flat = prior_rise.FlatForest.of(forest)
         for rows in (x, unseen, unseen[:1]):
             expected = forest.predict(rows).reshape(len(rows), -1)
             np.testing.assert_allclose(flat.predict(rows), expected, rtol=0, atol=1e-12)

@@ -55,9 +55,9 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from livedata.metrics_table import AMBIENT_TEMP_C, CPU1_TEMP_C, CPU2_TEMP_C, CPU_UTIL, FEATURES
 from training.node_facts import NodeFacts
+from training.prior_rise import INTERVAL_QUANTILES
 from training.shape_prior import (
     GRID_UTIL,
-    INTERVAL_QUANTILES,
     N_DECILES,
     ShapePrior,
     default_shape_prior,

@@ -18,15 +18,15 @@ dynamic range `P(1) - P(0)`, so its ten per-decile increments are non-negative a
   (`_ShownShapeRegression`), mixed with the shapes of the servers that looked like it,
   weighted by how alike they are (`local_mean_increments`' kernel). Above a node's highest
   load this is the extrapolation, combined with the straight line through idle and that
-  load by how well each predicted the prior's own servers left out (`_RiseCalibration`),
+  load by how well each predicted the prior's own servers left out (`training.prior_rise`),
   which also gives the band the prior expects the power in there (`rise_interval`);
 - each server's generation (`old`: 2007-2016, `modern`: 2017-2025), so a node whose CPU
   model tells its generation (`training.node_facts`) is drawn from its own
   (`for_generation`): curves of 2017 on idle lower and climb steeper at the top;
 - each server's cores and sockets (`bank_hardware`), so above the highest load of a node whose
-  facts tell its own, the rise is a forest's on its shape and that hardware (`_FactsRise`),
-  calibrated against the line and banded the same way: how steep turbo makes the top depends
-  on how many cores share a socket and how much each draws;
+  facts tell its own, the rise is a forest's on its shape and that hardware
+  (`prior_rise.FactsRise`), calibrated against the line and banded the same way: how steep
+  turbo makes the top depends on how many cores share a socket and how much each draws;
 - each server's processor model (`bank_groups`), so above the highest load of a node whose CPU
   model names a processor the bank holds servers of (`same_processor`), their rise counts for
   half (`SAME_PROCESSOR_SHARE`): the same processor's turbo frequencies and power limits,
@@ -58,10 +58,15 @@ from io import StringIO
 
 import numpy as np
 import pandas as pd
-from sklearn.ensemble import ExtraTreesRegressor
-from sklearn.model_selection import GroupKFold
 
 from training.node_facts import GENERATIONS, NodeFacts, processor_model
+from training.prior_rise import (
+    FactsRise,
+    RiseCalibration,
+    checked_hardware,
+    node_hardware,
+    rise_above,
+)
 
 SHAPES_FILE = "specpower_shapes.csv"
 SHAPES_FILES = {"old": SHAPES_FILE, "modern": "specpower_modern_shapes.csv"}
@@ -90,22 +95,8 @@ GAP_RIDGE = 3.0
 RISE_RIDGE = 10.0
 GAP_RIDGE_SHARE = 0.75
 RISE_RIDGE_SHARE = 0.5
-# The interval given above the highest load: these quantiles of how the prior's servers' own
-# rises came out against what the prior (learned without each of them) predicted for them.
-INTERVAL_QUANTILES = (0.1, 0.9)
 # A generation's own prior needs this many servers; below, the prior of every server is used.
 MIN_GENERATION_SERVERS = 20
-# Above a node's highest load, when the cluster tells its cores and sockets (`NodeFacts`): a
-# forest of extra trees from its shown shape and its hardware to its rise (`_FactsRise`), in
-# place of the ridge regression and kernel. From SPECpower's exact watts at 0-50 %, judged by
-# processor model, the prior then predicts 60-100 % at 4.16 / 9.05 % (old servers) and
-# 4.96 / 11.63 % (modern) median / p90, against 4.44 / 10.72 % and 6.21 / 12.51 % told the CPU
-# model only (`python -m bench.accuracy_priors`). scikit-learn's usual settings, not tuned on
-# those scores. Its left-out predictions (processor models split over `FACTS_FOREST_FOLDS`
-# folds) calibrate it against the line and give the band.
-FACTS_FOREST_TREES = 100
-FACTS_FOREST_MIN_LEAF = 3
-FACTS_FOREST_FOLDS = 5
 # A bank needs this many servers with cores and sockets known to learn the forest.
 MIN_FACTS_SERVERS = 30
 # Above a node's highest load, when its CPU model names a processor the bank holds servers of
@@ -116,7 +107,6 @@ MIN_FACTS_SERVERS = 30
 # 5.60 / 10.86 %; their rise alone (share 1) did worse on modern servers (p90 16.75 %): two
 # chassis of one processor differ above half load (docs/results.md, "Near-twins").
 SAME_PROCESSOR_SHARE = 0.5
-_GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
 
 
 def load_shapes_table(periods: tuple[str, ...] = ("old",)) -> pd.DataFrame:
@@ -178,7 +168,7 @@ class ShapePrior:
         optionally each server's generation (`for_generation` then knows them), processor
         model (`groups`: left out together when the band above a node's highest load is
         learned) and hardware (`hardware`, [m, 2]: cores and sockets, NaN where unknown; a
-        node whose facts tell its own is then extrapolated by `_FactsRise`)."""
+        node whose facts tell its own is then extrapolated by `FactsRise`)."""
         curves_w = np.asarray(curves_w, dtype=np.float64)
         if curves_w.ndim != 2 or curves_w.shape[1] != len(GRID_UTIL) or len(curves_w) < 3:
             raise ValueError(
@@ -224,7 +214,7 @@ class ShapePrior:
             dynamic_from_idle=(float(intercept), float(slope)),
             bank_generations=tuple(generations or [None] * len(curves_w)),
             bank_groups=tuple(str(g) for g in groups) if groups is not None else (),
-            bank_hardware=_checked_hardware(hardware, len(curves_w)),
+            bank_hardware=checked_hardware(hardware, len(curves_w)),
         )
 
     @classmethod
@@ -356,7 +346,7 @@ class ShapePrior:
         regression. So the node's own shape where it has data (its steps between shown points
         and their differences, its watts, its idle share) informs the deciles it never
         showed, not only which servers it resembles. When `facts` tell the node's cores and
-        sockets, the rise above `top` is the facts forest's instead (`_FactsRise`); when its
+        sockets, the rise above `top` is the facts forest's instead (`FactsRise`); when its
         CPU model names a processor the bank holds, that rise is half theirs (`_rise`).
         """
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
@@ -396,7 +386,7 @@ class ShapePrior:
         the node's rise from idle to `top` (so watts = P(top) + r * (P(top) - P(0))).
 
         The band is how the prior's own servers came out against what it predicted for each
-        of them from their points up to `top`, learned without it (`_RiseCalibration`): their
+        of them from their points up to `top`, learned without it (`RiseCalibration`): their
         ratios of actual to predicted rise, quantiles taken, applied to this node's
         prediction. `facts` as for `conditional_shape`."""
         curve_w = np.asarray(curve_w, dtype=np.float64)[: top + 1]
@@ -413,7 +403,7 @@ class ShapePrior:
         observed: np.ndarray,
         facts: NodeFacts | None,
         kernel_weights: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, _RiseCalibration]:
+    ) -> tuple[np.ndarray, RiseCalibration]:
         """The rise above `top` per unit of the rise to it (non-decreasing), and the
         calibration whose band goes around it. The prior's own rise is the facts forest's when
         the node's cores and sockets are known and the bank has enough servers with theirs,
@@ -421,7 +411,7 @@ class ShapePrior:
         (`kernel_weights`, when the caller has them already); the calibration combines it with
         the line; then the bank's servers of the node's own processor model, where it holds
         any, count for `SAME_PROCESSOR_SHARE`."""
-        hardware = _node_hardware(facts)
+        hardware = node_hardware(facts)
         forest = self._facts_rise(top) if hardware is not None else None
         if forest is not None:
             generation = facts.generation if facts is not None else None
@@ -438,7 +428,7 @@ class ShapePrior:
         rise = calibration.rise(prior_rise, top)
         same = self.same_processor(facts)
         if same is not None:
-            same_rise = np.maximum(_rise_above(self.bank_watts[same], top), 0.0).mean(axis=0)
+            same_rise = np.maximum(rise_above(self.bank_watts[same], top), 0.0).mean(axis=0)
             rise = np.maximum.accumulate(
                 (1 - SAME_PROCESSOR_SHARE) * rise + SAME_PROCESSOR_SHARE * same_rise
             )
@@ -454,7 +444,7 @@ class ShapePrior:
         same = self.groups == processor_model(facts.cpu_model)
         return same if same.any() else None
 
-    def _facts_rise(self, top: int) -> _FactsRise | None:
+    def _facts_rise(self, top: int) -> FactsRise | None:
         """The facts forest above grid point `top` (learned once: it reads the node's curve at
         every grid point up to `top`, shown or filled by pass 2, so one per `top` serves every
         pattern of shown points), or None when the bank has fewer than `MIN_FACTS_SERVERS`
@@ -467,7 +457,7 @@ class ShapePrior:
                 else np.isfinite(self.bank_hardware).all(axis=1)
             )
             self._regressions[key] = (
-                _FactsRise.learn(
+                FactsRise.learn(
                     self.bank_watts[known],
                     self.bank_hardware[known],
                     [self.bank_generations[i] for i in np.flatnonzero(known)],
@@ -481,7 +471,7 @@ class ShapePrior:
 
     def _rise_calibration(
         self, anchors: tuple[int, ...], top: int, observed: np.ndarray
-    ) -> _RiseCalibration:
+    ) -> RiseCalibration:
         """How well the prior and the straight line each predicted the rise above `top` of the
         prior's own servers, each learned without the server's processor model (`bank_groups`:
         near-twins never vouch for each other; the regression left out by its hat matrix, the
@@ -498,7 +488,7 @@ class ShapePrior:
                 prior_rise[i] = _prior_rise(
                     np.exp(left_out_log_rise[i]), weights @ regression.bank_rise[others]
                 )
-            self._regressions[key] = _RiseCalibration.learn(
+            self._regressions[key] = RiseCalibration.learn(
                 prior_rise, np.maximum(regression.bank_rise, 1e-4), top
             )
         return self._regressions[key]
@@ -582,7 +572,7 @@ class _ShownShapeRegression:
             shares[:, column] = (bank_w[:, j] - bank_w[:, below]) / np.maximum(
                 bank_w[:, above] - bank_w[:, below], 1e-9
             )
-        rise = _rise_above(bank_w, top)
+        rise = rise_above(bank_w, top)
         x = cls.features(bank_w, anchors, top)
         mean_x, scale_x = x.mean(axis=0), x.std(axis=0) + 1e-9
         xs = (x - mean_x) / scale_x
@@ -614,228 +604,10 @@ class _ShownShapeRegression:
         return self.gap[0] + x @ self.gap[1], np.exp(self.rise[0] + x @ self.rise[1])
 
 
-def _checked_hardware(hardware: np.ndarray | None, n_servers: int) -> np.ndarray | None:
-    """[m, 2] cores and sockets as floats (NaN: unknown), or None; a clear error otherwise."""
-    if hardware is None:
-        return None
-    hardware = np.asarray(hardware, dtype=np.float64)
-    if hardware.shape != (n_servers, 2):
-        raise ValueError(
-            f"hardware must give cores and sockets for each of the {n_servers} curves, got an "
-            f"array of shape {hardware.shape}"
-        )
-    known = np.isfinite(hardware).all(axis=1)
-    cores, sockets = hardware[known, 0], hardware[known, 1]
-    if not ((sockets >= 1).all() and (cores >= sockets).all()):
-        raise ValueError("every server's hardware needs sockets >= 1 and cores >= sockets")
-    return hardware
-
-
-def _node_hardware(facts: NodeFacts | None) -> np.ndarray | None:
-    """[2] the node's cores and sockets when its facts tell both (plausibly), else None."""
-    if facts is None or facts.cpu_cores is None or facts.cpu_sockets is None:
-        return None
-    cores, sockets = float(facts.cpu_cores), float(facts.cpu_sockets)
-    if not (np.isfinite(cores) and np.isfinite(sockets) and 1 <= sockets <= cores):
-        return None
-    return np.array([cores, sockets])
-
-
-@dataclass(frozen=True, eq=False)
-class _FactsRise:
-    """Extra trees, across the prior's servers, from a curve's shape up to grid point `top` and
-    what the cluster tells of its hardware to its rise above `top`.
-
-    Features: the shape at every grid point between idle and `top` (rise from idle as a share
-    of the rise to `top`; a node's from its pass-2 curve, so also where it showed no load),
-    idle over watts at `top`, the generation (0 old, 1 modern, 0.5
-    unknown), log cores per socket, sockets, and log watts per core at `top`. Target: the rise
-    above `top` per unit of the rise from idle to `top`, as `_ShownShapeRegression.bank_rise`.
-    Turbo makes the top of a curve depend on how many cores share a socket's power and how much
-    each draws, which a half curve's shape alone does not show; trees find those interactions
-    where a ridge regression in them did not (`bench.accuracy_priors`: the shipped prior with
-    and without cores and sockets).
-    """
-
-    top: int
-    model: _FlatForest
-    calibration: _RiseCalibration
-
-    @staticmethod
-    def features(
-        curves_w: np.ndarray,
-        hardware: np.ndarray,
-        generations: list[str | None],
-        top: int,
-    ) -> np.ndarray:
-        curves_w, hardware = np.atleast_2d(curves_w), np.atleast_2d(hardware)
-        top_w = np.maximum(curves_w[:, top], 1e-3)
-        rise_w = np.maximum(curves_w[:, top] - curves_w[:, 0], 1e-9)
-        inner = list(range(1, top))
-        cores, sockets = hardware[:, 0], hardware[:, 1]
-        return np.column_stack(
-            [
-                (curves_w[:, inner] - curves_w[:, :1]) / rise_w[:, None],
-                curves_w[:, 0] / top_w,
-                [_GENERATION_CODE.get(g, 0.5) for g in generations],  # type: ignore[arg-type]
-                np.log(cores / sockets),
-                sockets,
-                np.log(top_w / cores),
-            ]
-        )
-
-    @classmethod
-    def learn(
-        cls,
-        bank_w: np.ndarray,
-        hardware: np.ndarray,
-        generations: list[str | None],
-        groups: np.ndarray,
-        top: int,
-    ) -> _FactsRise:
-        """Learn the forest on the bank, and its calibration against the line from each
-        server's prediction by a forest learned without its processor model (the models split
-        over `FACTS_FOREST_FOLDS` folds, so near-twins never vouch for each other)."""
-        x = cls.features(bank_w, hardware, generations, top)
-        rise = np.maximum(_rise_above(bank_w, top), 1e-4)
-        left_out = np.empty_like(rise)
-        folds = min(FACTS_FOREST_FOLDS, len(np.unique(groups)))
-        for train, held in GroupKFold(n_splits=folds).split(x, rise, groups):
-            left_out[held] = _forest(x[train], rise[train]).predict(x[held]).reshape(len(held), -1)
-        return cls(
-            top=top,
-            model=_FlatForest.of(_forest(x, rise)),
-            calibration=_RiseCalibration.learn(np.maximum(left_out, 1e-4), rise, top),
-        )
-
-    def predict(
-        self, curve_w: np.ndarray, hardware: np.ndarray, generation: str | None
-    ) -> np.ndarray:
-        """One node's curve at 0..top (watts) and hardware -> its rise above top per unit."""
-        x = self.features(curve_w[: self.top + 1], hardware, [generation], self.top)
-        return np.maximum(self.model.predict(x).reshape(-1), 1e-4)
-
-
-def _forest(x: np.ndarray, rise: np.ndarray) -> ExtraTreesRegressor:
-    """Extra trees learned on `x` -> `rise` ([m, points above top]; one point above: learned
-    as one target, so it predicts [n], which callers reshape)."""
-    forest = ExtraTreesRegressor(
-        n_estimators=FACTS_FOREST_TREES, min_samples_leaf=FACTS_FOREST_MIN_LEAF, random_state=0
-    )
-    return forest.fit(x, rise.ravel() if rise.shape[1] == 1 else rise)
-
-
-@dataclass(frozen=True, eq=False)
-class _FlatForest:
-    """A fitted forest's trees as flat arrays, descended all at once.
-
-    A fit asks the facts forest for one node at a time, twice per node that extrapolates;
-    scikit-learn's `predict` walks its trees one by one through joblib, about 5 ms for 100
-    trees and one row, which made it the largest cost of fitting a fleet
-    (`bench.training_scale`). Here every tree takes one step per pass, as numpy operations over
-    [rows, trees], so one row costs a few dozen array operations. It predicts what
-    `forest.predict` does: the same float32 features against the same thresholds, the mean of
-    the trees' leaves.
-    """
-
-    left: np.ndarray  # [all nodes] the left child's index, -1 at a leaf
-    right: np.ndarray  # [all nodes] the right child's index
-    feature: np.ndarray  # [all nodes] the feature a split compares (0 at a leaf)
-    threshold: np.ndarray  # [all nodes] go left when the feature is <= this
-    value: np.ndarray  # [all nodes, outputs] a leaf's mean target
-    roots: np.ndarray  # [trees] each tree's first node
-    depth: int  # the deepest tree's depth: steps until every row is at a leaf
-
-    @classmethod
-    def of(cls, forest: ExtraTreesRegressor) -> _FlatForest:
-        trees = [estimator.tree_ for estimator in forest.estimators_]
-        offsets = np.cumsum([0] + [t.node_count for t in trees[:-1]])
-
-        def children(side: str) -> np.ndarray:
-            return np.concatenate(
-                [
-                    np.where(getattr(t, side) < 0, -1, getattr(t, side) + offset)
-                    for t, offset in zip(trees, offsets, strict=True)
-                ]
-            )
-
-        return cls(
-            left=children("children_left"),
-            right=children("children_right"),
-            feature=np.concatenate([np.maximum(t.feature, 0) for t in trees]),
-            threshold=np.concatenate([t.threshold for t in trees]),
-            value=np.concatenate([t.value[:, :, 0] for t in trees]),
-            roots=offsets.astype(np.int64),
-            depth=max(t.max_depth for t in trees),
-        )
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """[n, features] -> [n, outputs]."""
-        # scikit-learn compares float32 features with float64 thresholds
-        x = np.atleast_2d(np.asarray(x, dtype=np.float32)).astype(np.float64)
-        node = np.repeat(self.roots[None, :], len(x), axis=0)  # [n, trees]
-        rows = np.arange(len(x))[:, None]
-        for _ in range(self.depth):
-            left = self.left[node]
-            go_left = x[rows, self.feature[node]] <= self.threshold[node]
-            node = np.where(left < 0, node, np.where(go_left, left, self.right[node]))
-        return self.value[node].mean(axis=1)
-
-
-def _rise_above(curves_w: np.ndarray, top: int) -> np.ndarray:
-    """[m, 10 - top] each curve's rise above grid point `top`, per unit of its rise from idle
-    to `top` (what the regressions and the forest learn to predict)."""
-    return (curves_w[:, top + 1 :] - curves_w[:, top : top + 1]) / np.maximum(
-        curves_w[:, top : top + 1] - curves_w[:, :1], 1e-9
-    )
-
-
-def _line_rise(top: int) -> np.ndarray:
-    """The straight line through idle and grid point `top`, extended: its rise above `top` at
-    each grid point, per unit of the rise from idle to `top`."""
-    return (np.arange(top + 1, N_DECILES + 1) - top) / top
-
-
 def _prior_rise(regressed: np.ndarray, kernel_mean: np.ndarray) -> np.ndarray:
     """The prior's own rise above `top`: the regression mixed with the kernel mean of similar
     servers (`RISE_RIDGE_SHARE`)."""
     return np.maximum(RISE_RIDGE_SHARE * regressed + (1 - RISE_RIDGE_SHARE) * kernel_mean, 1e-4)
-
-
-@dataclass(frozen=True)
-class _RiseCalibration:
-    """Above grid point `top`: how much of the straight line to take and how wide the band is.
-
-    The rise is the prior's and the line's combined in log by inverse mean squared error, each
-    measured on the prior's own servers left out one at a time: where the prior tells the rise
-    well the line counts for little, where it cannot tell (its error as large as the line's)
-    the two count alike, so the result is rarely worse than the line. The band holds the
-    `INTERVAL_QUANTILES` of the combined prediction's ratios, actual to predicted.
-    """
-
-    line_weight: np.ndarray  # [10 - top] share of the line's log rise
-    low_ratio: np.ndarray  # [10 - top] actual / predicted, lower quantile (<= 1)
-    high_ratio: np.ndarray  # upper quantile (>= 1)
-
-    @classmethod
-    def learn(cls, prior_rise: np.ndarray, actual_rise: np.ndarray, top: int) -> _RiseCalibration:
-        line = _line_rise(top)
-        prior_error2 = np.mean(np.log(actual_rise / prior_rise) ** 2, axis=0)
-        line_error2 = np.mean(np.log(actual_rise / line) ** 2, axis=0)
-        line_weight = prior_error2 / np.maximum(prior_error2 + line_error2, 1e-12)
-        combined = np.maximum.accumulate(
-            np.exp((1 - line_weight) * np.log(prior_rise) + line_weight * np.log(line)), axis=1
-        )
-        low, high = np.quantile(actual_rise / combined, INTERVAL_QUANTILES, axis=0)
-        return cls(line_weight, np.minimum(low, 1.0), np.maximum(high, 1.0))
-
-    def rise(self, prior_rise: np.ndarray, top: int) -> np.ndarray:
-        """One node's rise above `top` (non-decreasing), from the prior's own (`_prior_rise`
-        or the facts forest's)."""
-        log_rise = (1 - self.line_weight) * np.log(prior_rise) + self.line_weight * np.log(
-            _line_rise(top)
-        )
-        return np.maximum.accumulate(np.exp(log_rise))
 
 
 @functools.cache
