@@ -352,6 +352,45 @@ def test_the_controllers_knobs_reach_its_policy_in_the_simulation() -> None:
     assert defaults.meter.windows_s == ArrivalRateMeter.for_boot_time(120.0).windows_s
 
 
+def test_foresight_is_told_how_far_requested_cpu_rises_within_a_boot_time() -> None:
+    cluster = build_cluster(12, 7)
+    # 2 cores from 0 s for 1000 s; 3 from 100 s for 50 s; 1 from 400 s for 100 s
+    trace = trace_of([0.0, 100.0, 400.0], [2000, 3000, 1000], [1000.0, 50.0, 100.0])
+    scenario = Scenario(BenchSettings(nodes=12), SimSettings(boot_s=300.0), cluster, trace)
+    scenario.bundle_dir = DEFAULT_BUNDLE_DIR
+    manager = power_management_for(scenario, None)  # type: ignore[arg-type]
+    growth = [manager._requested_growth(trace, now_s) for now_s in (50.0, 200.0, 450.0, 1500.0)]
+    # at 50 s the 3-core pod comes within the boot; at 200 s only the 1-core one; at 450 s
+    # nothing more; at 1500 s everything has ended
+    assert growth == pytest.approx([3.0, 1.0, 0.0, 0.0])
+
+
+def test_with_foresight_nodes_are_up_before_a_burst_that_the_rate_makes_wait() -> None:
+    """The foresight reference wakes nodes a boot time before the burst comes; the rate meter
+    sees it only once it has come, so its pods wait for boots."""
+    cluster = build_cluster(12, 7)
+    quiet = np.arange(0.0, 3000.0, 60.0)
+    burst = np.full(60, 3000.0) + np.arange(60)
+    trace = trace_of(
+        np.concatenate([quiet, burst]),
+        [1000] * quiet.size + [2000] * burst.size,
+        [120.0] * quiet.size + [1800.0] * burst.size,
+    )
+    sim_settings = SimSettings(tail_s=1800.0, boot_s=300.0)
+    waits = {}
+    for foresight in (False, True):
+        with power_managed_extender(cluster, BenchSettings(nodes=12, seed=7), sim_settings) as (
+            policy,
+            manager,
+        ):
+            manager.foresight = foresight
+            result = simulate(cluster, trace, policy, sim_settings)
+        assert result.unplaced_pods == 0
+        waits[foresight] = result.pod_waits_s
+    assert waits[False].max() >= 200.0  # the rate's pods waited most of a boot
+    assert waits[True].max() < 60.0
+
+
 def test_cli_reports_power_figures_for_both_power_policies(tmp_path: Path) -> None:
     summary_json = tmp_path / "summary.json"
     code = main(

@@ -52,6 +52,7 @@ The parameters (`SimSettings`, flags of `python -m bench.energy_sim`) and where 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from enum import IntEnum
@@ -61,10 +62,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bench.sim.ceiling import used_cores_series
 from bench.sim.engine import NodePower
 from bench.sim.policies import ExtenderPolicy
 from controllers.node_power.headroom import HeadroomLearner, HeadroomSettings, HeadroomState
 from controllers.node_power.policy import (
+    ArrivalRate,
     ArrivalRateMeter,
     Decisions,
     NodeView,
@@ -81,6 +84,7 @@ from predictor.model import Predictor
 
 if TYPE_CHECKING:
     from bench.sim.engine import PolicyResult, SimSettings, Simulation
+    from bench.sim.workload import Trace
 
 CURVE_POINTS = 11  # predicted watts at 0 %, 10 %, ..., 100 % CPU in each NodeView
 CURVE_REFRESH_S = 300.0  # how often the power manager re-reads the models' curves
@@ -324,6 +328,12 @@ class PowerManagement(PowerManager):
             else None
         )
         self.headroom_state: HeadroomState | None = None
+        # A reference, not a policy anyone can run: with `foresight` the headroom is how far
+        # the trace's requested CPU will rise within the next boot time (no rate meter, no
+        # learner), so a run measures what knowing the next boot time's demand is worth.
+        self.foresight = False
+        self._requested: np.ndarray | None = None
+        self._requested_times_s = np.zeros(0)
         self.quantile_moves: list[tuple[float, str]] = []  # (time, why), as the controller logs
         self._next_wait = 0
         # Each node's carbon intensity now (g/kWh, NaN unknown), as the controller reads it
@@ -367,7 +377,14 @@ class PowerManagement(PowerManager):
             if self.learner is not None:
                 self.learner.add_arrival(created_s, cores)
             self._next_arrival += 1
-        learned_cores = self._learned_headroom(sim, now_s)
+        arrival = self.meter.estimate(now_s)
+        if self.foresight:
+            # The meter's noise stays for the margin between waking and powering off: only
+            # the headroom knows the future.
+            arrival = ArrivalRate(0.0, arrival.square_cores_per_s)
+            learned_cores = self._requested_growth(trace, now_s)
+        else:
+            learned_cores = self._learned_headroom(sim, now_s)
         pending = [
             PendingPod(trace.names[pod], trace.cpu_m[pod] / 1000.0, int(trace.memory_bytes[pod]))
             for pod in sim.pending
@@ -375,7 +392,7 @@ class PowerManagement(PowerManager):
         decisions = decide(
             self.node_views(sim, now_s),
             pending,
-            self.meter.estimate(now_s),
+            arrival,
             self.unneeded_since,
             now_s,
             self.policy_settings,
@@ -383,6 +400,23 @@ class PowerManagement(PowerManager):
         )
         self.unneeded_since = decisions.unneeded_since
         self._apply(sim, decisions, now_s)
+
+    def _requested_growth(self, trace: Trace, now_s: float) -> float:
+        """How far the CPU the trace's pods request rises above now's within the next boot
+        time, each pod from its arrival for its duration (as `bench.sim.bound` counts them):
+        the free CPU a node booting now would have to have kept, known exactly."""
+        if self._requested is None:
+            end_s = float((trace.arrival_s + trace.duration_s).max(initial=0.0))
+            self._requested_times_s = np.arange(0.0, end_s + 2 * self.settings.boot_s, 10.0)
+            every_pod_requesting = dataclasses.replace(trace, usage_ratio=np.ones(len(trace)))
+            self._requested = used_cores_series(every_pod_requesting, self._requested_times_s)
+        times_s, requested = self._requested_times_s, self._requested
+        first, last = np.searchsorted(
+            times_s, (now_s, now_s + self.policy_settings.boot_s), side="right"
+        )
+        if first == 0 or first >= last:
+            return 0.0
+        return max(float(requested[first:last].max() - requested[first - 1]), 0.0)
 
     def _learned_headroom(self, sim: Simulation, now_s: float) -> float:
         """The learner fed the waits of the pods placed since the last round (placed within

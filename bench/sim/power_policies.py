@@ -4,7 +4,10 @@
   cluster-autoscaler's rule at its defaults (`bench.sim.autoscaler`): the fair competitor;
 - `power-aware+power-management`: our extender with the Consolidation score
   (`bench/sim/profiles/power-management.yaml`) and the node power controller's own policy
-  (`controllers.node_power.policy`, through `bench.sim.power.PowerManagement`).
+  (`controllers.node_power.policy`, through `bench.sim.power.PowerManagement`);
+- `power-aware+power-management-foresight`: the same, its headroom told how far the trace's
+  requested CPU rises within the next boot time: a reference for the distance to the bound
+  (`bench.sim.bound`), not a policy a cluster can run.
 
 Both run on the same power states (`bench.sim.power`): boot time and power, shutdown time,
 off power, from `SimSettings`.
@@ -41,12 +44,12 @@ def default_with_autoscaler(scenario: Scenario, rng: np.random.Generator) -> Ite
 
 @contextlib.contextmanager
 def power_aware_with_power_management(
-    scenario: Scenario, rng: np.random.Generator
+    scenario: Scenario, rng: np.random.Generator, name: str = "power-aware+power-management"
 ) -> Iterator[Policy]:
     assert scenario.bundle_dir is not None
     bench = scenario.settings
     with extender_policy(
-        "power-aware+power-management",
+        name,
         scenario.cluster,
         scenario.bundle_dir,
         bench,
@@ -57,6 +60,21 @@ def power_aware_with_power_management(
     ) as policy:
         assert isinstance(policy, PowerAwareExtenderPolicy)
         policy.power = power_management_for(scenario, policy)
+        yield policy
+
+
+@contextlib.contextmanager
+def power_management_with_foresight(
+    scenario: Scenario, rng: np.random.Generator
+) -> Iterator[Policy]:
+    """power-aware+power-management whose headroom is told how far the trace's requested CPU
+    rises within the next boot time (`PowerManagement.foresight`): a reference for what not
+    knowing the next boot time's demand costs, as `oracle` is for placement."""
+    name = "power-aware+power-management-foresight"
+    with power_aware_with_power_management(scenario, rng, name) as policy:
+        assert isinstance(policy, PowerAwareExtenderPolicy)
+        assert isinstance(policy.power, PowerManagement)
+        policy.power.foresight = True
         yield policy
 
 
@@ -100,6 +118,16 @@ register_policy(
         "(controllers.node_power.policy: off what stays unneeded, worst idle W/core first; "
         "headroom for the arrival rate; wake the cheapest node for pending pods)",
         power_aware_with_power_management,
+        needs_bundle=True,
+    )
+)
+register_policy(
+    PolicySpec(
+        "power-aware+power-management-foresight",
+        "a reference, not a policy: power-aware+power-management with a headroom told how far "
+        "the trace's requested CPU rises within the next boot time (no rate meter, no learner; "
+        "the same margin and limits)",
+        power_management_with_foresight,
         needs_bundle=True,
     )
 )
