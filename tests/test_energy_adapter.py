@@ -405,10 +405,12 @@ def test_unreachable_prometheus_fails_the_pass_and_changes_nothing(kube: Kube) -
 
 
 def test_an_unreachable_api_server_fails_passes_and_they_go_on(
-    prometheus: PrometheusServer, kube: Kube
+    prometheus: PrometheusServer, kube: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The API server stops answering (a stall: connections open, no bytes back), then comes
-    # back: every pass in between fails with one line, and the loop keeps going.
+    # back: every pass in between fails, the loop keeps going, and the log says so twice:
+    # when the cause starts and when a pass succeeds again.
+    caplog.set_level(logging.INFO, logger="controllers.energy_adapter")
     with FaultProxy("127.0.0.1", kube.plane.apiserver_port) as proxy:
         api = client.CoreV1Api(component_client(kube.plane, ADAPTER, host=proxy.url))
         settings = ea.AdapterSettings(
@@ -448,6 +450,16 @@ def test_an_unreachable_api_server_fails_passes_and_they_go_on(
             proxy.resume()
             wait_until(lambda: adapter.last_error is None, "a pass to succeed again", 60)
             assert labels_of(kube)["node-c"] == "vulnerable"
+            failed = registry.get_sample_value("energy_adapter_passes_total", {"result": "error"})
+            wait_until(
+                lambda: any("succeeded again" in r.getMessage() for r in caplog.records),
+                "the line that says passes succeed again",
+                10,
+            )
+            messages = [r.getMessage() for r in caplog.records]
+            assert sum("pass failed" in m for m in messages) == 1  # not one per failed pass
+            recovered = f"pass succeeded again after {int(failed or 0)} failed; labels follow"
+            assert recovered in messages
         finally:
             stop.set()
             proxy.resume()

@@ -245,8 +245,13 @@ def test_once_prints_the_round_and_changes_nothing_without_apply(
 
 
 def test_probes_metrics_and_status_over_http(
-    control_plane: ControlPlane, cluster: PowerCluster, kubeconfig: Path, tmp_path: Path
+    control_plane: ControlPlane,
+    cluster: PowerCluster,
+    kubeconfig: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="controllers.node_power")
     cluster.add_node("busy")
     cluster.add_node("spare", state="off", unschedulable=True)
     cluster.wait_ready("busy", "spare")
@@ -279,11 +284,20 @@ def test_probes_metrics_and_status_over_http(
         assert requests.get(base + "/nope", timeout=5).status_code == 404
         proxy.cut()
         try:
-            assert controller.run_round(time.time()).error
+            failed = [controller.run_round(time.time()).error for _ in range(2)]
         finally:
             proxy.resume()
+        assert all(failed)
         not_ready = requests.get(base + "/readyz", timeout=5)
         assert not_ready.status_code == 503 and "last round failed" in not_ready.text
+        # the cause logged once, not every round; and the round that succeeds again says so
+        wait_until(lambda: controller.run_round(time.time()).error is None, what="a good round")
+        messages = [r.getMessage() for r in caplog.records]
+        recovered = [m for m in messages if m.startswith("round succeeded again after ")]
+        assert len(recovered) == 1
+        failed_rounds = int(recovered[0].split()[4])  # the two above, then until re-synced
+        causes = [m for m in messages if m.startswith("round failed")]
+        assert failed_rounds >= 2 and len(causes) == len(set(causes)) < failed_rounds
     finally:
         server.shutdown()
         controller.stop()

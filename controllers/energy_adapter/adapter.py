@@ -235,11 +235,19 @@ class EnergyAdapter:
             log.warning(message, *args)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Pass after pass, every interval, until `stop` is set; a failed pass is retried."""
+        """Pass after pass, every interval, until `stop` is set; a failed pass is retried.
+
+        A cause is logged when it starts (or changes), not at every pass while it lasts, and
+        the first pass that succeeds again says how many failed: an hour without Prometheus is
+        two lines, not one per interval."""
+        failed_passes = 0
         while not stop.is_set():
             started = time.monotonic()
             try:
                 result = self.run_pass()
+                if failed_passes:
+                    log.info("pass succeeded again after %d failed; labels follow", failed_passes)
+                    failed_passes = 0
                 log.debug(
                     "pass: %d nodes, %d with a reading, %d changed",
                     result.nodes_seen,
@@ -247,9 +255,12 @@ class EnergyAdapter:
                     len(result.changes),
                 )
             except PASS_ERRORS as error:
-                self.last_error = one_line_error(error)
+                cause = one_line_error(error)
                 self.metrics.passes.labels(result="error").inc()
-                log.warning("pass failed, labels left as they are: %s", self.last_error)
+                if cause != self.last_error:
+                    log.warning("pass failed, labels left as they are: %s", cause)
+                self.last_error = cause
+                failed_passes += 1
             stop.wait(max(0.0, self.settings.interval_s - (time.monotonic() - started)))
 
     def health(self) -> tuple[bool, bool, dict[str, Any]]:

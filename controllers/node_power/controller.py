@@ -215,6 +215,7 @@ class NodePowerController:
         self.last_round_at_s: float | None = None  # monotonic, for /healthz
         self.last_success_at_s: float | None = None
         self.last_error: str | None = None
+        self._failed_rounds = 0  # in a row, for the line that says they are over
         self.metrics.apply.set(1 if settings.apply else 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -272,12 +273,17 @@ class NodePowerController:
             self.metrics.rounds.labels(result="ok").inc()
             self.metrics.last_round.set(time.time())
             self.last_success_at_s = time.monotonic()
+            if self._failed_rounds:
+                log.info("round succeeded again after %d failed", self._failed_rounds)
+            self._failed_rounds = 0
             self.last_error = None
         else:
             self.metrics.rounds.labels(result="error").inc()
+            # A cause once when it starts or changes, not every round while it lasts.
             if result.error != self.last_error:
                 log.warning("round failed, nothing more done until the next: %s", result.error)
             self.last_error = result.error
+            self._failed_rounds += 1
         return result
 
     def _round(self, now_s: float, result: RoundResult) -> None:
