@@ -30,13 +30,15 @@ INTERVAL_QUANTILES = (0.1, 0.9)
 # Above a node's highest load, when the cluster tells its cores and sockets (`NodeFacts`): a
 # forest of extra trees from its shown shape and its hardware to its rise (`FactsRise`), in
 # place of the ridge regression and kernel. From SPECpower's exact watts at 0-50 %, judged by
-# processor model, the prior then predicts 60-100 % at 4.16 / 9.05 % (old servers) and
-# 4.96 / 11.63 % (modern) median / p90, against 4.44 / 10.72 % and 6.21 / 12.51 % told the CPU
-# model only (`python -m bench.accuracy_priors`). scikit-learn's usual settings, not tuned on
-# those scores. Its left-out predictions (processor models split over `FACTS_FOREST_FOLDS`
-# folds) calibrate it against the line and give the band.
+# processor model, the prior then predicts 60-100 % at 3.63 / 8.48 % (old servers) and
+# 5.03 / 11.63 % (modern) median / p90, against 4.44 / 10.72 % and 6.21 / 12.51 % told the CPU
+# model only (`python -m bench.accuracy_priors`). scikit-learn's defaults but the leaf size,
+# chosen by cross-validation on the prior side only (`bench.accuracy_cv`, lowload, tight:
+# leaves of 1 / 3 / 5 / 10 servers gave old 3.28 / 3.76 / 3.93 / 4.50 %, modern 5.92 / 6.17 /
+# 6.25 / 6.32 % median). Its left-out predictions (processor models split over
+# `FACTS_FOREST_FOLDS` folds) calibrate it against the line and give the band.
 FACTS_FOREST_TREES = 100
-FACTS_FOREST_MIN_LEAF = 3
+FACTS_FOREST_MIN_LEAF = 1
 FACTS_FOREST_FOLDS = 5
 _GENERATION_CODE = {"old": 0.0, "modern": 1.0}  # unknown: 0.5, between them
 

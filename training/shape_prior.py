@@ -102,7 +102,8 @@ MIN_FACTS_SERVERS = 30
 # Above a node's highest load, when its CPU model names a processor the bank holds servers of
 # (`processor_model`), their rise counts for this share and the prior's (forest or ridge, with
 # the line) for the rest. Chosen on the prior sides of the committed splits (each server with
-# a near-twin there, the prior learned without its processor model; lowload, exact watts):
+# a near-twin there, the prior learned without its processor model; lowload, exact watts;
+# the facts forest's leaves then at least 3 servers):
 # old servers 3.91 / 9.32 % -> 3.24 / 6.49 % median / p90, modern 5.57 / 11.57 % ->
 # 5.60 / 10.86 %; their rise alone (share 1) did worse on modern servers (p90 16.75 %): two
 # chassis of one processor differ above half load (docs/results.md, "Near-twins").

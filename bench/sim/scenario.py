@@ -33,7 +33,7 @@ from training.synth import fleet_telemetry
 
 log = logging.getLogger("bench.sim.scenario")
 
-BUNDLE_RECIPE = "synth-fit-v4"  # change when the history or fit recipe changes (v4: same processor)
+BUNDLE_RECIPE = "synth-fit-v5"  # change when the history or fit recipe changes (v5: leaf 1)
 HISTORY_STEP_S = 60.0
 
 
