@@ -7,7 +7,7 @@ besides the prior's ridge regressions and kernel:
 - `FactsRise`: extra trees, across the prior's servers, from a curve's shape and what the
   cluster tells of its hardware (cores, sockets, generation) to its rise above the top;
   `FlatForest` predicts with their trees flattened into numpy arrays (scikit-learn's answers,
-  50 times faster for one row);
+  about 25 times faster for one row);
 - `RiseCalibration`: how much of the straight line through idle and the top to mix in, and the
   band (`INTERVAL_QUANTILES`) the rise falls in, both learned from the prior's own servers
   predicted without their processor model;
