@@ -119,3 +119,29 @@ def configure_logging(level: str = "info", log_format: str = "json") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+class FailureStreak:
+    """A loop's failures in a row, logged as an operator wants to read them: a cause once when
+    it starts or changes, not at every pass while it lasts, and one line when a pass succeeds
+    again saying how many failed (an hour without the API server is two lines, not one per
+    interval). `cause` is the current failure's, None while passes succeed: what /readyz shows.
+    """
+
+    def __init__(self, logger: logging.Logger, failed: str, recovered: str) -> None:
+        self._log = logger
+        self._failed = failed  # %-format with the cause
+        self._recovered = recovered  # %-format with the number of failures
+        self.cause: str | None = None
+        self.count = 0
+
+    def failed(self, cause: str) -> None:
+        if cause != self.cause:
+            self._log.warning(self._failed, cause)
+        self.cause = cause
+        self.count += 1
+
+    def succeeded(self) -> None:
+        if self.count:
+            self._log.info(self._recovered, self.count)
+        self.cause, self.count = None, 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from livedata.logs import configure_logging
+from livedata.logs import FailureStreak, configure_logging
 
 
 def test_configure_logging_is_idempotent_and_keeps_foreign_handlers(
@@ -42,3 +42,24 @@ def test_configure_logging_is_idempotent_and_keeps_foreign_handlers(
             root.removeHandler(handler)
         root.removeHandler(foreign)
         root.setLevel(saved_level)
+
+
+def test_a_failure_streak_logs_each_cause_once_and_the_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("tests.streak")
+    streak = FailureStreak(log, "pass failed: %s", "passes succeed again after %d failed")
+    with caplog.at_level(logging.INFO, logger="tests.streak"):
+        streak.succeeded()  # nothing failed: nothing to say
+        for cause in ("down", "down", "down", "timeout", "timeout"):
+            streak.failed(cause)
+        assert (streak.cause, streak.count) == ("timeout", 5)
+        streak.succeeded()
+        streak.failed("down")  # a new streak names its cause again
+    assert [r.getMessage() for r in caplog.records] == [
+        "pass failed: down",
+        "pass failed: timeout",
+        "passes succeed again after 5 failed",
+        "pass failed: down",
+    ]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO", "WARNING"]

@@ -39,6 +39,7 @@ from controllers.energy_adapter.readings import DEFAULT_QUERY, BatteryReadings, 
 from livedata.collect_config import CollectConfig
 from livedata.kube_client import describe_unreachable
 from livedata.labels import ENERGY_BANDS, ENERGY_LABEL, POWERLESS
+from livedata.logs import FailureStreak
 from livedata.prometheus import CollectError
 
 # One logger name for the whole process (every module of the package), for log filters.
@@ -120,7 +121,16 @@ class EnergyAdapter:
         self._warned: set[tuple[str, str]] = set()  # (what, node): warn once per problem
         self.last_attempt_at_s: float | None = None
         self.last_success_at_s: float | None = None
-        self.last_error: str | None = None
+        self._failures = FailureStreak(
+            log,
+            "pass failed, labels left as they are: %s",
+            "pass succeeded again after %d failed; labels follow",
+        )
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last pass failed; None when it succeeded."""
+        return self._failures.cause
 
     def read_nodes(self) -> dict[str, NodeEnergy]:
         """Every Node's energy label, taints and resourceVersion, by name (one list call)."""
@@ -158,7 +168,7 @@ class EnergyAdapter:
         for level, count in counts.items():
             self.metrics.nodes.labels(level=level).set(count)
         self.last_success_at_s = time.monotonic()
-        self.last_error = None
+        self._failures.succeeded()
         self.metrics.passes.labels(result="ok").inc()
         self.metrics.last_success.set(time.time())
         return result
@@ -235,19 +245,12 @@ class EnergyAdapter:
             log.warning(message, *args)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Pass after pass, every interval, until `stop` is set; a failed pass is retried.
-
-        A cause is logged when it starts (or changes), not at every pass while it lasts, and
-        the first pass that succeeds again says how many failed: an hour without Prometheus is
-        two lines, not one per interval."""
-        failed_passes = 0
+        """Pass after pass, every interval, until `stop` is set; a failed pass is retried (its
+        cause logged once while it lasts: `FailureStreak`)."""
         while not stop.is_set():
             started = time.monotonic()
             try:
                 result = self.run_pass()
-                if failed_passes:
-                    log.info("pass succeeded again after %d failed; labels follow", failed_passes)
-                    failed_passes = 0
                 log.debug(
                     "pass: %d nodes, %d with a reading, %d changed",
                     result.nodes_seen,
@@ -255,12 +258,8 @@ class EnergyAdapter:
                     len(result.changes),
                 )
             except PASS_ERRORS as error:
-                cause = one_line_error(error)
                 self.metrics.passes.labels(result="error").inc()
-                if cause != self.last_error:
-                    log.warning("pass failed, labels left as they are: %s", cause)
-                self.last_error = cause
-                failed_passes += 1
+                self._failures.failed(one_line_error(error))
             stop.wait(max(0.0, self.settings.interval_s - (time.monotonic() - started)))
 
     def health(self) -> tuple[bool, bool, dict[str, Any]]:

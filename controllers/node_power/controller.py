@@ -84,6 +84,7 @@ from controllers.node_power.views import (
     unneeded_evidence_s,
 )
 from livedata.labels import POWER_DRAINING, POWER_OFF, POWER_STATES, POWER_WAKING
+from livedata.logs import FailureStreak
 
 log = logging.getLogger(__package__)
 
@@ -214,9 +215,17 @@ class NodePowerController:
         self._announced: dict[tuple[str, str], str] = {}  # dry-run: (node, action) -> reason
         self.last_round_at_s: float | None = None  # monotonic, for /healthz
         self.last_success_at_s: float | None = None
-        self.last_error: str | None = None
-        self._failed_rounds = 0  # in a row, for the line that says they are over
+        self._failures = FailureStreak(
+            log,
+            "round failed, nothing more done until the next: %s",
+            "round succeeded again after %d failed",
+        )
         self.metrics.apply.set(1 if settings.apply else 0)
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last round failed; None when it succeeded."""
+        return self._failures.cause
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -273,17 +282,10 @@ class NodePowerController:
             self.metrics.rounds.labels(result="ok").inc()
             self.metrics.last_round.set(time.time())
             self.last_success_at_s = time.monotonic()
-            if self._failed_rounds:
-                log.info("round succeeded again after %d failed", self._failed_rounds)
-            self._failed_rounds = 0
-            self.last_error = None
+            self._failures.succeeded()
         else:
             self.metrics.rounds.labels(result="error").inc()
-            # A cause once when it starts or changes, not every round while it lasts.
-            if result.error != self.last_error:
-                log.warning("round failed, nothing more done until the next: %s", result.error)
-            self.last_error = result.error
-            self._failed_rounds += 1
+            self._failures.failed(result.error)
         return result
 
     def _round(self, now_s: float, result: RoundResult) -> None:
